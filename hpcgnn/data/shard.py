@@ -1,0 +1,253 @@
+"""The on-disk shard format: one module that both the writer (`preprocess`) and the reader
+(the trainer) import, so the two sides cannot drift apart.
+
+A shard set is a directory::
+
+    DIR/meta.json            written last; lists every part with its sha256
+    DIR/part-00000.h5 ...    one HDF5 file per rank (layout: ``DATASETS`` below)
+
+Every file carries ``format_version``; every read checks it. Every write goes to a temporary
+name in the same directory and is renamed into place, so an interrupted or failed write never
+leaves a file that looks complete.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+FORMAT_VERSION = 1
+META_NAME = "meta.json"
+META_KEYS = ("format_version", "dataset", "num_nodes", "num_edges", "feature_dim",
+             "num_classes", "num_parts", "partitioner", "seed", "edge_cut", "parts")
+PART_KEYS = ("file", "num_owned", "num_halo", "num_edges", "sha256")
+
+# field name -> (HDF5 path, dtype)
+DATASETS = {
+    "global_id": ("nodes/global_id", np.int64),
+    "features": ("nodes/features", np.float32),
+    "label": ("nodes/label", np.int64),
+    "train_mask": ("nodes/train_mask", np.bool_),
+    "val_mask": ("nodes/val_mask", np.bool_),
+    "test_mask": ("nodes/test_mask", np.bool_),
+    "degree": ("nodes/degree", np.int64),
+    "halo_global_id": ("halo/global_id", np.int64),
+    "halo_degree": ("halo/degree", np.int64),
+    "recv_counts": ("halo/recv_counts", np.int64),
+    "send_counts": ("halo/send_counts", np.int64),
+    "send_index": ("halo/send_index", np.int64),
+    "indptr": ("graph/indptr", np.int64),
+    "indices": ("graph/indices", np.int64),
+}
+
+PartId = int
+
+
+class ShardFormatError(ValueError):
+    """A shard file or shard set that is missing, corrupt, or of another format."""
+
+
+def part_name(part_id: PartId) -> str:
+    """File name of part ``part_id`` inside a shard directory."""
+    return f"part-{part_id:05d}.h5"
+
+
+@dataclass
+class Shard:
+    """One part of a partitioned graph, as stored: the owned nodes, their halo and the plan.
+
+    Local numbering: owned nodes are ``0 .. n_owned-1`` (ascending global id), halo slots are
+    ``n_owned .. n_owned+n_halo-1``, grouped by owner part.
+    """
+
+    part_id: PartId
+    num_parts: int
+    global_id: np.ndarray       # int64 [n_owned], ascending
+    features: np.ndarray        # float32 [n_owned, F]
+    label: np.ndarray           # int64 [n_owned], -1 = unlabelled
+    train_mask: np.ndarray      # bool [n_owned]
+    val_mask: np.ndarray        # bool [n_owned]
+    test_mask: np.ndarray       # bool [n_owned]
+    degree: np.ndarray          # int64 [n_owned], global in-degree, no self-loop
+    halo_global_id: np.ndarray  # int64 [n_halo]
+    halo_degree: np.ndarray     # int64 [n_halo]
+    recv_counts: np.ndarray     # int64 [num_parts]
+    send_counts: np.ndarray     # int64 [num_parts]
+    send_index: np.ndarray      # int64 [sum send_counts], owned local indices
+    indptr: np.ndarray          # int64 [n_owned + 1]
+    indices: np.ndarray         # int64 [nnz]
+
+    @property
+    def n_owned(self) -> int:
+        return int(self.global_id.shape[0])
+
+    @property
+    def n_halo(self) -> int:
+        return int(self.halo_global_id.shape[0])
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def write_shard(path: str | os.PathLike, shard: Shard) -> None:
+    """Write ``shard`` to ``path`` atomically (temporary name, fsync, rename)."""
+    path = Path(path)
+    _check_shard(shard, path)
+    tmp = _tmp_name(path)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["part_id"] = shard.part_id
+            f.attrs["num_parts"] = shard.num_parts
+            for name, (h5path, dtype) in DATASETS.items():
+                f.create_dataset(h5path, data=np.ascontiguousarray(getattr(shard, name), dtype=dtype))
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_shard(path: str | os.PathLike, *, part_id: PartId | None = None,
+               num_parts: int | None = None) -> Shard:
+    """Read and check one part file. Raises ShardFormatError naming the file and the fix."""
+    path = Path(path)
+    fix = "re-run `python -m preprocess` to rewrite the shard set"
+    if not path.is_file():
+        raise ShardFormatError(f"{path}: shard file not found; {fix}")
+    try:
+        with h5py.File(path, "r") as f:
+            version = f.attrs.get("format_version")
+            if version != FORMAT_VERSION:
+                raise ShardFormatError(f"{path}: format_version {version!r}, this hpcgnn reads "
+                                       f"{FORMAT_VERSION}; {fix}")
+            arrays = {}
+            for name, (h5path, dtype) in DATASETS.items():
+                if h5path not in f:
+                    raise ShardFormatError(f"{path}: dataset '{h5path}' is missing; {fix}")
+                arrays[name] = np.asarray(f[h5path][...]).astype(dtype, copy=False)
+            shard = Shard(part_id=int(f.attrs["part_id"]), num_parts=int(f.attrs["num_parts"]),
+                          **arrays)
+    except ShardFormatError:
+        raise
+    except (OSError, KeyError) as exc:
+        raise ShardFormatError(f"{path}: not a readable HDF5 shard ({exc}); {fix}") from exc
+    if part_id is not None and shard.part_id != part_id:
+        raise ShardFormatError(f"{path}: holds part {shard.part_id}, expected part {part_id}; {fix}")
+    if num_parts is not None and shard.num_parts != num_parts:
+        raise ShardFormatError(f"{path}: belongs to a {shard.num_parts}-part set, expected "
+                               f"{num_parts} parts; {fix}")
+    _check_shard(shard, path)
+    return shard
+
+
+def _check_shard(s: Shard, path: Path) -> None:
+    """Shape and range checks that need only this one part."""
+    n, h, p = s.n_owned, s.n_halo, s.num_parts
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise ShardFormatError(f"{path}: {what}; re-run `python -m preprocess` to rewrite the "
+                                   f"shard set")
+
+    need(0 <= s.part_id < p, f"part_id {s.part_id} outside 0..{p - 1}")
+    need(s.features.ndim == 2 and s.features.shape[0] == n, "nodes/features is not [n_owned, F]")
+    for name in ("label", "train_mask", "val_mask", "test_mask", "degree"):
+        need(getattr(s, name).shape == (n,), f"{DATASETS[name][0]} is not [n_owned]")
+    need(s.halo_degree.shape == (h,), "halo/degree is not [n_halo]")
+    need(s.recv_counts.shape == (p,) and s.send_counts.shape == (p,),
+         "halo/recv_counts or send_counts is not [num_parts]")
+    need(int(s.recv_counts.sum()) == h, "halo/recv_counts does not sum to n_halo")
+    need(s.recv_counts[s.part_id] == 0 and s.send_counts[s.part_id] == 0,
+         "a part sends to or receives from itself")
+    need(s.send_index.shape == (int(s.send_counts.sum()),), "halo/send_index length != sum(send_counts)")
+    need(s.send_index.size == 0 or (s.send_index.min() >= 0 and s.send_index.max() < n),
+         "halo/send_index holds an index outside the owned nodes")
+    need(s.indptr.shape == (n + 1,) and s.indptr[0] == 0 and bool(np.all(np.diff(s.indptr) >= 0)),
+         "graph/indptr is not a CSR row pointer over the owned nodes")
+    need(s.indptr[-1] == s.indices.shape[0], "graph/indptr[-1] != len(graph/indices)")
+    need(s.indices.size == 0 or (s.indices.min() >= 0 and s.indices.max() < n + h),
+         "graph/indices holds an index outside owned + halo")
+    need(bool(np.all(np.diff(s.global_id) > 0)), "nodes/global_id is not strictly ascending")
+    need(bool(np.isfinite(s.features).all()), "nodes/features holds NaN or inf")
+
+
+def write_meta(directory: str | os.PathLike, meta: dict) -> None:
+    """Write ``meta.json`` atomically; call it last, after every part is in place."""
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"meta.json would lack {missing}")
+    path = Path(directory) / META_NAME
+    tmp = _tmp_name(path)
+    try:
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_meta(directory: str | os.PathLike) -> dict:
+    """Read and check ``DIR/meta.json``. Raises ShardFormatError naming the file and the fix."""
+    path = Path(directory) / META_NAME
+    fix = "run `python -m preprocess --out DIR ...` to write a complete shard set"
+    if not Path(directory).is_dir():
+        raise ShardFormatError(f"{directory}: shard directory not found; {fix}")
+    if not path.is_file():
+        raise ShardFormatError(f"{path}: missing, so {directory} is not a complete shard set; {fix}")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ShardFormatError(f"{path}: unreadable ({exc}); {fix}") from exc
+    if not isinstance(meta, dict):
+        raise ShardFormatError(f"{path}: not a JSON object; {fix}")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise ShardFormatError(f"{path}: lacks key(s) {missing}; {fix}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise ShardFormatError(f"{path}: format_version {meta['format_version']!r}, this hpcgnn "
+                               f"reads {FORMAT_VERSION}; {fix}")
+    if len(meta["parts"]) != meta["num_parts"]:
+        raise ShardFormatError(f"{path}: lists {len(meta['parts'])} parts, num_parts is "
+                               f"{meta['num_parts']}; {fix}")
+    for i, part in enumerate(meta["parts"]):
+        if not isinstance(part, dict) or any(k not in part for k in PART_KEYS):
+            raise ShardFormatError(f"{path}: parts[{i}] lacks one of {list(PART_KEYS)}; {fix}")
+    return meta
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def shard_field_names() -> list[str]:
+    """Names of the array fields of ``Shard`` (for tests and tools)."""
+    return [f.name for f in fields(Shard) if f.name not in ("part_id", "num_parts")]
