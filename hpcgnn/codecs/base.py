@@ -42,3 +42,36 @@ class WireCodec:
 
 
 IDENTITY = WireCodec()
+
+
+class CompressionPolicy:
+    """What each halo exchange does at a given epoch and layer. This base is full precision.
+
+    ``hpcgnn.schedule.load_schedule(path)`` returns a subclass built from a schedule file. The
+    trainer asks it, every epoch and layer, for the ratio (for the metrics) and for the forward
+    and backward codecs; evaluation always uses ``IDENTITY``. A policy may also give a layer a
+    learned encoder/decoder pair (VARCO's ``learned`` codec): the model registers them as
+    submodules, so their gradients are all-reduced and stepped with the model's, applies the
+    encoder to the rows it sends before ``encode`` and the decoder to the halo rows after
+    ``decode``.
+    """
+
+    def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
+        """Compression ratio (fp32 bytes / bytes sent) of ``layer``'s exchange at ``epoch``."""
+        return 1.0
+
+    def forward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
+        """Codec of the forward (activation) exchange."""
+        return IDENTITY
+
+    def backward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
+        """Codec of the backward (halo-gradient) exchange."""
+        return IDENTITY
+
+    def layer_modules(self, layer: int, width: int) -> tuple[torch.nn.Module | None,
+                                                             torch.nn.Module | None]:
+        """(encoder, decoder) applied around ``layer``'s exchange; ``(None, None)`` for none."""
+        return None, None
+
+
+FULL_PRECISION = CompressionPolicy()
