@@ -56,6 +56,16 @@ class CompressionPolicy:
     ``decode``.
     """
 
+    def bind(self, epochs: int, num_layers: int) -> "CompressionPolicy":
+        """Tell the policy the run's epoch count and layer count; call once, before training.
+
+        Schedules such as VARCO's ``linear`` need the total number of epochs ``T`` (the authors'
+        formula divides by ``T - 2``), and per-layer overrides are checked against the layer
+        count here, so a bad schedule fails before any rank communicates. Returns the policy
+        (this base needs nothing and returns itself).
+        """
+        return self
+
     def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
         """Compression ratio (fp32 bytes / bytes sent) of ``layer``'s exchange at ``epoch``."""
         return 1.0
