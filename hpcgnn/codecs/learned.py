@@ -1,0 +1,24 @@
+"""VARCO's learned compressor: a linear encoder ``F -> F`` whose first ``k`` outputs are sent
+(``LearnedCodec`` on the wire) and a linear decoder ``F -> F`` applied to the zero-padded rows.
+
+Both start as the identity, so at the first step the pair is exactly ``truncate`` and every rank
+holds the same parameters without a broadcast; the trainer registers them as model submodules,
+so their gradients are all-reduced and stepped with the model's.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def identity_linear(width: int) -> torch.nn.Linear:
+    """``Linear(width, width)`` initialised to the identity map."""
+    lin = torch.nn.Linear(width, width)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(width))
+        lin.bias.zero_()
+    return lin
+
+
+def learned_pair(width: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(encoder, decoder) for one layer's exchange of ``width``-channel rows."""
+    return identity_linear(width), identity_linear(width)

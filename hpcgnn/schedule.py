@@ -1,0 +1,420 @@
+"""Schedule file (TOML) -> ``CompressionPolicy``: the compression ratio of every exchange.
+
+```toml
+codec = "truncate"        # none | truncate | learned | random | quant | sample, or a '+' combination
+kind = "linear"           # constant | linear | exponential | step | table
+max_ratio = 128.0         # ratio at t = 0; ratio = fp32 bytes / bytes sent; 1.0 = uncompressed
+min_ratio = 1.0
+slope = 5.0
+compress_last_layer = false
+compress_backward = true
+```
+Kinds (``t`` = epoch from 0, ``T`` = the run's epochs, from ``policy.bind`` or ``epochs = T``):
+``constant``: ``ratio`` (or ``max_ratio``) always. ``linear`` (the VARCO authors' formula):
+``max(min_ratio, max_ratio - slope * t * (max_ratio - min_ratio) / (T - 2))``. ``exponential``:
+the geometric path between the same ends, ``max(min_ratio, max_ratio * (min_ratio /
+max_ratio) ** (slope * t / (T - 2)))`` — both reach ``min_ratio`` at ``t = (T - 2) / slope``.
+``step``: ``max(min_ratio, max_ratio / factor ** floor(t / every))``. ``table``: ``[[phase]]``
+entries ``{until_epoch, ratio}``: the ratio of the first phase with ``t < until_epoch``, the last
+phase's ratio after that.
+
+Fixed stage settings: ``bits`` (quant, when the ratio drives another stage) and ``keep`` (sample,
+likewise); see ``hpcgnn.codecs.build`` for which stage the ratio drives. ``[backward]`` overrides
+any of these keys for the backward (halo-gradient) exchange; ``[layers.N]`` overrides them for
+layer ``N`` (and may hold its own ``[layers.N.backward]``). An override that sets ``kind``
+replaces the whole rate curve; one that does not tweaks single keys. ``ratio()`` reports the
+schedule's ratio; the exact bytes of a combined codec come from its ``block_bytes``.
+
+Every check runs at load time (layer indices at ``bind``), before any rank communicates; each
+error names the file, the key and the fix.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from hpcgnn.codecs.base import IDENTITY, CompressionPolicy, WireCodec
+from hpcgnn.codecs.build import CodecSpec, build_codec, parse_codec
+from hpcgnn.codecs.learned import learned_pair
+from hpcgnn.codecs.quant import BITS
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+KINDS = ("constant", "linear", "exponential", "step", "table")
+RATE_KEYS = ("kind", "max_ratio", "min_ratio", "slope", "ratio", "every", "factor", "phase")
+RULE_KEYS = ("codec", *RATE_KEYS, "bits", "keep")
+TOP_KEYS = (*RULE_KEYS, "epochs", "compress_last_layer", "compress_backward", "backward", "layers")
+LAYER_KEYS = (*RULE_KEYS, "backward")
+DEFAULTS = {"codec": "truncate", "kind": "linear", "max_ratio": 128.0, "min_ratio": 1.0,
+            "slope": 5.0, "factor": 2.0}
+
+
+class ScheduleError(ValueError):
+    """A schedule file the method cannot run; the message names the file, the key and the fix."""
+
+
+class _Where:
+    """Error factory for one file: ``where.error(key, problem, fix)``."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def error(self, key: str, problem: str, fix: str) -> ScheduleError:
+        return ScheduleError(f"schedule {self.path}: key '{key}': {problem}; fix: {fix}")
+
+
+@dataclass(frozen=True)
+class RateCurve:
+    """Ratio as a function of the epoch (see the module docstring for the formulas)."""
+
+    kind: str
+    max_ratio: float
+    min_ratio: float = 1.0
+    slope: float = 5.0
+    every: int = 1
+    factor: float = 2.0
+    phases: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def needs_epochs(self) -> bool:
+        return self.kind in ("linear", "exponential")
+
+    def at(self, t: int, epochs: int | None) -> float:
+        """Ratio at epoch ``t`` (from 0) of a run of ``epochs`` epochs."""
+        if self.kind == "constant":
+            return self.max_ratio
+        if self.kind == "step":
+            return max(self.min_ratio, self.max_ratio / self.factor ** (t // self.every))
+        if self.kind == "table":
+            return next((r for until, r in self.phases if t < until), self.phases[-1][1])
+        frac = self.slope * t / max(epochs - 2, 1)  # the authors' T - 2
+        if self.kind == "linear":
+            return max(self.min_ratio, self.max_ratio - frac * (self.max_ratio - self.min_ratio))
+        return max(self.min_ratio, self.max_ratio * (self.min_ratio / self.max_ratio) ** frac)
+
+
+@dataclass(frozen=True)
+class ExchangeRule:
+    """What one direction of one layer's exchange does: a codec and its rate curve."""
+
+    codec: CodecSpec
+    curve: RateCurve
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+def _check_keys(table: dict, allowed: tuple[str, ...], prefix: str, where: _Where) -> None:
+    for key in table:
+        if key not in allowed:
+            near = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean '{near[0]}'?" if near else f"known keys: {', '.join(allowed)}"
+            raise where.error(prefix + key, "unknown key", hint)
+
+
+def _number(table: dict, key: str, prefix: str, where: _Where, default: Any = None) -> Any:
+    value = table.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise where.error(prefix + key, f"expected a number, got {value!r}", f"write {key} = 4.0")
+    return value
+
+
+def _ratio(table: dict, key: str, prefix: str, where: _Where, default: Any = None) -> Any:
+    value = _number(table, key, prefix, where, default)
+    if value is not None and not (value >= 1.0 and math.isfinite(value)):
+        raise where.error(prefix + key, f"ratio {value} is below 1 (1 = uncompressed)",
+                          "use a finite ratio >= 1.0")
+    return value
+
+
+def _phases(table: dict, prefix: str, where: _Where) -> tuple[tuple[int, float], ...]:
+    raw = table.get("phase")
+    fix = "add [[phase]] entries with until_epoch (increasing) and ratio (non-increasing)"
+    if not isinstance(raw, list) or not raw:
+        raise where.error(prefix + "phase", "kind = 'table' needs a list of [[phase]]", fix)
+    phases = []
+    for i, entry in enumerate(raw):
+        at = f"{prefix}phase[{i}]."
+        if not isinstance(entry, dict):
+            raise where.error(f"{prefix}phase[{i}]", "expected a table", fix)
+        _check_keys(entry, ("until_epoch", "ratio"), at, where)
+        until = entry.get("until_epoch")
+        if isinstance(until, bool) or not isinstance(until, int) or until < 1:
+            raise where.error(at + "until_epoch", f"expected an epoch >= 1, got {until!r}", fix)
+        ratio = _ratio(entry, "ratio", at, where)
+        if ratio is None:
+            raise where.error(at + "ratio", "missing", fix)
+        phases.append((until, float(ratio)))
+    _check_phase_order(phases, prefix, where, fix)
+    return tuple(phases)
+
+
+def _check_phase_order(phases: list, prefix: str, where: _Where, fix: str) -> None:
+    for i in range(1, len(phases)):
+        if phases[i][0] <= phases[i - 1][0]:
+            raise where.error(f"{prefix}phase[{i}].until_epoch", "phases must be in increasing "
+                              "until_epoch order", fix)
+        if phases[i][1] > phases[i - 1][1]:
+            raise where.error(f"{prefix}phase[{i}].ratio", f"ratio increases from "
+                              f"{phases[i - 1][1]} to {phases[i][1]}; VARCO's ratio must not "
+                              "increase during training", fix)
+
+
+def _curve(table: dict, prefix: str, where: _Where) -> RateCurve:
+    kind = table.get("kind", DEFAULTS["kind"])
+    if kind not in KINDS:
+        raise where.error(prefix + "kind", f"unknown kind {kind!r}", f"use one of {', '.join(KINDS)}")
+    if "ratio" in table and kind != "constant":
+        raise where.error(prefix + "ratio", f"'ratio' is for kind = 'constant', not {kind!r}",
+                          "use max_ratio and min_ratio, or kind = 'constant'")
+    if kind == "constant":
+        return _constant(table, prefix, where)
+    if kind == "table":
+        return RateCurve("table", max_ratio=0.0, phases=_phases(table, prefix, where))
+    return _decreasing(kind, table, prefix, where)
+
+
+def _constant(table: dict, prefix: str, where: _Where) -> RateCurve:
+    key = "ratio" if "ratio" in table else "max_ratio"
+    ratio = _ratio(table, key, prefix, where)
+    if ratio is None:
+        raise where.error(prefix + "ratio", "kind = 'constant' needs a ratio", "add ratio = 8.0")
+    return RateCurve("constant", max_ratio=float(ratio))
+
+
+def _decreasing(kind: str, table: dict, prefix: str, where: _Where) -> RateCurve:
+    hi = float(_ratio(table, "max_ratio", prefix, where, DEFAULTS["max_ratio"]))
+    lo = float(_ratio(table, "min_ratio", prefix, where, DEFAULTS["min_ratio"]))
+    if hi < lo:
+        raise where.error(prefix + "max_ratio", f"max_ratio {hi} < min_ratio {lo}: the schedule "
+                          "would increase; VARCO's ratio must decrease", "swap them")
+    slope = float(_number(table, "slope", prefix, where, DEFAULTS["slope"]))
+    if kind != "step":
+        if not slope > 0:
+            raise where.error(prefix + "slope", f"slope {slope} <= 0 never decreases the ratio",
+                              "use a slope > 0 (5.0 reaches min_ratio after ~20 % of training)")
+        return RateCurve(kind, hi, lo, slope=slope)
+    return _step(hi, lo, table, prefix, where)
+
+
+def _step(hi: float, lo: float, table: dict, prefix: str, where: _Where) -> RateCurve:
+    every = table.get("every")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise where.error(prefix + "every", f"kind = 'step' needs every = N epochs >= 1, got "
+                          f"{every!r}", "add every = 20")
+    factor = float(_number(table, "factor", prefix, where, DEFAULTS["factor"]))
+    if not factor > 1:
+        raise where.error(prefix + "factor", f"factor {factor} <= 1 never decreases the ratio",
+                          "use a factor > 1 (2.0 halves the ratio every step)")
+    return RateCurve("step", hi, lo, every=every, factor=factor)
+
+
+def _codec(table: dict, prefix: str, where: _Where) -> CodecSpec:
+    try:
+        spec = parse_codec(table.get("codec", DEFAULTS["codec"]))
+    except ValueError as err:
+        raise where.error(prefix + "codec", str(err), "e.g. codec = 'truncate+quant'") from None
+    keep = _fixed_setting("keep", spec, table, prefix, where)
+    return CodecSpec(spec.sample, spec.channels, spec.quant,
+                     bits=_fixed_setting("bits", spec, table, prefix, where),
+                     keep=None if keep is None else float(keep))
+
+
+def _valid_bits(value: Any) -> bool:
+    return not isinstance(value, bool) and value in BITS
+
+
+def _valid_keep(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value <= 1
+
+
+# key -> (stage, why it has no effect when that stage is the rate stage, check, wanted, fix)
+_FIXED = {
+    "bits": ("quant", "with quant alone the ratio sets the bits (ratio 8 -> 4 bits)",
+             _valid_bits, f"bits in {BITS}", "add bits = 4"),
+    "keep": ("sample", "with sample as the rate stage the ratio sets the kept fraction "
+             "(1 / ratio)", _valid_keep, "a kept fraction in (0, 1]", "add keep = 0.5"),
+}
+
+
+def _fixed_setting(key: str, spec: CodecSpec, table: dict, prefix: str, where: _Where) -> Any:
+    """The setting of a stage the ratio does not drive; None where the stage is absent or is the
+    rate stage (setting it there is an error: it would have no effect)."""
+    stage, rate_note, valid, wanted, fix = _FIXED[key]
+    has_stage = getattr(spec, stage)
+    if not has_stage or spec.rate_stage == stage:
+        if key in table:
+            why = f"the codec has no {stage} stage" if not has_stage else rate_note
+            raise where.error(prefix + key, "has no effect: " + why, f"remove {key}")
+        return None
+    value = table.get(key)
+    if not valid(value):
+        raise where.error(prefix + key, f"a fixed {stage} stage needs {wanted}, got {value!r}",
+                          fix)
+    return value
+
+
+def _rule(table: dict, prefix: str, where: _Where) -> ExchangeRule:
+    return ExchangeRule(_codec(table, prefix, where), _curve(table, prefix, where))
+
+
+def _merge(base: dict, override: dict) -> dict:
+    """Override rule keys; an override that sets ``kind`` replaces the whole rate curve."""
+    merged = {k: v for k, v in base.items() if k in RULE_KEYS}
+    if "kind" in override:
+        merged = {k: v for k, v in merged.items() if k not in RATE_KEYS}
+    merged.update({k: v for k, v in override.items() if k in RULE_KEYS})
+    return merged
+
+
+def _sub_table(table: dict, key: str, prefix: str, where: _Where) -> dict:
+    value = table.get(key, {})
+    if not isinstance(value, dict):
+        raise where.error(prefix + key, "expected a table", f"write it as [{prefix}{key}]")
+    return value
+
+
+def _flag(table: dict, key: str, default: bool, where: _Where) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise where.error(key, f"expected true or false, got {value!r}", f"write {key} = true")
+    return value
+
+
+@dataclass(frozen=True)
+class LayerRules:
+    """Forward and backward rules of one layer (or of every layer without an override)."""
+
+    forward: ExchangeRule
+    backward: ExchangeRule
+
+
+def _layer_rules(top: dict, layer: dict, prefix: str, where: _Where) -> LayerRules:
+    fwd = _merge(top, layer)
+    bwd = _merge(_merge(fwd, _sub_table(top, "backward", "", where)),
+                 _sub_table(layer, "backward", prefix, where))
+    return LayerRules(_rule(fwd, prefix, where), _rule(bwd, prefix + "backward.", where))
+
+
+def _layers(top: dict, where: _Where) -> dict[int, LayerRules]:
+    out = {}
+    for name, table in _sub_table(top, "layers", "", where).items():
+        prefix = f"layers.{name}."
+        if not str(name).isdigit():
+            raise where.error(f"layers.{name}", "layer overrides are named by layer index",
+                              "write [layers.0], [layers.1], ...")
+        if not isinstance(table, dict):
+            raise where.error(f"layers.{name}", "expected a table", f"write [layers.{name}]")
+        _check_keys(table, LAYER_KEYS, prefix, where)
+        _check_keys(_sub_table(table, "backward", prefix, where), RULE_KEYS, prefix + "backward.",
+                    where)
+        out[int(name)] = _layer_rules(top, table, prefix, where)
+    return out
+
+
+def _epochs(top: dict, where: _Where) -> int | None:
+    epochs = top.get("epochs")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)
+                               or epochs < 1):
+        raise where.error("epochs", f"expected a positive epoch count, got {epochs!r}",
+                          "remove it (the trainer binds the run's epochs) or write epochs = 200")
+    return epochs
+
+
+# --- the policy ----------------------------------------------------------------------------
+
+
+class SchedulePolicy(CompressionPolicy):
+    """A ``CompressionPolicy`` built from a schedule file. Epochs count from 0."""
+
+    def __init__(self, path: str, default: LayerRules, layers: dict[int, LayerRules],
+                 compress_last_layer: bool, compress_backward: bool, epochs: int | None):
+        self.path, self.default, self.layers = path, default, layers
+        self.compress_last_layer, self.compress_backward = compress_last_layer, compress_backward
+        self.epochs, self.num_layers = epochs, None
+        self._codec = lru_cache(maxsize=4096)(self._build)
+
+    def bind(self, epochs: int, num_layers: int) -> "SchedulePolicy":
+        where = _Where(self.path)
+        bad = [layer for layer in self.layers if layer >= num_layers]
+        if bad:
+            raise where.error(f"layers.{bad[0]}", f"the model has {num_layers} layers "
+                              f"(0..{num_layers - 1})", "remove the override or add layers")
+        bound = copy.copy(self)
+        bound.epochs = self.epochs if self.epochs is not None else int(epochs)
+        bound.num_layers = int(num_layers)
+        bound._codec = lru_cache(maxsize=4096)(bound._build)
+        return bound
+
+    def _rules(self, layer: int) -> LayerRules:
+        return self.layers.get(layer, self.default)
+
+    def _compressed(self, layer: int, num_layers: int | None) -> bool:
+        last = num_layers is not None and layer == num_layers - 1
+        return self.compress_last_layer or not last
+
+    def _ratio(self, rule: ExchangeRule, epoch: int) -> float:
+        if rule.curve.needs_epochs and self.epochs is None:
+            raise _Where(self.path).error(
+                "kind", f"kind = {rule.curve.kind!r} needs the run's epoch count T",
+                "the trainer calls policy.bind(epochs, num_layers), or write epochs = T")
+        return rule.curve.at(epoch, self.epochs)
+
+    def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
+        if not self._compressed(layer, num_layers):
+            return 1.0
+        return self._ratio(self._rules(layer).forward, epoch)
+
+    def _build(self, spec: CodecSpec, ratio: float, width: int) -> WireCodec:
+        return build_codec(spec, ratio, width)
+
+    def forward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
+        if not self._compressed(layer, num_layers):
+            return IDENTITY
+        rule = self._rules(layer).forward
+        return self._codec(rule.codec, self._ratio(rule, epoch), width)
+
+    def backward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
+        if not (self.compress_backward and self._compressed(layer, num_layers)):
+            return IDENTITY
+        rule = self._rules(layer).backward
+        return self._codec(rule.codec, self._ratio(rule, epoch), width)
+
+    def layer_modules(self, layer: int, width: int):
+        if self._rules(layer).forward.codec.learned and self._compressed(layer, self.num_layers):
+            return learned_pair(width)
+        return None, None
+
+
+def parse_schedule(top: dict, path: str = "<schedule>") -> SchedulePolicy:
+    """A policy from an already-parsed schedule table; every check runs here."""
+    where = _Where(path)
+    _check_keys(top, TOP_KEYS, "", where)
+    _check_keys(_sub_table(top, "backward", "", where), RULE_KEYS, "backward.", where)
+    return SchedulePolicy(path, _layer_rules(top, {}, "", where), _layers(top, where),
+                          _flag(top, "compress_last_layer", False, where),
+                          _flag(top, "compress_backward", True, where), _epochs(top, where))
+
+
+def load_schedule(path: str | Path) -> SchedulePolicy:
+    """Read and validate a schedule file; raises ScheduleError naming the file, key and fix."""
+    path = Path(path)
+    try:
+        top = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ScheduleError(f"schedule {path}: file not found; fix: pass an existing "
+                            "--schedule file (see configs/schedules/)") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ScheduleError(f"schedule {path}: not valid TOML ({err}); fix: correct the "
+                            "syntax") from None
+    return parse_schedule(top, str(path))

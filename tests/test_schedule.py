@@ -1,0 +1,141 @@
+"""Schedule files: the formulas against hand-computed values, overrides, and rejected files."""
+from pathlib import Path
+
+import pytest
+
+from hpcgnn.codecs import IDENTITY, QuantCodec, TruncateCodec
+from hpcgnn.codecs.sample import SampleCodec
+from hpcgnn.schedule import ScheduleError, load_schedule, parse_schedule
+
+SHIPPED = sorted((Path(__file__).parents[1] / "configs" / "schedules").glob("*.toml"))
+
+
+def _policy(text: str, tmp_path, epochs=200, layers=2):
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return load_schedule(path).bind(epochs, layers)
+
+
+def test_linear_matches_the_authors_formula_by_hand(tmp_path):
+    p = _policy('codec = "truncate"\nkind = "linear"\nmax_ratio = 128.0\nmin_ratio = 1.0\n'
+                'slope = 5.0\n', tmp_path, epochs=200, layers=3)
+    # r(t) = max(1, 128 - 5 t 127 / 198)
+    assert p.ratio(0, 0, 3) == 128.0
+    assert p.ratio(10, 0, 3) == pytest.approx(95.929292929)
+    assert p.ratio(39, 1, 3) == pytest.approx(2.924242424)
+    assert p.ratio(40, 0, 3) == 1.0 and p.ratio(199, 0, 3) == 1.0
+    assert p.ratio(0, 2, 3) == 1.0  # the last layer is never compressed by default
+    assert p.forward_codec(10, 0, 3, 192).k == 2  # floor(192 / 95.93)
+    assert p.forward_codec(40, 0, 3, 192) is IDENTITY
+
+
+def test_exponential_step_table_constant_by_hand(tmp_path):
+    exp = _policy('kind = "exponential"\nmax_ratio = 128.0\nmin_ratio = 1.0\nslope = 5.0\n',
+                  tmp_path, epochs=202)
+    assert exp.ratio(20, 0, 2) == pytest.approx(128 ** 0.5)  # frac = 5 * 20 / 200 = 1/2
+    assert exp.ratio(40, 0, 2) == pytest.approx(1.0) and exp.ratio(41, 0, 2) == 1.0
+    step = _policy('kind = "step"\nmax_ratio = 64.0\nevery = 10\n', tmp_path)
+    assert [step.ratio(t, 0, 2) for t in (0, 9, 10, 25, 60, 100)] == [64, 64, 32, 16, 1, 1]
+    table = _policy('kind = "table"\n[[phase]]\nuntil_epoch = 5\nratio = 32.0\n'
+                    '[[phase]]\nuntil_epoch = 9\nratio = 4.0\n', tmp_path)
+    assert [table.ratio(t, 0, 2) for t in (0, 4, 5, 8, 9, 150)] == [32, 32, 4, 4, 4, 4]
+    const = _policy('kind = "constant"\nratio = 8.0\n', tmp_path)
+    assert const.ratio(123, 0, 2) == 8.0
+
+
+def test_layer_and_backward_overrides(tmp_path):
+    p = _policy('codec = "truncate"\nkind = "constant"\nratio = 8.0\ncompress_last_layer = true\n'
+                '[backward]\ncodec = "quant"\n[layers.1]\nratio = 2.0\n'
+                '[layers.1.backward]\nkind = "constant"\nratio = 32.0\n', tmp_path)
+    assert p.ratio(0, 0, 2) == 8.0 and p.ratio(0, 1, 2) == 2.0
+    assert p.forward_codec(0, 0, 2, 16).k == 2 and p.forward_codec(0, 1, 2, 16).k == 8
+    assert repr(p.backward_codec(0, 0, 2, 16)) == "quant(4)"  # ratio 8 -> 4 bits
+    assert repr(p.backward_codec(0, 1, 2, 16)) == "quant(1)"
+
+
+def test_combined_codecs_and_flags(tmp_path):
+    p = _policy('codec = "truncate+quant"\nbits = 4\nkind = "constant"\nratio = 4.0\n'
+                'compress_backward = false\n', tmp_path)
+    codec = p.forward_codec(0, 0, 2, 16)
+    assert isinstance(codec, TruncateCodec) and isinstance(codec.inner, QuantCodec)
+    assert codec.byte_counts([10], 16) == [10 * (4 + 2)]
+    assert p.backward_codec(0, 0, 2, 16) is IDENTITY and p.forward_codec(0, 1, 2, 16) is IDENTITY
+    s = _policy('codec = "sample"\nkind = "constant"\nratio = 4.0\n', tmp_path)
+    assert isinstance(s.forward_codec(0, 0, 2, 16), SampleCodec)
+    assert s.forward_codec(0, 0, 2, 16).keep == 0.25
+
+
+def test_learned_layers_get_modules(tmp_path):
+    p = _policy('codec = "learned"\n', tmp_path)
+    enc, dec = p.layer_modules(0, 16)
+    assert enc.weight.shape == (16, 16) and dec is not None
+    assert p.layer_modules(1, 16) == (None, None)  # last layer: uncompressed
+
+
+def test_linear_needs_the_epoch_count(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('kind = "linear"\n')
+    with pytest.raises(ScheduleError, match="bind"):
+        load_schedule(path).ratio(0, 0, 2)
+    path.write_text('kind = "linear"\nepochs = 102\n')
+    assert load_schedule(path).ratio(10, 0, 2) == pytest.approx(128 - 50 * 127 / 100)
+
+
+BAD = [
+    ('codec = "truncate"\nmax_ration = 8.0\n', "max_ration", "did you mean 'max_ratio'"),
+    ('kind = "constant"\nratio = 0.5\n', "'ratio'", "below 1"),
+    ('min_ratio = 0.0\n', "min_ratio", "below 1"),
+    ('max_ratio = 2.0\nmin_ratio = 8.0\n', "max_ratio", "increase"),
+    ('slope = -1.0\n', "slope", "never decreases"),
+    ('kind = "step"\nmax_ratio = 8.0\n', "every", "every = 20"),
+    ('kind = "step"\nevery = 5\nfactor = 0.5\n', "factor", "never decreases"),
+    ('kind = "table"\n[[phase]]\nuntil_epoch = 5\nratio = 4.0\n[[phase]]\nuntil_epoch = 9\n'
+     'ratio = 8.0\n', "phase[1].ratio", "increases"),
+    ('kind = "table"\n', "phase", "[[phase]]"),
+    ('kind = "wavy"\n', "kind", "constant, linear"),
+    ('kind = "linear"\nratio = 4.0\n', "'ratio'", "kind = 'constant'"),
+    ('codec = "zip"\n', "codec", "unknown codec"),
+    ('codec = "truncate+quant"\n', "bits", "bits = 4"),
+    ('codec = "truncate"\nbits = 4\n', "bits", "no quant stage"),
+    ('codec = "quant"\nbits = 4\n', "bits", "ratio sets the bits"),
+    ('codec = "sample+truncate"\n', "keep", "keep = 0.5"),
+    ('compress_backward = "yes"\n', "compress_backward", "true or false"),
+    ('[layers.x]\nratio = 2.0\n', "layers.x", "[layers.0]"),
+    ('[layers.0]\nspeed = 2.0\n', "layers.0.speed", "unknown key"),
+    ('[backward]\nslope = 0.0\n', "backward.slope", "never decreases"),
+    ('max_ratio = "big"\n', "max_ratio", "expected a number"),
+    ('codec = \n', "", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize("text,key,message", BAD)
+def test_bad_files_are_rejected_naming_file_key_and_fix(tmp_path, text, key, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ScheduleError) as err:
+        load_schedule(path)
+    text = str(err.value)
+    assert str(path) in text and key in text and message in text and "fix:" in text
+
+
+def test_layer_override_beyond_the_model_is_rejected_at_bind(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[layers.3]\nmax_ratio = 4.0\n')
+    with pytest.raises(ScheduleError, match="layers.3.*has 2 layers"):
+        load_schedule(path).bind(100, 2)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ScheduleError, match="not found"):
+        load_schedule(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_schedules_load(path):
+    policy = load_schedule(path).bind(200, 2)
+    assert policy.ratio(0, 0, 2) >= policy.ratio(199, 0, 2) >= 1.0
+
+
+def test_parse_schedule_defaults_are_the_design_example():
+    p = parse_schedule({}).bind(200, 2)
+    assert p.ratio(0, 0, 2) == 128.0 and p.compress_backward and not p.compress_last_layer
