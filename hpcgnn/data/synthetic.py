@@ -1,0 +1,93 @@
+"""Synthetic graphs: a contextual stochastic block model (accuracy depends on communication)
+and R-MAT with Graph500 parameters (scale). Deterministic for a given seed; vectorised."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcgnn.data.clean import edges_to_csr
+from hpcgnn.data.graph import Graph
+
+log = logging.getLogger("hpcgnn.data")
+CHUNK = 1 << 22     # edges generated per batch: bounds the temporaries of R-MAT
+
+
+@dataclass(frozen=True)
+class Split:
+    """Fractions of nodes in the training and validation sets; the rest is the test set."""
+
+    train: float = 0.1
+    val: float = 0.2
+
+    def indices(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
+        perm = rng.permutation(n).astype(np.int64)
+        a, b = int(round(self.train * n)), int(round((self.train + self.val) * n))
+        return np.sort(perm[:a]), np.sort(perm[a:b]), np.sort(perm[b:])
+
+
+def _graph(name: str, n: int, dst: np.ndarray, src: np.ndarray, features: np.ndarray,
+           labels: np.ndarray, split: Split, rng: np.random.Generator, symmetric: bool) -> Graph:
+    indptr, indices, report = edges_to_csr(dst, src, n, symmetrize=symmetric, source=name)
+    log.info("%s: %s", name, report)
+    train, val, test = split.indices(rng, n)
+    return Graph(name=name, num_nodes=n, indptr=indptr, indices=indices, features=features,
+                 labels=labels, train_idx=train, val_idx=val, test_idx=test)
+
+
+def csbm(name: str = "csbm", *, nodes: int = 2000, classes: int = 4, degree: float = 10.0,
+         homophily: float = 0.8, features: int = 32, signal: float = 1.0, train: float = 0.1,
+         val: float = 0.2, seed: int = 0) -> Graph:
+    """Contextual SBM: balanced classes; each of ``nodes * degree / 2`` undirected edges joins a
+    uniform node to a node of its own class with probability ``homophily``, else of another
+    class; features are ``signal * mu_class + N(0, I)`` with unit-norm class means ``mu``. With a
+    weak signal the features alone classify poorly and neighbours' features carry the accuracy."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(nodes, dtype=np.int64) % classes)
+    members = np.argsort(labels, kind="stable")
+    counts = np.bincount(labels, minlength=classes)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    m = int(nodes * degree / 2)
+    src = rng.integers(0, nodes, size=m, dtype=np.int64)
+    same = rng.random(m) < homophily
+    other = (labels[src] + rng.integers(1, max(classes, 2), size=m)) % classes
+    cls = np.where(same, labels[src], other)
+    dst = members[starts[cls] + (rng.random(m) * counts[cls]).astype(np.int64)]
+    means = rng.standard_normal((classes, features))
+    means /= np.linalg.norm(means, axis=1, keepdims=True)
+    x = (signal * means[labels] + rng.standard_normal((nodes, features))).astype(np.float32)
+    return _graph(name, nodes, dst, src, x, labels, Split(train, val), rng, symmetric=True)
+
+
+def _rmat_edges(rng: np.random.Generator, scale: int, m: int,
+                abc: tuple[float, float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """``m`` R-MAT edges over ``2**scale`` nodes, drawn bit by bit in batches of CHUNK."""
+    a, b, c = abc
+    src = np.zeros(m, dtype=np.int64)
+    dst = np.zeros(m, dtype=np.int64)
+    for lo in range(0, m, CHUNK):
+        s, d = src[lo:lo + CHUNK], dst[lo:lo + CHUNK]
+        for level in range(scale):
+            u = rng.random(len(s), dtype=np.float32)
+            row_bit = u >= a + b
+            col_bit = ((u >= a) & ~row_bit) | (u >= a + b + c)
+            s |= row_bit.astype(np.int64) << level
+            d |= col_bit.astype(np.int64) << level
+    perm = rng.permutation(1 << scale).astype(np.int64)    # Graph500: hide the degree order
+    return perm[src], perm[dst]
+
+
+def rmat(name: str = "rmat", *, scale: int = 12, edge_factor: int = 16, a: float = 0.57,
+         b: float = 0.19, c: float = 0.19, features: int = 16, classes: int = 4,
+         symmetric: bool = True, train: float = 0.1, val: float = 0.2, seed: int = 0) -> Graph:
+    """R-MAT (Graph500 a=0.57, b=0.19, c=0.19, d=0.05): ``2**scale`` nodes, ``edge_factor *
+    2**scale`` generated edges (undirected unless ``symmetric=False``), random labels and
+    Gaussian features: a graph for timing and memory, not for accuracy."""
+    rng = np.random.default_rng(seed)
+    n = 1 << scale
+    log.info("%s: generating %s edges over %s nodes", name, f"{edge_factor * n:,}", f"{n:,}")
+    src, dst = _rmat_edges(rng, scale, edge_factor * n, (a, b, c))
+    labels = rng.integers(0, classes, size=n, dtype=np.int64)
+    x = rng.standard_normal((n, features), dtype=np.float32)
+    return _graph(name, n, dst, src, x, labels, Split(train, val), rng, symmetric)

@@ -1,0 +1,89 @@
+"""Partitioners: the part of every node. METIS (multi-constraint: owned nodes and training nodes
+balanced) through pymetis, and a balanced random assignment. Both deterministic for a seed."""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from hpcgnn.data.clean import csr_from_keys, edge_rows, unique_sorted
+from hpcgnn.data.graph import Graph
+from preprocess.errors import PreprocessError
+from preprocess.metis import idx_dtype, part_kway
+
+log = logging.getLogger("hpcgnn.preprocess")
+PARTITIONERS = ("metis", "random")
+
+
+def check_parts(graph: Graph, num_parts: int) -> None:
+    """A request for ``num_parts`` parts of ``graph`` is possible."""
+    if num_parts < 1:
+        raise PreprocessError(f"--parts {num_parts}: need at least 1 part")
+    if num_parts > graph.num_nodes:
+        raise PreprocessError(f"--parts {num_parts} is more than the {graph.num_nodes:,} nodes of "
+                              f"{graph.name}; choose --parts <= {graph.num_nodes}")
+
+
+def random_parts(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
+    """Balanced random assignment: a seeded permutation dealt round-robin (sizes differ by <= 1)."""
+    perm = np.random.default_rng(seed).permutation(num_nodes)
+    parts = np.empty(num_nodes, dtype=np.int64)
+    parts[perm] = np.arange(num_nodes, dtype=np.int64) % num_parts
+    return parts
+
+
+def metis_adjacency(graph: Graph):
+    """The undirected simple graph METIS needs (both directions, no self-loops), as a
+    ``pymetis.CSRAdjacency`` in METIS's index type."""
+    import pymetis
+
+    n = np.int64(graph.num_nodes)
+    rows, cols = edge_rows(graph.indptr), graph.indices
+    if not bool(np.all(loop_free := rows != cols)):
+        rows, cols = rows[loop_free], cols[loop_free]
+    keys = unique_sorted(np.concatenate([rows * n + cols, cols * n + rows]))
+    del rows, cols
+    indptr, indices = csr_from_keys(keys, graph.num_nodes)
+    dt = idx_dtype()
+    if dt == np.int32 and len(indices) >= np.iinfo(np.int32).max:
+        raise PreprocessError(f"{graph.name}: {len(indices):,} adjacency entries exceed this "
+                              f"METIS build's 32-bit index; use --partitioner random")
+    return pymetis.CSRAdjacency(indptr.astype(dt, copy=False), indices.astype(dt, copy=False))
+
+
+def metis_weights(graph: Graph) -> np.ndarray:
+    """int [N, ncon] vertex weights: (1, is_train) balances owned and training nodes."""
+    if graph.train_idx.size == 0:
+        return np.ones((graph.num_nodes, 1), dtype=np.int64)
+    w = np.zeros((graph.num_nodes, 2), dtype=np.int64)
+    w[:, 0] = 1
+    w[graph.train_idx, 1] = 1
+    return w
+
+
+def metis_parts(graph: Graph, num_parts: int, seed: int) -> tuple[np.ndarray, float]:
+    """METIS k-way parts and the seconds the METIS call took."""
+    t0 = time.perf_counter()
+    adj = metis_adjacency(graph)
+    weights = metis_weights(graph)
+    log.info("METIS input: %s nodes, %s undirected edges, %d constraint(s) (%.1f s)",
+             f"{graph.num_nodes:,}", f"{len(adj.adjacent) // 2:,}", weights.shape[1],
+             time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    parts, cut = part_kway(adj, num_parts, weights, int(seed) % (1 << 31))
+    seconds = time.perf_counter() - t0
+    log.info("METIS: %d parts in %.2f s, edge cut %s (undirected)", num_parts, seconds,
+             f"{cut:,}")
+    return parts, seconds
+
+
+def partition_graph(graph: Graph, parts: int, partitioner: str = "metis",
+                    seed: int = 0) -> np.ndarray:
+    """int64 [N]: the part of every node."""
+    check_parts(graph, parts)
+    if partitioner == "random":
+        return random_parts(graph.num_nodes, parts, seed)
+    if partitioner == "metis":
+        return metis_parts(graph, parts, seed)[0]
+    raise PreprocessError(f"--partitioner {partitioner!r}: unknown; choose one of {PARTITIONERS}")

@@ -1,0 +1,133 @@
+"""Writing a shard set: one part at a time (each atomically), ``meta.json`` last.
+
+An output directory that already holds a shard set is refused unless ``force``; with ``force``
+the old ``meta.json`` goes first, so the directory never looks complete while it is rewritten.
+A failed write removes the parts this run wrote, so no set that looks complete is left behind.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hpcgnn.data.graph import Graph
+from hpcgnn.data.shard import FORMAT_VERSION, META_NAME, part_name, sha256_file, write_meta, \
+    write_shard
+from preprocess.errors import PreprocessError
+from preprocess.halo import HaloPairs, PartLayout, build_shard, check_key_range, masks
+
+log = logging.getLogger("hpcgnn.preprocess")
+
+
+def _shard_files(out: Path) -> list[Path]:
+    """Files in ``out`` that belong to a shard set, finished or half-written."""
+    names = [META_NAME, f".{META_NAME}.tmp-*", "part-*.h5", ".part-*.h5.tmp-*"]
+    return sorted(f for pattern in names for f in out.glob(pattern))
+
+
+def check_out_dir(out: str | Path, force: bool) -> list[Path]:
+    """Refuse an ``out`` that is a file, or holds shard files (unless ``force``); the old files."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise PreprocessError(f"{out}: exists and is not a directory; choose another --out")
+    old = _shard_files(out) if out.is_dir() else []
+    finished = [f for f in old if not f.name.startswith(".")]
+    if finished and not force:
+        shown = ", ".join(f.name for f in finished[:3]) + (", ..." if len(finished) > 3 else "")
+        raise PreprocessError(f"{out}: already holds shard files ({shown}); pass --force to "
+                              f"overwrite them, or choose another --out")
+    return old
+
+
+def prepare_out_dir(out: Path, force: bool) -> None:
+    """Create ``out``, or clear the shard set in it when ``force``; refuse otherwise."""
+    old = check_out_dir(out, force)
+    (out / META_NAME).unlink(missing_ok=True)            # first: the set stops looking complete
+    for f in old:
+        f.unlink(missing_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PreprocessError(f"{out}: cannot create the output directory ({exc.strerror}); "
+                              f"choose another --out") from exc
+
+
+def check_part_array(graph: Graph, parts: np.ndarray, num_parts: int) -> np.ndarray:
+    """``parts`` is int [N] with every value in 0..num_parts-1; returned as int64."""
+    parts = np.asarray(parts)
+    if parts.shape != (graph.num_nodes,) or parts.dtype.kind not in "iu":
+        raise PreprocessError(f"part array has shape {parts.shape} and dtype {parts.dtype}; "
+                              f"expected int [{graph.num_nodes}]")
+    if parts.size and (parts.min() < 0 or parts.max() >= num_parts):
+        raise PreprocessError(f"part array holds parts outside 0..{num_parts - 1}")
+    check_key_range(graph.num_nodes, num_parts)
+    return parts.astype(np.int64, copy=False)
+
+
+def _write_failed(path: Path, exc: OSError) -> PreprocessError:
+    why = exc.strerror or str(exc)
+    hint = "free disk space (or raise the quota)" if exc.errno in (errno.ENOSPC, errno.EFBIG,
+                                                                   errno.EDQUOT) else \
+        "check the directory is writable and has space"
+    return PreprocessError(f"{path}: write failed ({why}); {hint}, then re-run; no shard set "
+                           f"was left in {path.parent}")
+
+
+def _write_parts(graph: Graph, layout: PartLayout, pairs: HaloPairs, out: Path) -> list[dict]:
+    """Build and write every part in turn; the ``parts`` list of ``meta.json``."""
+    node_masks, degree = masks(graph), graph.in_degree()
+    entries, t0 = [], time.perf_counter()
+    for p in range(layout.num_parts):
+        shard = build_shard(graph, layout, pairs, node_masks, degree, p)
+        path = out / part_name(p)
+        try:
+            write_shard(path, shard)
+        except OSError as exc:
+            raise _write_failed(path, exc) from exc
+        entries.append({"file": path.name, "num_owned": shard.n_owned, "num_halo": shard.n_halo,
+                        "num_edges": shard.num_edges, "sha256": sha256_file(path)})
+        log.info("part %d/%d: %s owned, %s halo, %s edges (%.1f s)", p + 1, layout.num_parts,
+                 f"{shard.n_owned:,}", f"{shard.n_halo:,}", f"{shard.num_edges:,}",
+                 time.perf_counter() - t0)
+    return entries
+
+
+def _meta(graph: Graph, num_parts: int, partitioner: str, seed: int, edge_cut: int,
+          entries: list[dict]) -> dict:
+    return {"format_version": FORMAT_VERSION, "dataset": graph.name,
+            "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+            "feature_dim": graph.feature_dim, "num_classes": graph.num_classes,
+            "num_parts": num_parts, "partitioner": partitioner, "seed": seed,
+            "edge_cut": edge_cut, "parts": entries}
+
+
+def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partitioner: str,
+                 seed: int, force: bool = False, num_parts: int | None = None) -> dict:
+    """Write the shard set of ``graph`` split by ``parts`` into ``out_dir``; return its meta.
+
+    ``num_parts`` defaults to ``parts.max() + 1`` (pass it when trailing parts are empty)."""
+    out = Path(out_dir)
+    num_parts = int(np.max(parts)) + 1 if num_parts is None else int(num_parts)
+    parts = check_part_array(graph, parts, num_parts)
+    prepare_out_dir(out, force)
+    t0 = time.perf_counter()
+    layout = PartLayout.build(parts, num_parts)
+    pairs = HaloPairs.build(graph, parts, num_parts)
+    log.info("halo maps: %s halo rows in all, edge cut %s (%.1f s)", f"{len(pairs.by_sender):,}",
+             f"{pairs.edge_cut:,}", time.perf_counter() - t0)
+    try:
+        entries = _write_parts(graph, layout, pairs, out)
+        meta = _meta(graph, num_parts, partitioner, seed, pairs.edge_cut, entries)
+        try:
+            write_meta(out, meta)
+        except OSError as exc:
+            raise _write_failed(out / META_NAME, exc) from exc
+    except BaseException:
+        for f in _shard_files(out):
+            f.unlink(missing_ok=True)
+        raise
+    log.info("wrote %s: %d parts, meta.json last", out, num_parts)
+    return meta

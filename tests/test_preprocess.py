@@ -1,0 +1,115 @@
+"""Shard sets reconstruct their input exactly, satisfy the halo invariant, and verify."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _graphs import assert_reconstructs, reconstruct, two_components
+from hpcgnn.data.datasets import load_dataset
+from hpcgnn.data.shard import read_meta, read_shard
+from preprocess import partition_graph, verify_shards, write_shards
+
+
+@pytest.fixture(scope="module")
+def cora():
+    return load_dataset("cora")
+
+
+@pytest.fixture(scope="module")
+def csbm():
+    return load_dataset("csbm:nodes=600,classes=3,degree=6,features=8,seed=3")
+
+
+@pytest.mark.parametrize("partitioner", ["metis", "random"])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
+def test_cora_shards_reconstruct_the_graph(cora, tmp_path, partitioner, k):
+    parts = partition_graph(cora, k, partitioner, seed=1)
+    meta = write_shards(cora, parts, tmp_path, partitioner=partitioner, seed=1, num_parts=k)
+    assert meta["num_parts"] == k and len(meta["parts"]) == k
+    assert sum(p["num_owned"] for p in meta["parts"]) == cora.num_nodes
+    assert_reconstructs(tmp_path, cora)
+    report = verify_shards(tmp_path)
+    assert report.num_edges == cora.num_edges and report.edge_cut == meta["edge_cut"]
+    assert (k == 1) == (meta["edge_cut"] == 0)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 8])
+def test_synthetic_shards_reconstruct(csbm, tmp_path, k):
+    parts = partition_graph(csbm, k, "metis", seed=0)
+    write_shards(csbm, parts, tmp_path, partitioner="metis", seed=0, num_parts=k)
+    assert_reconstructs(tmp_path, csbm)
+    verify_shards(tmp_path)
+
+
+def test_uneven_empty_and_haloless_parts(tmp_path):
+    g = two_components()
+    # part 0 owns the triangle (no halo), part 1 one node, part 2 is empty, part 3 the rest.
+    parts = np.array([0, 0, 0, 1, 3, 3, 3, 3])
+    meta = write_shards(g, parts, tmp_path, partitioner="custom", seed=0, num_parts=4)
+    counts = [(p["num_owned"], p["num_halo"]) for p in meta["parts"]]
+    assert counts == [(3, 0), (1, 1), (0, 0), (4, 1)]
+    assert_reconstructs(tmp_path, g)
+    verify_shards(tmp_path)
+    empty = read_shard(tmp_path / "part-00002.h5")
+    assert empty.n_owned == 0 and empty.indptr.tolist() == [0]
+
+
+def test_halo_invariant_send_block_equals_peer_halo_block(cora, tmp_path):
+    k = 4
+    parts = partition_graph(cora, k, "random", seed=5)
+    write_shards(cora, parts, tmp_path, partitioner="random", seed=5)
+    shards = [read_shard(tmp_path / f"part-{p:05d}.h5") for p in range(k)]
+    for q, sq in enumerate(shards):
+        send_starts = np.concatenate([[0], np.cumsum(sq.send_counts)])
+        for p, sp_ in enumerate(shards):
+            recv_starts = np.concatenate([[0], np.cumsum(sp_.recv_counts)])
+            sent = sq.global_id[sq.send_index[send_starts[p]:send_starts[p + 1]]]
+            halo = sp_.halo_global_id[recv_starts[q]:recv_starts[q + 1]]
+            np.testing.assert_array_equal(sent, halo)
+            assert np.all(parts[halo] == q)
+    # every owned node's edges, mapped back to global ids, are the node's in-neighbours
+    s = shards[2]
+    to_global = np.concatenate([s.global_id, s.halo_global_id])
+    u = int(s.global_id[5])
+    row = to_global[s.indices[s.indptr[5]:s.indptr[6]]]
+    np.testing.assert_array_equal(np.sort(row), cora.indices[cora.indptr[u]:cora.indptr[u + 1]])
+
+
+def test_partitioners_are_deterministic_and_balanced(cora):
+    for name in ("metis", "random"):
+        a, b = partition_graph(cora, 4, name, seed=7), partition_graph(cora, 4, name, seed=7)
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == np.int64 and set(np.unique(a)) == {0, 1, 2, 3}
+    sizes = np.bincount(partition_graph(cora, 4, "random", seed=7))
+    assert sizes.max() - sizes.min() <= 1
+    assert not np.array_equal(partition_graph(cora, 4, "random", seed=1),
+                              partition_graph(cora, 4, "random", seed=2))
+
+
+def test_metis_balances_nodes_and_training_nodes_and_cuts_less(cora):
+    parts = partition_graph(cora, 4, "metis", seed=0)
+    owned = np.bincount(parts, minlength=4)
+    train = np.bincount(parts[cora.train_idx], minlength=4)
+    assert owned.max() <= 1.05 * cora.num_nodes / 4
+    assert train.max() <= 1.1 * len(cora.train_idx) / 4
+    rows = np.repeat(np.arange(cora.num_nodes), np.diff(cora.indptr))
+    cut = lambda p: int(np.count_nonzero(p[rows] != p[cora.indices]))  # noqa: E731
+    assert cut(parts) < 0.3 * cut(partition_graph(cora, 4, "random", seed=0))
+
+
+def test_meta_json_matches_the_contract(cora, tmp_path):
+    parts = partition_graph(cora, 2, "metis", seed=0)
+    write_shards(cora, parts, tmp_path, partitioner="metis", seed=0)
+    meta = read_meta(tmp_path)
+    assert (meta["dataset"], meta["num_nodes"], meta["num_edges"]) == ("cora", 2708, 10556)
+    assert (meta["feature_dim"], meta["num_classes"], meta["partitioner"]) == (1433, 7, "metis")
+    assert [p["file"] for p in meta["parts"]] == ["part-00000.h5", "part-00001.h5"]
+    assert reconstruct(tmp_path)["edges"].size == meta["num_edges"]
+
+
+def test_metis_balances_training_nodes_clustered_in_one_community():
+    g = load_dataset("csbm:nodes=8000,classes=4,degree=8,features=2,seed=1")
+    g.train_idx = np.nonzero(g.labels == 0)[0][:400]     # all training nodes in one class
+    parts = partition_graph(g, 4, "metis", seed=0)
+    train = np.bincount(parts[g.train_idx], minlength=4)
+    assert train.max() <= 1.1 * 100 and np.bincount(parts).max() <= 1.05 * 2000
