@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -67,11 +68,21 @@ def check_part_array(graph: Graph, parts: np.ndarray, num_parts: int) -> np.ndar
     return parts.astype(np.int64, copy=False)
 
 
-def _write_failed(path: Path, exc: OSError) -> PreprocessError:
-    why = exc.strerror or str(exc)
-    hint = "free disk space (or raise the quota)" if exc.errno in (errno.ENOSPC, errno.EFBIG,
-                                                                   errno.EDQUOT) else \
-        "check the directory is writable and has space"
+def _errno(exc: BaseException) -> int | None:
+    """The errno behind ``exc`` (h5py may raise a RuntimeError on close after an OSError)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno:
+            return exc.errno
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _write_failed(path: Path, exc: BaseException) -> PreprocessError:
+    code = _errno(exc)
+    why = os.strerror(code) if code else str(exc)
+    hint = ("free disk space (or raise the quota or file-size limit)"
+            if code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+            else "check that the directory is writable and has space")
     return PreprocessError(f"{path}: write failed ({why}); {hint}, then re-run; no shard set "
                            f"was left in {path.parent}")
 
@@ -85,7 +96,7 @@ def _write_parts(graph: Graph, layout: PartLayout, pairs: HaloPairs, out: Path) 
         path = out / part_name(p)
         try:
             write_shard(path, shard)
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:      # h5py: RuntimeError on close after a failure
             raise _write_failed(path, exc) from exc
         entries.append({"file": path.name, "num_owned": shard.n_owned, "num_halo": shard.n_halo,
                         "num_edges": shard.num_edges, "sha256": sha256_file(path)})

@@ -6,7 +6,7 @@ import pytest
 
 from _graphs import assert_reconstructs, reconstruct, two_components
 from hpcgnn.data.datasets import load_dataset
-from hpcgnn.data.shard import read_meta, read_shard
+from hpcgnn.data.shard import ShardFormatError, read_meta, read_shard
 from preprocess import partition_graph, verify_shards, write_shards
 
 
@@ -113,3 +113,57 @@ def test_metis_balances_training_nodes_clustered_in_one_community():
     parts = partition_graph(g, 4, "metis", seed=0)
     train = np.bincount(parts[g.train_idx], minlength=4)
     assert train.max() <= 1.1 * 100 and np.bincount(parts).max() <= 1.05 * 2000
+
+
+def tamper(directory, part, h5path, change):
+    """Rewrite one dataset of one part in place and re-sign it in meta.json, so only the
+    independent checks of verify (not the checksum) can notice."""
+    import h5py
+    from hpcgnn.data.shard import sha256_file, write_meta
+    path = directory / f"part-{part:05d}.h5"
+    with h5py.File(path, "r+") as f:
+        data = f[h5path][...]
+        del f[h5path]
+        f.create_dataset(h5path, data=change(data))
+    meta = read_meta(directory)
+    meta["parts"][part]["sha256"] = sha256_file(path)
+    write_meta(directory, meta)
+
+
+def _swap_first_two(a):
+    a = a.copy()
+    a[[0, 1]] = a[[1, 0]]
+    return a
+
+
+def _bump_first(a):
+    a = a.copy()
+    a[0] += 1
+    return a
+
+
+@pytest.mark.parametrize("part, h5path, change, expect", [
+    (1, "halo/send_index", _swap_first_two, "halo invariant broken"),
+    (0, "halo/global_id", _swap_first_two, "not ascending within each owner's group"),
+    (2, "nodes/degree", _bump_first, "row lengths differ from nodes/degree"),
+    (3, "halo/degree", _bump_first, "halo/degree differs from the owner's nodes/degree"),
+    (0, "nodes/global_id", lambda a: a + 1, "are not exactly the nodes"),
+])
+def test_verify_catches_consistent_looking_but_wrong_parts(cora, tmp_path, part, h5path,
+                                                           change, expect):
+    write_shards(cora, partition_graph(cora, 4, "random", seed=0), tmp_path,
+                 partitioner="random", seed=0)
+    tamper(tmp_path, part, h5path, change)
+    with pytest.raises(ShardFormatError, match=expect):
+        verify_shards(tmp_path)
+
+
+def test_verify_checks_meta_totals(cora, tmp_path):
+    from hpcgnn.data.shard import write_meta
+    write_shards(cora, partition_graph(cora, 2, "metis", seed=0), tmp_path,
+                 partitioner="metis", seed=0)
+    meta = read_meta(tmp_path)
+    meta["edge_cut"] += 2
+    write_meta(tmp_path, meta)
+    with pytest.raises(ShardFormatError, match="edge_cut says"):
+        verify_shards(tmp_path)

@@ -1,0 +1,184 @@
+"""Dataset readers, generators and cleaning: shipped Planetoid files, the npz format, OGB from a
+local directory, cSBM and R-MAT; every bad input gives a DatasetError naming file and fix."""
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from _graphs import edge_keys
+from hpcgnn.data.clean import clean_graph, edges_to_csr
+from hpcgnn.data.datasets import load_dataset, parse_spec
+from hpcgnn.data.errors import DatasetError
+
+
+def save_npz(path, n=5, **override):
+    """A valid npz graph (a 5-cycle), with keys replaced or removed (value None)."""
+    src = np.arange(n)
+    dst = (src + 1) % n
+    rows, cols = np.r_[dst, src], np.r_[src, dst]
+    order = np.lexsort((cols, rows))
+    arrays = {"num_nodes": np.int64(n),
+              "adj_indptr": np.r_[0, np.cumsum(np.bincount(rows, minlength=n))].astype(np.int64),
+              "adj_indices": cols[order].astype(np.int64),
+              "features": np.arange(n * 2, dtype=np.float32).reshape(n, 2),
+              "labels": np.arange(n, dtype=np.int64) % 2,
+              "train_idx": np.array([0, 1]), "val_idx": np.array([2]),
+              "test_idx": np.array([3, 4])}
+    arrays.update(override)
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path
+
+
+@pytest.mark.parametrize("name, nodes, edges, feats, classes", [
+    ("cora", 2708, 10556, 1433, 7), ("citeseer", 3327, 9104, 3703, 6)])
+def test_shipped_datasets_match_their_provenance_note(name, nodes, edges, feats, classes):
+    g = load_dataset(name)
+    assert (g.num_nodes, g.num_edges, g.feature_dim, g.num_classes) == (nodes, edges, feats, classes)
+    assert g.indptr.dtype == g.indices.dtype == np.int64
+    # symmetric: the reverse of every edge is there
+    n = g.num_nodes
+    keys = edge_keys(g.indptr, g.indices, n)
+    np.testing.assert_array_equal(keys, np.sort((keys % n) * n + keys // n))
+
+
+def test_npz_round_trip_and_cleaning_counts(tmp_path):
+    # 0 <- 0 (self-loop), 1 <- 0 twice (duplicate), 2 <- 1: a directed graph
+    indptr = np.array([0, 1, 3, 4, 4], dtype=np.int64)
+    indices = np.array([0, 0, 0, 1], dtype=np.int64)
+    path = save_npz(tmp_path / "g.npz", n=4, adj_indptr=indptr, adj_indices=indices,
+                    features=np.ones((4, 3), np.float32), labels=np.array([0, 1, 2, -1]),
+                    train_idx=np.array([0]), val_idx=np.array([1]), test_idx=np.array([2, 3]))
+    g = load_dataset(f"npz:{path}")
+    assert g.num_edges == 2 and g.indices.tolist() == [0, 1]
+    _, report = clean_graph(g.__class__(**{**g.__dict__, "indptr": indptr, "indices": indices}))
+    assert (report.self_loops, report.duplicates, report.reverse_added) == (1, 1, 0)
+    sym = load_dataset(f"npz:{path}", symmetrize=True)
+    assert sym.num_edges == 4
+    assert edge_keys(sym.indptr, sym.indices, 4).tolist() == [0 * 4 + 1, 1 * 4 + 0, 1 * 4 + 2,
+                                                              2 * 4 + 1]
+    assert g.dense_features().shape == (4, 3) and g.num_classes == 3
+
+
+def test_edges_to_csr_counts():
+    dst = np.array([1, 1, 2, 3, 3, 0])
+    src = np.array([0, 0, 2, 1, 1, 3])
+    indptr, indices, r = edges_to_csr(dst, src, 4, symmetrize=True)
+    assert (r.edges_in, r.self_loops, r.duplicates, r.reverse_added, r.edges_out) == (6, 1, 2, 3, 6)
+    assert indptr.tolist() == [0, 2, 4, 4, 6] and indices.tolist() == [1, 3, 0, 3, 0, 1]
+
+
+def test_csbm_is_deterministic_symmetric_and_class_structured():
+    spec = "csbm:nodes=3000,classes=3,degree=10,homophily=0.9,features=16,seed=4"
+    a, b = load_dataset(spec), load_dataset(spec)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_array_equal(a.features, b.features)
+    assert a.num_nodes == 3000 and a.feature_dim == 16 and a.num_classes == 3
+    assert abs(a.num_edges / 3000 - 10) < 1.0                       # mean degree ~ 10
+    rows = np.repeat(np.arange(3000), np.diff(a.indptr))
+    same = np.mean(a.labels[rows] == a.labels[a.indices])
+    assert 0.85 < same < 0.95                                       # homophily ~ 0.9
+    assert len(a.train_idx) == 300 and len(np.intersect1d(a.train_idx, a.test_idx)) == 0
+    c = load_dataset(spec.replace("seed=4", "seed=5"))
+    assert not np.array_equal(a.labels, c.labels)
+
+
+def test_rmat_graph500_is_skewed_simple_and_symmetric():
+    g = load_dataset("rmat:scale=11,edge_factor=8,seed=1")
+    n = 2048
+    assert g.num_nodes == n and g.indices.dtype == np.int64
+    keys = edge_keys(g.indptr, g.indices, n)
+    assert np.all(np.diff(keys) > 0) and not np.any(keys // n == keys % n)
+    np.testing.assert_array_equal(keys, np.sort((keys % n) * n + keys // n))
+    deg = g.in_degree()
+    assert deg.max() > 20 * deg.mean()                             # power-law-like hubs
+    assert 0.5 * 8 * n < g.num_edges <= 2 * 8 * n
+
+
+def test_spec_parsing():
+    assert parse_spec("csbm:nodes=10,homophily=0.5,name=x") == \
+        ("csbm", {"nodes": 10, "homophily": 0.5, "name": "x"})
+    assert parse_spec("npz:/a/b:c,d.npz") == ("npz", {"path": "/a/b:c,d.npz"})
+    assert parse_spec("rmat:symmetric=false")[1] == {"symmetric": False}
+
+
+def write_ogb_arxiv(root, n=6):
+    """A tiny ogbn-arxiv in OGB's on-disk layout."""
+    d = root / "ogbn_arxiv"
+    (d / "raw").mkdir(parents=True)
+    (d / "split" / "time").mkdir(parents=True)
+    (d / "RELEASE_v1.txt").write_text("tiny\n")
+    edges = [(0, 1), (1, 2), (2, 0), (3, 4), (4, 5), (5, 3), (0, 0)]   # src, dst; one self-loop
+
+    def csv(path, rows):
+        with gzip.open(path, "wt") as f:
+            f.writelines(",".join(str(v) for v in r) + "\n" for r in rows)
+
+    csv(d / "raw" / "edge.csv.gz", edges)
+    csv(d / "raw" / "num-node-list.csv.gz", [[n]])
+    csv(d / "raw" / "num-edge-list.csv.gz", [[len(edges)]])
+    csv(d / "raw" / "node-feat.csv.gz", [[i, i + 0.5] for i in range(n)])
+    csv(d / "raw" / "node-label.csv.gz", [[i % 4] for i in range(n)])
+    csv(d / "raw" / "node_year.csv.gz", [[2000 + i] for i in range(n)])
+    for part, ids in (("train", [0, 1, 2]), ("valid", [3]), ("test", [4, 5])):
+        csv(d / "split" / "time" / f"{part}.csv.gz", [[i] for i in ids])
+    return edges
+
+
+def test_ogb_reader_from_a_local_directory(tmp_path):
+    pytest.importorskip("ogb")
+    edges = write_ogb_arxiv(tmp_path)
+    g = load_dataset(f"ogbn-arxiv:root={tmp_path}")
+    assert (g.num_nodes, g.feature_dim) == (6, 2)
+    simple = sorted({(d, s) for s, d in edges if s != d})          # (dst, src), no self-loop
+    assert edge_keys(g.indptr, g.indices, 6).tolist() == [d * 6 + s for d, s in simple]
+    np.testing.assert_array_equal(g.features[:, 1], np.arange(6) + 0.5)
+    assert g.labels.tolist() == [0, 1, 2, 3, 0, 1] and g.train_idx.tolist() == [0, 1, 2]
+    assert load_dataset(f"ogbn-arxiv:root={tmp_path}", symmetrize=True).num_edges == 12
+
+
+def test_ogb_missing_directory_names_it_and_the_fix(tmp_path):
+    pytest.importorskip("ogb")
+    with pytest.raises(DatasetError, match=r"ogbn_products: no such directory.*download"):
+        load_dataset(f"ogbn-products:root={tmp_path}")
+    with pytest.raises(DatasetError, match="not an OGB node-property dataset"):
+        load_dataset(f"ogbn-nothing:root={tmp_path}")
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"adj_indices": None}, r"missing key\(s\) \['adj_indices'\]"),
+    ({"labels": np.zeros(5)}, "key 'labels' has dtype float64, expected int64"),
+    ({"adj_indices": np.array([1, 4, 0, 2, 1, 3, 2, 9, 3, 0])}, "node id 9, outside 0..4"),
+    ({"adj_indptr": np.array([0, 2, 4, 6, 8])}, "adj_indptr has shape"),
+    ({"features": np.array([[0, 1], [np.nan, 1], [0, 0], [0, 0], [np.inf, 0]], np.float32)},
+     r"NaN or inf \(in 2 rows, first row 1\)"),
+    ({"labels": np.array([0, 1, -3, 0, 1])}, "labels hold -3"),
+    ({"labels": np.array([0, 1, 7, 0, 1]), "num_classes": np.int64(3)},
+     r"class 7, outside 0..2 \(num_classes\)"),
+    ({"train_idx": np.array([0, 5])}, "train_idx holds node id 5"),
+    ({"labels": np.array([-1, 1, 0, 0, 1])}, "train_idx holds an unlabelled node"),
+    ({"features": None}, "no features"),
+])
+def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
+    path = save_npz(tmp_path / "bad.npz", **override)
+    with pytest.raises(DatasetError, match=message) as err:
+        load_dataset(f"npz:{path}")
+    assert str(path) in str(err.value) and ";" in str(err.value)
+
+
+def test_missing_and_unreadable_files(tmp_path):
+    with pytest.raises(DatasetError, match=r"no such file; pass --dataset npz:PATH"):
+        load_dataset(f"npz:{tmp_path / 'nope.npz'}")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(DatasetError, match=r"junk.npz: not a readable .npz"):
+        load_dataset(f"npz:{tmp_path / 'junk.npz'}")
+
+
+def test_bad_specs():
+    with pytest.raises(DatasetError, match="unknown dataset 'pubmedd'"):
+        load_dataset("pubmedd")
+    with pytest.raises(DatasetError, match=r"unknown option\(s\) \['nodez'\]"):
+        load_dataset("csbm:nodez=5")
+    with pytest.raises(DatasetError, match="not key=value"):
+        load_dataset("csbm:5")

@@ -1,0 +1,169 @@
+"""The preprocess CLI as users run it: shard sets that verify, and every bad input refused with
+one clear message naming the file and the fix, a non-zero exit, and no complete-looking set."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from _graphs import assert_reconstructs
+from hpcgnn.data.datasets import load_dataset
+from test_datasets import save_npz
+
+# Runs preprocess with a file-size limit: "ignore" turns an oversized write into EFBIG (as a
+# full disk would fail it); "kill" lets the kernel kill the process mid-write (an interruption).
+FSIZE_WRAPPER = """
+import resource, runpy, signal, sys
+limit, mode = int(sys.argv[1]), sys.argv[2]
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+if mode == "kill":
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+sys.argv = ["preprocess"] + sys.argv[3:]
+runpy.run_module("preprocess", run_name="__main__", alter_sys=True)
+"""
+
+
+def run(*args, prefix=("-m", "preprocess")):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *prefix, *map(str, args)], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL, env=env)
+
+
+def error_line(proc) -> str:
+    """The one error message: last stderr line, no traceback."""
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def assert_no_complete_set(out):
+    assert not (out / "meta.json").exists()
+    assert run("verify", out).returncode != 0
+
+
+@pytest.mark.parametrize("partitioner", ["metis", "random"])
+def test_cora_cli_then_verify(tmp_path, partitioner):
+    out = tmp_path / "s"
+    proc = run("--dataset", "cora", "--parts", 4, "--partitioner", partitioner, "--out", out,
+               "--seed", 3)
+    assert proc.returncode == 0, proc.stderr
+    assert "part 4/4" in proc.stderr and "METIS" in proc.stderr if partitioner == "metis" else True
+    ok = run("verify", out)
+    assert ok.returncode == 0 and "4 parts, 2,708 nodes, 10,556 edges" in ok.stdout
+    assert_reconstructs(out, load_dataset("cora"))
+
+
+def test_synthetic_and_npz_cli(tmp_path):
+    spec = "csbm:nodes=500,classes=3,features=4,seed=2"
+    assert run("--dataset", spec, "--parts", 3, "--out", tmp_path / "c", "-q").returncode == 0
+    assert run("verify", tmp_path / "c").returncode == 0
+    assert_reconstructs(tmp_path / "c", load_dataset(spec))
+    assert run("--dataset", "rmat:scale=9,edge_factor=4", "--parts", 2, "--out",
+               tmp_path / "r", "-q").returncode == 0
+    assert run("verify", tmp_path / "r").returncode == 0
+    path = save_npz(tmp_path / "g.npz")
+    assert run("--dataset", f"npz:{path}", "--parts", 2, "--partitioner", "random", "--out",
+               tmp_path / "n", "-q").returncode == 0
+    assert_reconstructs(tmp_path / "n", load_dataset(f"npz:{path}"))
+
+
+def test_existing_shard_set_needs_force(tmp_path):
+    out = tmp_path / "s"
+    assert run("--dataset", "cora", "--parts", 2, "--out", out, "-q").returncode == 0
+    before = (out / "meta.json").read_text()
+    line = error_line(run("--dataset", "cora", "--parts", 3, "--out", out, "-q"))
+    assert str(out) in line and "already holds shard files" in line and "--force" in line
+    assert (out / "meta.json").read_text() == before             # untouched
+    assert run("--dataset", "cora", "--parts", 3, "--out", out, "--force", "-q").returncode == 0
+    assert run("verify", out).returncode == 0
+    assert not (out / "part-00003.h5").exists() and (out / "part-00002.h5").exists()
+
+
+def test_forced_rewrite_with_fewer_parts_removes_the_old_ones(tmp_path):
+    out = tmp_path / "s"
+    assert run("--dataset", "cora", "--parts", 4, "--out", out, "-q").returncode == 0
+    assert run("--dataset", "cora", "--parts", 2, "--out", out, "-q", "--force").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "part-00000.h5",
+                                                     "part-00001.h5"]
+
+
+@pytest.mark.parametrize("args, expect", [
+    (("--dataset", "cora", "--parts", 5000), "more than the 2,708 nodes of cora; choose --parts"),
+    (("--dataset", "cora", "--parts", 0), "need at least 1 part"),
+    (("--dataset", "npz:/nonexistent/g.npz", "--parts", 2), "/nonexistent/g.npz: no such file"),
+    (("--dataset", "csbm:nodes=10,bogus=1", "--parts", 2), "unknown option(s) ['bogus']"),
+])
+def test_bad_requests(tmp_path, args, expect):
+    out = tmp_path / "s"
+    line = error_line(run(*args, "--out", out))
+    assert expect in line
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_bad_npz_through_the_cli(tmp_path):
+    path = save_npz(tmp_path / "nan.npz", features=np.full((5, 2), np.nan, np.float32))
+    line = error_line(run("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
+    assert str(path) in line and "NaN or inf" in line and "replace them" in line
+    assert_no_complete_set(tmp_path / "s")
+
+
+def test_out_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert "is not a directory" in error_line(run("--dataset", "cora", "--parts", 2, "--out",
+                                                  tmp_path / "f"))
+
+
+def test_failed_write_leaves_no_shard_set(tmp_path):
+    out = tmp_path / "s"
+    proc = run(2_000_000, "ignore", "--dataset", "cora", "--parts", 2, "--out", out,
+               prefix=("-c", FSIZE_WRAPPER))
+    line = error_line(proc)
+    assert "part-00000.h5: write failed (File too large)" in line and "free disk space" in line
+    assert list(out.iterdir()) == []                            # no parts, no temporaries
+    assert_no_complete_set(out)
+
+
+def test_killed_mid_write_leaves_no_complete_set_and_a_rerun_works(tmp_path):
+    out = tmp_path / "s"
+    proc = run(2_000_000, "kill", "--dataset", "cora", "--parts", 2, "--out", out,
+               prefix=("-c", FSIZE_WRAPPER))
+    assert proc.returncode != 0
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == []
+    assert_no_complete_set(out)
+    assert run("--dataset", "cora", "--parts", 2, "--out", out, "-q").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "part-00000.h5",
+                                                     "part-00001.h5"]
+
+
+def corrupt_copy(src, dst, how):
+    import shutil
+    shutil.copytree(src, dst)
+    part = dst / "part-00001.h5"
+    data = bytearray(part.read_bytes())
+    if how == "truncate":
+        part.write_bytes(data[: len(data) // 2])
+    elif how == "flip":
+        data[len(data) // 2] ^= 0xFF
+        part.write_bytes(data)
+    elif how == "delete":
+        part.unlink()
+    elif how == "meta":
+        (dst / "meta.json").unlink()
+    return dst
+
+
+@pytest.mark.parametrize("how, expect", [
+    ("truncate", "part-00001.h5: sha256 differs from meta.json"),
+    ("flip", "part-00001.h5: sha256 differs from meta.json"),
+    ("delete", "part-00001.h5: missing"),
+    ("meta", "meta.json: missing"),
+])
+def test_verify_rejects_damaged_sets(tmp_path, how, expect):
+    good = tmp_path / "good"
+    assert run("--dataset", "cora", "--parts", 3, "--out", good, "-q").returncode == 0
+    bad = corrupt_copy(good, tmp_path / "bad", how)
+    line = error_line(run("verify", bad))
+    assert expect in line and "preprocess" in line
