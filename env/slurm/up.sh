@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Bring up a private one-node SLURM on localhost: munged, slurmctld and slurmd, all under DIR.
+#
+#   eval "$(bash env/slurm/up.sh /tmp/slurm-xyz)"   # prints: export SLURM_CONF=...
+#   sbatch ... ; squeue ; ...
+#   bash env/slurm/down.sh /tmp/slurm-xyz           # stops them by the PIDs recorded here
+#
+# Needs root, or sudo (`sudo bash env/slurm/up.sh DIR`: slurmd runs jobs as their users), and
+# the Debian/Ubuntu packages slurm-wlm and munge (and libpmix-dev, for srun --mpi=pmix).
+# Nothing outside DIR is touched: its own munge key and socket, free TCP ports, its own
+# slurm.conf. The PIDs go to DIR/pids/<daemon>.pid; on any failure the daemons already
+# started are stopped and the logs are shown. Variables: SLURM_LOCAL_CPUS (default nproc),
+# SLURM_LOCAL_MEM_MB (default 90 % of MemTotal), SLURM_LOCAL_TIMEOUT (s, default 60).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+[[ $# -eq 1 ]] || { echo "usage: $0 DIR" >&2; exit 2; }
+dir=$(mkdir -p "$1" && cd "$1" && pwd)
+say() { printf '[env/slurm/up] %s\n' "$*" >&2; }
+
+for exe in munged slurmctld slurmd sinfo; do
+    command -v "$exe" >/dev/null || { say "$exe not found: install with 'apt-get install slurm-wlm munge libpmix-dev'"; exit 3; }
+done
+[[ $(id -u) -eq 0 ]] || { say "must run as root (slurmd starts jobs as their owners)"; exit 3; }
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+write_conf() {
+    local cpus=${SLURM_LOCAL_CPUS:-$(nproc)}
+    local mem=${SLURM_LOCAL_MEM_MB:-$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)}
+    local p1 p2
+    p1=$(free_port); p2=$(free_port)
+    while [[ $p2 == "$p1" ]]; do p2=$(free_port); done
+    sed -e "s|@DIR@|$dir|g" -e "s|@CTLD_PORT@|$p1|" -e "s|@SLURMD_PORT@|$p2|" \
+        -e "s|@USER@|$(id -un)|" -e "s|@CPUS@|$cpus|" -e "s|@MEM_MB@|$mem|" \
+        "$here/slurm.conf.in" > "$dir/slurm.conf"
+}
+
+# start NAME CMD...: run a daemon in the foreground of its own session, record its PID.
+start() {
+    local name=$1; shift
+    setsid "$@" > "$dir/log/$name.out" 2>&1 < /dev/null &
+    echo $! > "$dir/pids/$name.pid"
+}
+
+# The key is root's alone; the socket directory is open, so users' sbatch can authenticate.
+start_munge() {
+    install -d -m 0700 "$dir/munge-key"
+    install -d -m 0755 "$dir/munge"
+    [[ -f $dir/munge-key/munge.key ]] || {
+        dd if=/dev/urandom of="$dir/munge-key/munge.key" bs=1024 count=1 status=none
+        chmod 0400 "$dir/munge-key/munge.key"
+    }
+    start munged munged --foreground --force --key-file="$dir/munge-key/munge.key" \
+        --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
+        --log-file="$dir/log/munged.log" --seed-file="$dir/munge/munge.seed"
+    wait_for "munge socket" test -S "$dir/munge/munge.socket"
+}
+
+# wait_for WHAT CMD...: poll CMD until it succeeds or the time runs out.
+wait_for() {
+    local what=$1; shift
+    local deadline=$((SECONDS + ${SLURM_LOCAL_TIMEOUT:-60}))
+    until "$@" >/dev/null 2>&1; do
+        if (( SECONDS > deadline )); then say "timed out waiting for $what"; return 1; fi
+        sleep 0.5
+    done
+}
+
+node_idle() { [[ $(sinfo -h -N -n localhost -o %t) == idle ]]; }
+
+fail() {
+    say "bring-up failed; logs under $dir/log:"
+    tail -n 20 "$dir"/log/* >&2 || true
+    bash "$here/down.sh" "$dir" >&2 || true
+    exit 1
+}
+
+main() {
+    install -d -m 0755 "$dir/state" "$dir/spool/slurmd" "$dir/log" "$dir/pids"
+    write_conf
+    export SLURM_CONF=$dir/slurm.conf
+    start_munge || fail
+    start slurmctld slurmctld -D -i -f "$SLURM_CONF"
+    start slurmd slurmd -D -N localhost -f "$SLURM_CONF"
+    wait_for "node localhost to be idle" node_idle || fail
+    say "SLURM up in $dir ($(sinfo -h -o '%D node, %c CPUs, %m MB'))"
+    echo "export SLURM_CONF=$SLURM_CONF"
+}
+
+main

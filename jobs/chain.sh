@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Preprocess, then train once preprocessing has succeeded (--dependency=afterok).
+#
+#   jobs/chain.sh DATASET PARTS SHARDS CONFIG [train args]
+#   HPCGNN_PREP_OPTS="--mem=64G" HPCGNN_TRAIN_OPTS="--time=4:00:00 --gpus-per-task=1" jobs/chain.sh ...
+#
+# The training job gets --ntasks=PARTS. A verified shard set already in SHARDS is reused by the
+# preprocessing job, so re-running the chain costs one short job. Prints "PREP_ID TRAIN_ID".
+set -euo pipefail
+jobs=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+[[ $# -ge 4 ]] || { echo "usage: $0 DATASET PARTS SHARDS CONFIG [train args]" >&2; exit 2; }
+dataset=$1 parts=$2 shards=$3 config=$4; shift 4
+[[ -f $config ]] || { echo "chain: config $config not found" >&2; exit 2; }
+
+# shellcheck disable=SC2086  # the *_OPTS are lists of sbatch options, split on spaces
+prep=$(sbatch --parsable ${HPCGNN_PREP_OPTS:-} "$jobs/preprocess.sbatch" "$dataset" "$parts" "$shards")
+# shellcheck disable=SC2086
+train=$(sbatch --parsable --dependency="afterok:${prep%%;*}" --kill-on-invalid-dep=yes \
+        --ntasks="$parts" ${HPCGNN_TRAIN_OPTS:-} "$jobs/train.sbatch" "$shards" "$config" "$@")
+echo "chain: preprocessing job $prep, training job $train (runs after $prep succeeds)" >&2
+echo "${prep%%;*} ${train%%;*}"

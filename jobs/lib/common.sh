@@ -1,0 +1,92 @@
+# Shared by the jobs/*.sbatch scripts (sourced, not run). Everything cluster-specific that the
+# library must not know lives here or in env/site.sh: modules, the venv, the launcher, binding.
+#
+# Variables a user may set (sbatch --export or the environment at submission):
+#   HPCGNN_HOME      the repository (default: found from the submitted script's path)
+#   HPCGNN_VENV      the virtual environment (default: $HPCGNN_HOME/.venv)
+#   HPCGNN_SITE      a site file sourced first (default: $HPCGNN_HOME/env/site.sh if present)
+#   HPCGNN_LAUNCHER  auto (default) | srun | mpirun
+#   HPCGNN_SRUN_MPI  the srun --mpi= plugin (default: pmix for Open MPI, pmi2 for MPICH)
+
+hpcgnn_say() { printf '[%s %s] %s\n' "${SLURM_JOB_NAME:-hpcgnn}" "$(date +%H:%M:%S)" "$*" >&2; }
+hpcgnn_die() { hpcgnn_say "error: $*"; exit 2; }
+
+# Source the site file (module loads, network interface, ...) and activate the venv.
+hpcgnn_env() {
+    local site=${HPCGNN_SITE:-$HPCGNN_HOME/env/site.sh}
+    if [[ -f $site ]]; then
+        hpcgnn_say "sourcing site file $site"
+        # shellcheck disable=SC1090
+        source "$site"
+    elif [[ -n ${HPCGNN_SITE:-} ]]; then
+        hpcgnn_die "HPCGNN_SITE=$HPCGNN_SITE does not exist: point it at your site file or unset it"
+    fi
+    local venv=${HPCGNN_VENV:-$HPCGNN_HOME/.venv}
+    [[ -x $venv/bin/python ]] || hpcgnn_die "no venv at $venv: run 'bash env/setup.sh' on a login node, or set HPCGNN_VENV"
+    # shellcheck disable=SC1091
+    source "$venv/bin/activate"
+    export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+    if [[ $(id -u) -eq 0 ]]; then  # Open MPI refuses root without both of these
+        export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    fi
+}
+
+# Print the MPI library mpi4py was built against, without initialising MPI.
+hpcgnn_mpi_flavour() {
+    python - <<'PY'
+import mpi4py
+mpi4py.rc.initialize = False
+from mpi4py import MPI
+v = MPI.Get_library_version()
+print("openmpi" if "Open MPI" in v else "mpich" if ("MPICH" in v or "MVAPICH" in v or "Intel" in v) else "other")
+PY
+}
+
+# Can srun start a rank with this MPI plugin? (Listed is not enough: Debian's pmix plugin is
+# listed but fails at launch without libpmix-dev.) One 1-task step, about a second.
+srun_has_mpi() {
+    srun --mpi=list 2>&1 | grep -qw "$1" || return 1
+    srun --mpi="$1" --ntasks=1 --cpus-per-task=1 true >/dev/null 2>&1
+}
+
+# Fill the array LAUNCH with the command that starts $SLURM_NTASKS ranks of one program.
+hpcgnn_launcher() {
+    local want=${HPCGNN_LAUNCHER:-auto} flavour plugin
+    local ntasks=${SLURM_NTASKS:-1} cpus=${SLURM_CPUS_PER_TASK:-1}
+    flavour=$(hpcgnn_mpi_flavour) || hpcgnn_die "mpi4py does not import in $(command -v python): run env/setup.sh"
+    case $flavour in openmpi) plugin=pmix ;; *) plugin=pmi2 ;; esac
+    plugin=${HPCGNN_SRUN_MPI:-$plugin}
+    if [[ $want == auto ]]; then
+        if [[ -n ${SLURM_JOB_ID:-} ]] && srun_has_mpi "$plugin"; then want=srun; else want=mpirun; fi
+    fi
+    case $want in
+        # srun no longer passes --cpus-per-task from sbatch to the step (Slurm >= 22.05): say it.
+        srun) LAUNCH=(srun --mpi="$plugin" --ntasks="$ntasks" --cpus-per-task="$cpus" --kill-on-bad-exit=1) ;;
+        mpirun)
+            LAUNCH=(mpirun -n "$ntasks")
+            [[ $flavour == openmpi && $cpus -gt 1 ]] && LAUNCH+=(--map-by "slot:pe=$cpus")
+            ;;
+        *) hpcgnn_die "HPCGNN_LAUNCHER=$want is not one of auto, srun, mpirun" ;;
+    esac
+    # One GPU per rank (when there are GPUs), set inside each rank before python starts.
+    LAUNCH+=("$HPCGNN_HOME/jobs/lib/bind.sh")
+    hpcgnn_say "launcher: ${LAUNCH[*]} (MPI: $flavour, $ntasks ranks x $cpus CPUs)"
+}
+
+# Run a command in the background and pass USR1/TERM on to it, so that the warning signal
+# (#SBATCH --signal=B:USR1@N) or a preemption's TERM reaches the launcher, which passes it to
+# the ranks (srun and Open MPI's mpirun forward USR1, USR2 and TERM). Returns its exit status.
+hpcgnn_run_forwarding() {
+    "$@" &
+    local pid=$!
+    # shellcheck disable=SC2064
+    trap "hpcgnn_say 'got USR1: passing it to the ranks'; kill -USR1 $pid 2>/dev/null" USR1
+    # shellcheck disable=SC2064
+    trap "hpcgnn_say 'got TERM: passing it to the ranks'; kill -TERM $pid 2>/dev/null" TERM
+    # A trapped signal interrupts wait (status > 128): wait again until the launcher has ended.
+    while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
+    local rc=0
+    wait "$pid" || rc=$?  # bash keeps the status of a reaped background job
+    trap - USR1 TERM
+    return $rc
+}

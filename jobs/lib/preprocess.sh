@@ -1,0 +1,41 @@
+# The body of jobs/preprocess.sbatch (sourced after common.sh): reuse, or partition and verify.
+
+# Does OUT_DIR's meta.json describe DATASET in PARTS parts with the asked partitioner and seed?
+# Prints the first difference; exit 0 when there is none.
+hpcgnn_same_settings() {
+    python - "$@" <<'PY'
+import argparse, json, sys
+dataset, parts, out, *rest = sys.argv[1:]
+ap = argparse.ArgumentParser(add_help=False)
+ap.add_argument("--partitioner", default="metis")
+ap.add_argument("--seed", type=int, default=0)
+asked, _ = ap.parse_known_args(rest)
+meta = json.load(open(f"{out}/meta.json"))
+want = {"dataset": dataset, "num_parts": int(parts), "partitioner": asked.partitioner, "seed": asked.seed}
+for key, value in want.items():
+    if meta.get(key) != value:
+        print(f"{out}/meta.json has {key}={meta.get(key)!r}, this job asks for {value!r}")
+        sys.exit(1)
+PY
+}
+
+has_arg() { local want=$1; shift; for a in "$@"; do [[ $a == "$want" ]] && return 0; done; return 1; }
+
+hpcgnn_preprocess_main() {
+    local dataset=$1 parts=$2 out=$3; shift 3
+    hpcgnn_env
+    local force=() why
+    if [[ -f $out/meta.json ]] && python -m preprocess verify -q "$out" >&2; then
+        if why=$(hpcgnn_same_settings "$dataset" "$parts" "$out" "$@"); then
+            hpcgnn_say "reusing the verified shard set in $out ($dataset, $parts parts)"
+            return 0
+        fi
+        has_arg --force "$@" || hpcgnn_die "$why; pass --force to rewrite it, or choose another OUT_DIR"
+    elif [[ -d $out ]] && compgen -G "$out/part-*.h5" >/dev/null; then
+        hpcgnn_say "$out holds a shard set that does not verify (an interrupted run?): rewriting it"
+        has_arg --force "$@" || force=(--force)
+    fi
+    hpcgnn_say "partitioning $dataset into $parts parts -> $out"
+    python -m preprocess --dataset "$dataset" --parts "$parts" --out "$out" "${force[@]}" "$@"
+    python -m preprocess verify "$out"
+}

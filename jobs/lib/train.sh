@@ -1,0 +1,114 @@
+# The body of jobs/train.sbatch (sourced after common.sh): run dir, resume, launch, requeue.
+
+# The array task's schedule file: line SLURM_ARRAY_TASK_ID (0-based) of $HPCGNN_SCHEDULES.
+hpcgnn_array_schedule() {
+    [[ -n ${SLURM_ARRAY_TASK_ID:-} && -n ${HPCGNN_SCHEDULES:-} ]] || return 0
+    [[ -f $HPCGNN_SCHEDULES ]] || hpcgnn_die "HPCGNN_SCHEDULES=$HPCGNN_SCHEDULES does not exist (written by jobs/sweep.sh)"
+    sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$HPCGNN_SCHEDULES"
+}
+
+# RUN_DIR: HPCGNN_RUN_DIR, else --out from the train arguments, else one named from the job id.
+hpcgnn_run_dir() {
+    local schedule=$1; shift
+    if [[ -n ${HPCGNN_RUN_DIR:-} ]]; then echo "$HPCGNN_RUN_DIR"; return; fi
+    while [[ $# -gt 0 ]]; do
+        case $1 in --out) echo "$2"; return ;; --out=*) echo "${1#--out=}"; return ;; esac
+        shift
+    done
+    local runs=${HPCGNN_RUNS:-runs}
+    if [[ -n $schedule ]]; then
+        echo "$runs/sweep-$SLURM_ARRAY_JOB_ID/$(basename "$schedule" .toml)"
+    else
+        echo "$runs/slurm-${SLURM_JOB_ID:-local-$$}"
+    fi
+}
+
+# The shard set must have one part per rank; say so before any rank starts.
+hpcgnn_check_shards() {
+    local shards=$1 ntasks=$2 parts
+    [[ -f $shards/meta.json ]] || hpcgnn_die "$shards/meta.json not found: preprocess first (jobs/preprocess.sbatch) or fix SHARDS"
+    parts=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_parts"])' "$shards/meta.json")
+    [[ $parts == "$ntasks" ]] || hpcgnn_die "$shards has num_parts=$parts but the job has $ntasks tasks: submit with --ntasks=$parts"
+}
+
+# A run is resumed when its last segment was preempted and it has not finished since.
+hpcgnn_needs_resume() {
+    local run_dir=$1
+    [[ -f $run_dir/preempted.json ]] || return 1
+    [[ ! -f $run_dir/summary.json || $run_dir/preempted.json -nt $run_dir/summary.json ]]
+}
+
+# Append one line per job segment to RUN_DIR/slurm.jsonl (which job, where, how launched).
+hpcgnn_record_segment() {
+    local run_dir=$1 resumed=$2
+    python - "$run_dir/slurm.jsonl" "$resumed" "${LAUNCH[*]}" <<'PY'
+import json, os, sys, time
+path, resumed, launch = sys.argv[1:]
+env = os.environ
+line = {"job_id": env.get("SLURM_JOB_ID"), "array_job_id": env.get("SLURM_ARRAY_JOB_ID"),
+        "array_task_id": env.get("SLURM_ARRAY_TASK_ID"), "restart_count": int(env.get("SLURM_RESTART_COUNT", 0)),
+        "nodes": env.get("SLURM_JOB_NODELIST"), "ntasks": env.get("SLURM_NTASKS"),
+        "cpus_per_task": env.get("SLURM_CPUS_PER_TASK"), "resumed": resumed == "1",
+        "launch": launch, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+with open(path, "a") as f:
+    f.write(json.dumps(line) + "\n")
+PY
+}
+
+# After a preempted segment: put the job back in the queue (same id, same RUN_DIR).
+hpcgnn_continue_later() {
+    local run_dir=$1; shift
+    local restarts=${SLURM_RESTART_COUNT:-0} max=${HPCGNN_MAX_RESTARTS:-20}
+    (( restarts < max )) || hpcgnn_die "preempted after $restarts restarts (HPCGNN_MAX_RESTARTS=$max); resume by hand: HPCGNN_RUN_DIR=$run_dir sbatch ..."
+    case ${HPCGNN_ON_PREEMPT:-requeue} in
+        requeue)
+            if scontrol requeue "$SLURM_JOB_ID"; then
+                hpcgnn_say "checkpointed; requeued job $SLURM_JOB_ID (restart $((restarts + 1)))"
+                exit 0
+            fi
+            hpcgnn_say "scontrol requeue failed; resubmitting instead"
+            hpcgnn_resubmit "$run_dir" "$@" ;;
+        resubmit) hpcgnn_resubmit "$run_dir" "$@" ;;
+        exit) hpcgnn_say "checkpointed; resume with: HPCGNN_RUN_DIR=$run_dir sbatch jobs/train.sbatch $*" ;;
+        *) hpcgnn_die "HPCGNN_ON_PREEMPT=${HPCGNN_ON_PREEMPT} is not one of requeue, resubmit, exit" ;;
+    esac
+}
+
+# Submit the same training again as a new job that resumes RUN_DIR once this one has ended.
+hpcgnn_resubmit() {
+    local run_dir=$1; shift
+    local opts=(--dependency="afterany:$SLURM_JOB_ID" --ntasks="$SLURM_NTASKS"
+                --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --job-name="$SLURM_JOB_NAME"
+                --export="ALL,HPCGNN_RUN_DIR=$run_dir")
+    [[ -n ${SLURM_JOB_PARTITION:-} ]] && opts+=(--partition="$SLURM_JOB_PARTITION")
+    [[ -n ${SLURM_GPUS_PER_TASK:-} ]] && opts+=(--gpus-per-task="$SLURM_GPUS_PER_TASK")
+    local id
+    id=$(sbatch --parsable "${opts[@]}" "$HPCGNN_HOME/jobs/train.sbatch" "$@")
+    hpcgnn_say "checkpointed; submitted job $id to resume $run_dir"
+}
+
+hpcgnn_train_main() {
+    local shards=$1 config=$2; shift 2
+    [[ -f $config ]] || hpcgnn_die "run config $config not found (e.g. configs/cora.toml)"
+    hpcgnn_env
+    local ntasks=${SLURM_NTASKS:-1} schedule run_dir
+    hpcgnn_check_shards "$shards" "$ntasks"
+    schedule=$(hpcgnn_array_schedule)
+    run_dir=$(hpcgnn_run_dir "$schedule" "$@")
+    mkdir -p "$run_dir"
+    local extra=(--out "$run_dir") resumed=0
+    [[ -n $schedule ]] && extra+=(--schedule "$schedule")
+    if hpcgnn_needs_resume "$run_dir"; then extra+=(--resume); resumed=1; fi
+    hpcgnn_launcher
+    hpcgnn_record_segment "$run_dir" "$resumed"
+    hpcgnn_say "run dir $run_dir (resume: $resumed)"
+    local started=$run_dir/.segment-started rc=0
+    touch "$started"
+    hpcgnn_run_forwarding "${LAUNCH[@]}" python -m mpi4py -m hpcgnn train \
+        --shards "$shards" --config "$config" "$@" "${extra[@]}" || rc=$?
+    if [[ $rc -eq 0 && -f $run_dir/preempted.json && $run_dir/preempted.json -nt $started ]]; then
+        hpcgnn_continue_later "$run_dir" "$shards" "$config" "$@"
+    fi
+    hpcgnn_say "training ended with status $rc"
+    return $rc
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Train once per schedule file, as one job array over a shard set.
+#
+#   jobs/sweep.sh SHARDS CONFIG SCHEDULE.toml... [-- train args]
+#   HPCGNN_TRAIN_OPTS="--time=1:00:00" HPCGNN_ARRAY_MAX=4 jobs/sweep.sh shards/cora-4 configs/cora.toml configs/schedules/*.toml
+#
+# Array task i trains with the i-th schedule; its run directory is runs/sweep-<array id>/<schedule
+# name> (HPCGNN_RUNS changes "runs"). Every task has --ntasks = the shard set's num_parts.
+# HPCGNN_ARRAY_MAX caps how many tasks run at once; HPCGNN_DEPENDENCY (e.g. afterok:123) waits
+# for another job. Prints the array job id.
+set -euo pipefail
+jobs=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+usage() { echo "usage: $0 SHARDS CONFIG SCHEDULE.toml... [-- train args]" >&2; exit 2; }
+
+[[ $# -ge 3 ]] || usage
+shards=$1 config=$2; shift 2
+schedules=()
+while [[ $# -gt 0 && $1 != -- ]]; do
+    [[ -f $1 ]] || { echo "sweep: schedule file $1 not found" >&2; exit 2; }
+    schedules+=("$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"); shift
+done
+[[ $# -gt 0 ]] && shift  # the --
+[[ ${#schedules[@]} -gt 0 ]] || usage
+[[ -f $shards/meta.json ]] || { echo "sweep: $shards/meta.json not found: preprocess first" >&2; exit 2; }
+parts=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_parts"])' "$shards/meta.json")
+
+runs=${HPCGNN_RUNS:-runs}
+mkdir -p "$runs/sweep-lists"
+list=$(cd "$runs/sweep-lists" && pwd)/$(date +%Y%m%d-%H%M%S)-$$.txt
+printf '%s\n' "${schedules[@]}" > "$list"
+
+range="0-$(( ${#schedules[@]} - 1 ))${HPCGNN_ARRAY_MAX:+%$HPCGNN_ARRAY_MAX}"
+opts=(--parsable --array="$range" --ntasks="$parts" --output=%x-%A_%a.out
+      --export="ALL,HPCGNN_SCHEDULES=$list")
+[[ -n ${HPCGNN_DEPENDENCY:-} ]] && opts+=(--dependency="$HPCGNN_DEPENDENCY")
+# shellcheck disable=SC2086  # a list of sbatch options, split on spaces
+id=$(sbatch "${opts[@]}" ${HPCGNN_TRAIN_OPTS:-} "$jobs/train.sbatch" "$shards" "$config" "$@")
+echo "sweep: array job ${id%%;*} over ${#schedules[@]} schedules (list: $list)" >&2
+echo "${id%%;*}"

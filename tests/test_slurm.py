@@ -1,0 +1,251 @@
+"""The jobs/ scripts on a real one-node SLURM on localhost (env/slurm/up.sh, down.sh).
+
+The session fixture installs slurm-wlm, munge and libpmix-dev with apt when they are missing,
+starts munged, slurmctld and slurmd in a temporary directory with their own slurm.conf, waits
+for the node to be idle, and stops the daemons by their PIDs at the end, even when a test
+fails. It runs only as root (or with password-less sudo) and only when asked: in CI (``CI``
+set) or with ``HPCGNN_SLURM_TESTS=1``; elsewhere the SLURM tests skip and say why. The tests
+at the top need no SLURM: they run the batch scripts with plain bash.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+JOBS = REPO / "jobs"
+VENV = Path(sys.executable).parent.parent
+APT_PACKAGES = ("slurm-wlm", "munge", "libpmix-dev")
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch")
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE"}
+
+
+def job_env(**extra: str) -> dict:
+    """The environment jobs are submitted with: this venv, this checkout, one thread a rank."""
+    env = dict(os.environ, HPCGNN_HOME=str(REPO), HPCGNN_VENV=str(VENV), OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def run(cmd: list, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+# --- without SLURM: the scripts' own checks, run with plain bash ------------------------------
+
+def test_preprocess_job_reuses_a_verified_set_and_refuses_other_settings(tmp_path):
+    out = tmp_path / "cora-2"
+    first = run(["bash", JOBS / "preprocess.sbatch", "cora", 2, out], env=job_env())
+    assert first.returncode == 0, first.stderr
+    assert "partitioning cora into 2 parts" in first.stderr
+    again = run(["bash", JOBS / "preprocess.sbatch", "cora", 2, out], env=job_env())
+    assert again.returncode == 0 and "reusing the verified shard set" in again.stderr
+    other = run(["bash", JOBS / "preprocess.sbatch", "cora", 2, out, "--seed", 3], env=job_env())
+    assert other.returncode != 0
+    assert "meta.json has seed=0, this job asks for 3; pass --force" in other.stderr
+
+
+def test_preprocess_job_rewrites_a_set_that_does_not_verify(tmp_path):
+    out = tmp_path / "cora-2"
+    assert run(["bash", JOBS / "preprocess.sbatch", "cora", 2, out], env=job_env()).returncode == 0
+    with open(out / "part-00001.h5", "r+b") as f:      # an interrupted or corrupted set
+        f.seek(-64, os.SEEK_END)
+        f.write(b"\0" * 64)
+    redo = run(["bash", JOBS / "preprocess.sbatch", "cora", 2, out], env=job_env())
+    assert redo.returncode == 0, redo.stderr
+    assert "does not verify" in redo.stderr
+    assert run([sys.executable, "-m", "preprocess", "verify", out]).returncode == 0
+
+
+def test_train_job_refuses_a_rank_count_other_than_the_parts(tmp_path):
+    shards = tmp_path / "cora-2"
+    assert run(["bash", JOBS / "preprocess.sbatch", "cora", 2, shards], env=job_env()).returncode == 0
+    config = tmp_path / "run.toml"
+    config.write_text("[train]\nepochs = 2\n")
+    res = run(["bash", JOBS / "train.sbatch", shards, config], env=job_env(SLURM_NTASKS="3"))
+    assert res.returncode != 0
+    assert f"{shards} has num_parts=2 but the job has 3 tasks: submit with --ntasks=2" in res.stderr
+
+
+def test_train_job_names_its_usage():
+    res = run(["bash", JOBS / "train.sbatch", "only-one-arg"], env=job_env())
+    assert res.returncode != 0 and "usage: sbatch [--ntasks=K] jobs/train.sbatch SHARDS CONFIG" in res.stderr
+
+
+# --- the one-node SLURM ------------------------------------------------------------------------
+
+def _privilege() -> list[str] | None:
+    """[] as root, ["sudo", "-n"] with password-less sudo, None when neither."""
+    if os.geteuid() == 0:
+        return []
+    if shutil.which("sudo") and run(["sudo", "-n", "true"], timeout=10).returncode == 0:
+        return ["sudo", "-n"]
+    return None
+
+
+def _why_not(priv: list[str] | None) -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "the local SLURM needs Linux"
+    if not (os.environ.get("CI") or os.environ.get("HPCGNN_SLURM_TESTS") == "1"):
+        return ("brings up a real one-node SLURM (apt-get install slurm-wlm munge, daemons as "
+                "root): runs in CI or with HPCGNN_SLURM_TESTS=1")
+    if priv is None:
+        return "needs root or password-less sudo to install slurm-wlm/munge and start slurmd"
+    if not all(shutil.which(d) for d in DAEMONS) and not shutil.which("apt-get"):
+        return "slurm-wlm and munge are not installed and there is no apt-get to install them"
+    return None
+
+
+def _install(priv: list[str]) -> None:
+    """apt-get install the packages when a daemon or the pmix library is missing."""
+    have_pmix = any(Path(d, "libpmix.so").exists() for d in ("/usr/lib/x86_64-linux-gnu",
+                                                              "/usr/lib/aarch64-linux-gnu", "/usr/lib"))
+    if all(shutil.which(d) for d in DAEMONS) and have_pmix:
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *APT_PACKAGES]):
+        res = run([*priv, "env", "DEBIAN_FRONTEND=noninteractive", *cmd], timeout=600, env=env)
+        if res.returncode != 0:
+            pytest.fail(f"{' '.join(cmd)} failed (exit {res.returncode}):\n{res.stdout[-2000:]}{res.stderr[-2000:]}")
+
+
+@dataclass
+class LocalSlurm:
+    """A running one-node SLURM: submit, inspect, signal and wait for jobs."""
+
+    root: Path
+    env: dict
+
+    def sbatch(self, *args, cwd: Path, env: dict | None = None) -> str:
+        res = run(["sbatch", "--parsable", *args], cwd=cwd, env={**(env or job_env()), **self.env})
+        assert res.returncode == 0, f"sbatch {args} failed: {res.stderr}"
+        return res.stdout.strip().split(";")[0]
+
+    def script(self, path: Path, *args, cwd: Path, env: dict | None = None) -> str:
+        """Run a helper script (jobs/chain.sh, jobs/sweep.sh) that submits jobs; its stdout."""
+        res = run(["bash", path, *args], cwd=cwd, env={**(env or job_env()), **self.env})
+        assert res.returncode == 0, f"{path.name} failed: {res.stderr}"
+        return res.stdout.strip()
+
+    def job(self, job_id: str) -> dict[str, str]:
+        res = run(["scontrol", "show", "job", "-o", job_id], env={**os.environ, **self.env})
+        assert res.returncode == 0, f"scontrol show job {job_id}: {res.stderr}"
+        return dict(re.findall(r"(\w+)=(\S*)", res.stdout))
+
+    def signal(self, job_id: str, sig: str = "USR1") -> None:
+        """What the warning signal (#SBATCH --signal=B:USR1@N) does: signal the batch shell."""
+        res = run(["scancel", f"--signal={sig}", "--batch", job_id], env={**os.environ, **self.env})
+        assert res.returncode == 0, res.stderr
+
+    def wait(self, job_id: str, timeout: float, log: Path | None = None) -> dict[str, str]:
+        """Poll until the job ends (a requeued job goes on); its last record."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rec = self.job(job_id)
+            if rec.get("JobState") in TERMINAL:
+                return rec
+            time.sleep(0.5)
+        run(["scancel", job_id], env={**os.environ, **self.env})
+        tail = log.read_text()[-3000:] if log and log.exists() else "(no job output)"
+        pytest.fail(f"job {job_id} still {rec.get('JobState')} after {timeout} s:\n{tail}")
+
+    def completed(self, job_id: str, timeout: float, log: Path) -> dict[str, str]:
+        rec = self.wait(job_id, timeout, log)
+        out = log.read_text() if log.exists() else "(no job output)"
+        assert rec["JobState"] == "COMPLETED", f"job {job_id}: {rec['JobState']} {rec.get('ExitCode')}\n{out[-3000:]}"
+        return rec
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    priv = _privilege()
+    why = _why_not(priv)
+    if why:
+        pytest.skip(why)
+    _install(priv)
+    root = Path(tempfile.mkdtemp(prefix="hpcgnn-slurm-"))   # short: the munge socket path
+    try:
+        up = run([*priv, "bash", REPO / "env" / "slurm" / "up.sh", root], timeout=120)
+        assert up.returncode == 0, f"env/slurm/up.sh failed:\n{up.stderr[-4000:]}"
+        conf = re.search(r"export SLURM_CONF=(\S+)", up.stdout).group(1)
+        yield LocalSlurm(root, {"SLURM_CONF": conf})
+    finally:
+        down = run([*priv, "bash", REPO / "env" / "slurm" / "down.sh", root], timeout=120)
+        print(down.stderr, file=sys.stderr)
+        run([*priv, "rm", "-rf", root])
+
+
+MPI_PROBE = """
+import os, signal, sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+print(f"rank {comm.rank} of {comm.size} OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}", flush=True)
+"""
+
+SIGNAL_PROBE = """
+import signal, sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+got = []
+signal.signal(signal.SIGUSR1, lambda *_: got.append(time.monotonic()))
+t0 = time.monotonic()
+while not got and time.monotonic() - t0 < 90:
+    time.sleep(0.05)
+print(f"rank {comm.rank} got USR1: {bool(got)} after {time.monotonic() - t0:.1f} s", flush=True)
+sys.exit(0 if got else 3)
+"""
+
+
+def probe_job(tmp_path: Path, header: str, program: str) -> Path:
+    """A batch script that starts ranks exactly as jobs/train.sbatch does (jobs/lib/common.sh)."""
+    (tmp_path / "probe.py").write_text(program)
+    path = tmp_path / "probe.sbatch"
+    path.write_text(f"""#!/usr/bin/env bash
+{header}
+set -euo pipefail
+source "$HPCGNN_HOME/jobs/lib/common.sh"
+hpcgnn_env
+hpcgnn_launcher
+hpcgnn_run_forwarding "${{LAUNCH[@]}}" python {tmp_path / 'probe.py'}
+""")
+    return path
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_launcher_starts_one_rank_per_task(slurm, tmp_path, launcher):
+    script = probe_job(tmp_path, "#SBATCH --ntasks=2 --cpus-per-task=1 --time=2", MPI_PROBE)
+    log = tmp_path / "job.out"
+    job = slurm.sbatch(f"--output={log}", script, cwd=tmp_path, env=job_env(HPCGNN_LAUNCHER=launcher))
+    slurm.completed(job, 60, log)
+    out = log.read_text()
+    assert f"launcher: {launcher}" in out
+    assert "rank 0 of 2 OMP_NUM_THREADS=1" in out and "rank 1 of 2 OMP_NUM_THREADS=1" in out
+
+
+@pytest.mark.slurm
+def test_warning_signal_reaches_every_rank(slurm, tmp_path):
+    """The real directive: a 1-minute job asks for USR1 60 s before its end, i.e. at once;
+    slurmctld sends it at its next time-limit pass (every 30 s), to the batch shell, whose trap
+    passes it through the launcher to both ranks, which exit 0 well before the limit."""
+    header = "#SBATCH --ntasks=2 --cpus-per-task=1 --time=1 --signal=B:USR1@60"
+    script = probe_job(tmp_path, header, SIGNAL_PROBE)
+    log = tmp_path / "job.out"
+    job = slurm.sbatch(f"--output={log}", script, cwd=tmp_path)
+    slurm.completed(job, 90, log)
+    out = log.read_text()
+    assert "got USR1: passing it to the ranks" in out
+    assert "rank 0 got USR1: True" in out and "rank 1 got USR1: True" in out
