@@ -55,14 +55,20 @@ class HaloPairs:
     @classmethod
     def build(cls, graph: Graph, parts: np.ndarray, num_parts: int) -> "HaloPairs":
         n, k = np.int64(graph.num_nodes), np.int64(num_parts)
-        dst_part = parts[edge_rows(graph.indptr)]
-        src_part = parts[graph.indices]
+        small = parts.astype(np.int32)                 # part ids: halve the E-sized temporaries
+        dst_part = small[edge_rows(graph.indptr)]
+        src_part = small[graph.indices]
         cut = dst_part != src_part
-        v, p, q = graph.indices[cut], dst_part[cut], src_part[cut]
+        del small
+        v, p, q = graph.indices[cut], dst_part[cut].astype(np.int64), src_part[cut]
         del dst_part, src_part, cut
-        by_sender = unique_sorted((q * k + p) * n + v)
-        by_receiver = unique_sorted((p * k + q) * n + v)
-        return cls(graph.num_nodes, num_parts, by_sender, by_receiver, len(v))
+        by_receiver = unique_sorted((p * k + q) * n + v)          # the one sort of cut edges
+        edge_cut = len(v)
+        del v, p, q
+        v = by_receiver % n
+        pq = by_receiver // n
+        by_sender = np.sort(((pq % k) * k + pq // k) * n + v)      # distinct pairs only
+        return cls(graph.num_nodes, num_parts, by_sender, by_receiver, edge_cut)
 
     def _block(self, keys: np.ndarray, part: int) -> tuple[np.ndarray, np.ndarray]:
         """(nodes, peer part) of the keys whose leading part is ``part``."""
@@ -97,16 +103,13 @@ def gather_rows(indptr: np.ndarray, indices: np.ndarray,
     return sub_indptr, indices[pos]
 
 
-def local_columns(cols: np.ndarray, p: int, layout: PartLayout, halo: np.ndarray) -> np.ndarray:
-    """Global column ids -> local ids: owned index, or ``n_owned + halo slot``."""
-    out = np.empty(len(cols), dtype=np.int64)
-    mine = layout.parts[cols] == p
-    out[mine] = layout.local[cols[mine]]
-    remote = cols[~mine]
-    by_id = np.argsort(halo, kind="stable")
-    slot = by_id[np.searchsorted(halo[by_id], remote)]
-    out[~mine] = layout.offsets[p + 1] - layout.offsets[p] + slot
-    return out
+def local_columns(cols: np.ndarray, owned: np.ndarray, halo: np.ndarray,
+                  scratch: np.ndarray) -> np.ndarray:
+    """Global column ids -> local ids (owned index, or ``n_owned + halo slot``) by one gather
+    from ``scratch`` (int64 [N], reused across parts: only this part's entries are read)."""
+    scratch[owned] = np.arange(len(owned), dtype=np.int64)
+    scratch[halo] = np.arange(len(owned), len(owned) + len(halo), dtype=np.int64)
+    return scratch[cols]
 
 
 def masks(graph: Graph) -> dict[str, np.ndarray]:
@@ -120,7 +123,7 @@ def masks(graph: Graph) -> dict[str, np.ndarray]:
 
 
 def build_shard(graph: Graph, layout: PartLayout, pairs: HaloPairs, node_masks: dict,
-                degree: np.ndarray, p: int) -> Shard:
+                degree: np.ndarray, p: int, scratch: np.ndarray) -> Shard:
     """The shard of part ``p``: owned nodes, halo, send plan and local CSR."""
     owned = layout.owned(p)
     halo, owners = pairs.halo(p)
@@ -135,4 +138,4 @@ def build_shard(graph: Graph, layout: PartLayout, pairs: HaloPairs, node_masks: 
         recv_counts=np.bincount(owners, minlength=k).astype(np.int64),
         send_counts=np.bincount(dests, minlength=k).astype(np.int64),
         send_index=layout.local[sent],
-        indptr=indptr, indices=local_columns(cols, p, layout, halo))
+        indptr=indptr, indices=local_columns(cols, owned, halo, scratch))

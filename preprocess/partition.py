@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from hpcgnn.data.clean import csr_from_keys, edge_rows, unique_sorted
+from hpcgnn.data.clean import csr_from_keys, edge_rows, is_symmetric_simple, unique_sorted
 from hpcgnn.data.graph import Graph
 from preprocess.errors import PreprocessError
 from preprocess.metis import idx_dtype, part_kway
@@ -33,18 +33,26 @@ def random_parts(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
     return parts
 
 
-def metis_adjacency(graph: Graph):
-    """The undirected simple graph METIS needs (both directions, no self-loops), as a
-    ``pymetis.CSRAdjacency`` in METIS's index type."""
-    import pymetis
-
+def _symmetric_keys_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """Both directions of every edge, self-loops dropped, as int64 CSR (a sort of 2 nnz keys)."""
     n = np.int64(graph.num_nodes)
     rows, cols = edge_rows(graph.indptr), graph.indices
     if not bool(np.all(loop_free := rows != cols)):
         rows, cols = rows[loop_free], cols[loop_free]
     keys = unique_sorted(np.concatenate([rows * n + cols, cols * n + rows]))
     del rows, cols
-    indptr, indices = csr_from_keys(keys, graph.num_nodes)
+    return csr_from_keys(keys, graph.num_nodes)
+
+
+def metis_adjacency(graph: Graph):
+    """The undirected simple graph METIS needs (both directions, no self-loops), as a
+    ``pymetis.CSRAdjacency`` in METIS's index type; the graph's own arrays when it already is."""
+    import pymetis
+
+    if is_symmetric_simple(graph.indptr, graph.indices):
+        indptr, indices = graph.indptr, graph.indices
+    else:
+        indptr, indices = _symmetric_keys_csr(graph)
     dt = idx_dtype()
     if dt == np.int32 and len(indices) >= np.iinfo(np.int32).max:
         raise PreprocessError(f"{graph.name}: {len(indices):,} adjacency entries exceed this "

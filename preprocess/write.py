@@ -90,9 +90,10 @@ def _write_failed(path: Path, exc: BaseException) -> PreprocessError:
 def _write_parts(graph: Graph, layout: PartLayout, pairs: HaloPairs, out: Path) -> list[dict]:
     """Build and write every part in turn; the ``parts`` list of ``meta.json``."""
     node_masks, degree = masks(graph), graph.in_degree()
+    scratch = np.empty(graph.num_nodes, dtype=np.int64)      # global -> local id, per part
     entries, t0 = [], time.perf_counter()
     for p in range(layout.num_parts):
-        shard = build_shard(graph, layout, pairs, node_masks, degree, p)
+        shard = build_shard(graph, layout, pairs, node_masks, degree, p, scratch)
         path = out / part_name(p)
         try:
             write_shard(path, shard)

@@ -167,3 +167,18 @@ def test_verify_checks_meta_totals(cora, tmp_path):
     write_meta(tmp_path, meta)
     with pytest.raises(ShardFormatError, match="edge_cut says"):
         verify_shards(tmp_path)
+
+
+def test_metis_input_symmetrises_directed_graphs(cora):
+    from dataclasses import replace
+    from preprocess.partition import metis_adjacency
+    rows = np.repeat(np.arange(cora.num_nodes), np.diff(cora.indptr))
+    keep = rows < cora.indices                                   # one direction only, + a loop
+    indices = np.r_[cora.indices[keep], 0]
+    rows = np.r_[rows[keep], 0]
+    order = np.lexsort((indices, rows))
+    indptr = np.r_[0, np.cumsum(np.bincount(rows, minlength=cora.num_nodes))]
+    directed = replace(cora, indptr=indptr, indices=indices[order])
+    a, b = metis_adjacency(directed), metis_adjacency(cora)
+    np.testing.assert_array_equal(a.adj_starts, b.adj_starts)
+    np.testing.assert_array_equal(a.adjacent, b.adjacent)
