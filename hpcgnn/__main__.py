@@ -1,0 +1,93 @@
+"""``python -m hpcgnn train|info|summary``: the thin command line.
+
+Launch training with ``mpirun -n K python -m mpi4py -m hpcgnn train ...`` (``-m mpi4py`` turns
+an exception on one rank into an abort of the whole job instead of a hang).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from hpcgnn.log import get_logger, setup_logging
+
+EXIT_USER_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m hpcgnn", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tr = sub.add_parser("train", help="train on a shard set (launch with mpirun -n K)")
+    tr.add_argument("--shards", required=True, help="shard directory written by `python -m preprocess`")
+    tr.add_argument("--config", help="run config TOML (see configs/); defaults if omitted")
+    tr.add_argument("--schedule", help="compression schedule TOML (see configs/schedules/)")
+    tr.add_argument("--out", help="run directory (overrides run.out)")
+    tr.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a config key, e.g. --set train.epochs=10 (repeatable)")
+    tr.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+    tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    sub.add_parser("info", help="print the MPI library, CUDA-awareness, devices and torch")
+    sm = sub.add_parser("summary", help="print test accuracy and bytes of a finished run")
+    sm.add_argument("run_dir")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "info":
+        return cmd_info()
+    if args.cmd == "summary":
+        return cmd_summary(Path(args.run_dir))
+    return cmd_train(args)
+
+
+def cmd_train(args) -> int:
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.train.launch import prepare_or_report
+    ctx = CommContext.from_world(args.device)
+    setup_logging(ctx.rank, ctx.size)
+    trainer = prepare_or_report(ctx, args)
+    if trainer is None:                       # every rank knows: someone failed at start-up
+        _finalize_and_exit(EXIT_USER_ERROR)
+    trainer.start()
+    outcome = trainer.run()
+    get_logger().info("%s; run directory %s", outcome, trainer.run_dir)
+    return 0
+
+
+def _finalize_and_exit(code: int) -> None:
+    """All ranks agreed to stop: leave MPI cleanly (no MPI_Abort noise) with ``code``."""
+    from mpi4py import MPI
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI.Finalize()
+    os._exit(code)
+
+
+def cmd_info() -> int:
+    from hpcgnn.comm.info import describe
+    for key, value in describe().items():
+        print(f"{key:>16}: {value}")
+    return 0
+
+
+def cmd_summary(run_dir: Path) -> int:
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        print(f"{path}: not found; the run has not finished (see {run_dir}/metrics.jsonl), or "
+              f"train with --out {run_dir}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    s = json.loads(path.read_text())
+    print(f"run {run_dir}: {s['ranks']} ranks, {s['epochs']} epochs on {s['device']}")
+    print(f"  test accuracy {s['test_acc']:.4f} (at best validation {s['best_val_acc']:.4f}); "
+          f"final {s['final_test_acc']:.4f}")
+    print(f"  halo bytes exchanged {s['bytes_sent']:,} (fp32 would be {s['bytes_full']:,}); "
+          f"gradient allreduce {s['allreduce_bytes']:,}")
+    print(f"  training time {s['train_time_s']:.2f} s, median epoch {1e3 * s['epoch_time_s_median']:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

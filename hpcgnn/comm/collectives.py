@@ -1,0 +1,64 @@
+"""Thin typed wrappers around the collectives the trainer uses (all over ``ctx.comm``).
+
+- ``allreduce_sum_``: one flat-buffer ``Allreduce`` (SUM) of a list of tensors, in place —
+  the per-step gradient sum (``sum(numel) * 4`` bytes per rank).
+- ``broadcast_params_``: rank 0's parameters to every rank (one flat ``Bcast``).
+- ``sum_float64`` / ``any_true``: small reductions of Python numbers.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hpcgnn.comm import gpu
+from hpcgnn.comm.context import CommContext
+
+
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+
+
+def unflatten_into_(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view_as(t))
+        offset += n
+
+
+def allreduce_sum_(ctx: CommContext, tensors: list[torch.Tensor]) -> int:
+    """Sum ``tensors`` over all ranks in place with ONE Allreduce; returns bytes this rank sent."""
+    flat = flatten(tensors).contiguous()
+    if ctx.size > 1:
+        from mpi4py import MPI
+        staged = flat.device.type == "cuda" and not ctx.cuda_aware
+        host = flat.cpu() if staged else flat                  # host copy without CUDA-aware MPI
+        buf = gpu.to_mpi(host, ctx.cuda_aware)                  # syncs the stream first on GPU
+        ctx.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)      # sum(numel) * 4 bytes per rank
+        flat = host.to(flat.device) if staged else flat
+    unflatten_into_(flat, tensors)
+    return flat.numel() * flat.element_size()
+
+
+def broadcast_params_(ctx: CommContext, params: list[torch.Tensor]) -> None:
+    """Make every rank's ``params`` equal rank 0's (one flat Bcast)."""
+    if ctx.size == 1:
+        return
+    with torch.no_grad():
+        flat = flatten([p.detach() for p in params]).contiguous().cpu()
+        ctx.comm.Bcast(flat.numpy(), root=0)
+        unflatten_into_(flat.to(params[0].device), [p.data for p in params])
+
+
+def sum_float64(ctx: CommContext, values: list[float]) -> list[float]:
+    """Element-wise sum of ``values`` over ranks (one small Allreduce)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if ctx.size > 1:
+        from mpi4py import MPI
+        ctx.comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
+    return arr.tolist()
+
+
+def any_true(ctx: CommContext, flag: bool) -> bool:
+    """True on every rank if ``flag`` is True on any rank."""
+    return sum_float64(ctx, [1.0 if flag else 0.0])[0] > 0

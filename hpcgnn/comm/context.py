@@ -1,0 +1,48 @@
+"""The communication context: the one object made from ``MPI.COMM_WORLD`` and handed to
+everything that communicates (no module-level rank/comm globals anywhere else).
+
+``CommContext.from_world()`` is the only place in hpcgnn that touches ``MPI.COMM_WORLD``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hpcgnn.comm import gpu
+
+
+@dataclass(frozen=True)
+class CommContext:
+    """Rank, size, node-local rank (from a shared-memory split) and the device it maps to."""
+
+    comm: object            # mpi4py.MPI.Comm
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    device: torch.device
+    cuda_aware: bool        # device buffers may be handed to MPI directly
+
+    @classmethod
+    def from_world(cls, device: str = "auto") -> "CommContext":
+        """Build the context from ``MPI.COMM_WORLD``; ``device``: auto | cpu | cuda."""
+        from mpi4py import MPI
+        world = MPI.COMM_WORLD
+        node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+        local_rank, local_size = node.Get_rank(), node.Get_size()
+        node.Free()
+        dev = gpu.pick_device(local_rank, device)
+        aware = dev.type == "cuda" and gpu.mpi_is_cuda_aware()
+        return cls(comm=world, rank=world.Get_rank(), size=world.Get_size(),
+                   local_rank=local_rank, local_size=local_size, device=dev, cuda_aware=aware)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+def mpi_library() -> str:
+    """First line of ``MPI_Get_library_version`` (e.g. 'Open MPI v5.0.11, ...')."""
+    from mpi4py import MPI
+    return MPI.Get_library_version().strip().splitlines()[0].split(", package")[0]

@@ -1,0 +1,202 @@
+"""The halo exchange: one ``Alltoallv`` (or ``Ialltoallv``) per layer and direction.
+
+Forward: pack the boundary rows for every peer into one contiguous buffer (``send_index``
+order, grouped by peer), encode it with the forward ``WireCodec``, ship the bytes with one
+``Alltoallv``, decode the halo rows ``(n_halo, width)``.
+Backward: the halo-row gradients go back to their owners through one reverse ``Alltoallv``
+(backward codec) and are scatter-added into the owned rows they came from.
+
+Overlap: the exchange is split into ``start`` (post the ``Ialltoallv``) and ``finish`` (wait,
+decode), two autograd functions, so a layer aggregates its owned rows while the halo rows are
+on the wire; in backward, ``finish``'s backward posts the reverse exchange and ``start``'s
+backward waits for it, with the owned-row aggregation's backward in between.
+
+Volume per exchange: ``sum(codec.byte_counts(send_counts, width))`` bytes sent by this rank
+(identity codec: ``sum(send_counts) * width * 4``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hpcgnn.codecs.base import IDENTITY, WireCodec
+from hpcgnn.comm import gpu
+from hpcgnn.comm.context import CommContext
+from hpcgnn.comm.keys import BACKWARD, FORWARD, block_key
+from hpcgnn.comm.plan import HaloPlan, displacements
+
+
+class CodecError(RuntimeError):
+    """A codec produced a buffer whose size differs from its own byte counts."""
+
+
+@dataclass
+class ExchangeStats:
+    """Counters of one rank's training exchanges; the trainer resets them every epoch."""
+
+    bytes_sent: int = 0      # bytes this rank handed to MPI, forward and backward
+    bytes_full: int = 0      # what fp32 rows would have taken for the same exchanges
+    comm_s: float = 0.0      # time in MPI calls (post + wait)
+    codec_s: float = 0.0     # time in encode/decode
+    exchanges: int = 0
+
+    def reset(self) -> None:
+        self.bytes_sent = self.bytes_full = self.exchanges = 0
+        self.comm_s = self.codec_s = 0.0
+
+
+@dataclass
+class Pending:
+    """One exchange in flight: the MPI request, the receive buffer and what decoding needs."""
+
+    request: object | None
+    recv: torch.Tensor
+    keep: tuple
+    counts: list[int]
+    width: int
+    codec: WireCodec
+    keys: list[int]
+
+
+@dataclass
+class Handle:
+    """What ``start`` hands to ``finish``: the autograd token and the in-flight exchanges."""
+
+    token: torch.Tensor | None = None
+    fwd: Pending | None = None
+    bwd: Pending | None = None
+
+
+@dataclass
+class HaloExchanger:
+    """The exchange of one layer: plan, codecs of the current epoch, shared stats."""
+
+    ctx: CommContext
+    plan: HaloPlan
+    layer: int
+    seed: int
+    stats: ExchangeStats
+    overlap: bool = True
+    epoch: int = 0
+    forward_codec: WireCodec = IDENTITY
+    backward_codec: WireCodec = IDENTITY
+    _pinned: dict = field(default_factory=dict)
+
+    def configure(self, epoch: int, forward_codec: WireCodec = IDENTITY,
+                  backward_codec: WireCodec = IDENTITY) -> None:
+        """Set the epoch (for the codec keys) and the codecs of the next exchanges."""
+        self.epoch, self.forward_codec, self.backward_codec = epoch, forward_codec, backward_codec
+
+    def start(self, x_owned: torch.Tensor, encoder: torch.nn.Module | None = None) -> Handle:
+        """Post the exchange of the boundary rows of ``x_owned`` ``(n_owned, width)``."""
+        handle = Handle()
+        if encoder is None:
+            handle.token = _Start.apply(x_owned, self, self.plan.send_index, handle)
+        else:
+            rows = encoder(x_owned.index_select(0, self.plan.send_index))
+            handle.token = _Start.apply(rows, self, None, handle)
+        return handle
+
+    def finish(self, handle: Handle, decoder: torch.nn.Module | None = None) -> torch.Tensor:
+        """Wait for the exchange; the halo rows ``(n_halo, width)`` in halo-slot order."""
+        halo = _Finish.apply(handle.token, self, handle)
+        return halo if decoder is None else decoder(halo)
+
+    def exchange(self, x_owned: torch.Tensor) -> torch.Tensor:
+        """Blocking convenience: ``finish(start(x_owned))``."""
+        return self.finish(self.start(x_owned))
+
+    # -- the two directions -------------------------------------------------------------
+    def post(self, rows: torch.Tensor, direction: int) -> Pending:
+        """Encode ``rows`` (packed, grouped by peer) and post the Alltoallv of ``direction``."""
+        fwd = direction == FORWARD
+        scounts = list(self.plan.send_counts if fwd else self.plan.recv_counts)
+        rcounts = list(self.plan.recv_counts if fwd else self.plan.send_counts)
+        codec = self.forward_codec if fwd else self.backward_codec
+        width = int(rows.shape[1])
+        me, parts = self.ctx.rank, self.plan.num_parts
+        skeys = [block_key(self.seed, self.epoch, self.layer, direction, me, p) for p in range(parts)]
+        rkeys = [block_key(self.seed, self.epoch, self.layer, direction, p, me) for p in range(parts)]
+        t0 = time.perf_counter()
+        sbytes, rbytes = codec.byte_counts(scounts, width), codec.byte_counts(rcounts, width)
+        buf = codec.encode(rows.detach(), scounts, skeys).reshape(-1)
+        if buf.numel() != sum(sbytes):
+            raise CodecError(f"codec {codec.name!r} encoded {buf.numel()} bytes, its byte_counts "
+                             f"say {sum(sbytes)} (layer {self.layer}); fix the codec")
+        t1 = time.perf_counter()
+        request, recv, keep = self._alltoallv(buf, sbytes, rbytes, slot=str(direction))
+        self.stats.codec_s += t1 - t0
+        self.stats.comm_s += time.perf_counter() - t1
+        self.stats.bytes_sent += sum(sbytes)
+        self.stats.bytes_full += sum(scounts) * width * 4
+        self.stats.exchanges += 1
+        return Pending(request, recv, keep, rcounts, width, codec, rkeys)
+
+    def complete(self, pending: Pending) -> torch.Tensor:
+        """Wait for ``pending`` and decode: ``(sum(counts), width)`` float32 on the device."""
+        t0 = time.perf_counter()
+        if pending.request is not None:
+            pending.request.Wait()
+        recv = gpu.from_mpi(pending.recv, self.ctx.device)
+        t1 = time.perf_counter()
+        rows = pending.codec.decode(recv, pending.counts, pending.width, pending.keys)
+        self.stats.comm_s += t1 - t0
+        self.stats.codec_s += time.perf_counter() - t1
+        return rows.reshape(-1, pending.width)
+
+    def _alltoallv(self, buf: torch.Tensor, sbytes: list[int], rbytes: list[int], slot: str):
+        """One (I)Alltoallv of uint8 blocks; returns (request or None, recv tensor, keep-alive)."""
+        aware, dev = self.ctx.cuda_aware, self.ctx.device
+        recv, recvbuf = gpu.recv_buffer(sum(rbytes), torch.uint8, dev, aware, self._pinned, "r" + slot)
+        if self.ctx.size == 1:
+            return None, recv, ()
+        sendbuf = gpu.to_mpi(buf, aware, self._pinned, "s" + slot)
+        from mpi4py import MPI
+        smsg = [sendbuf, (sbytes, displacements(sbytes)), MPI.BYTE]
+        rmsg = [recvbuf, (rbytes, displacements(rbytes)), MPI.BYTE]
+        if not self.overlap:
+            self.ctx.comm.Alltoallv(smsg, rmsg)      # one Alltoallv: sum(sbytes) bytes out
+            return None, recv, ()
+        request = self.ctx.comm.Ialltoallv(smsg, rmsg)  # completes in complete()
+        return request, recv, (buf, sendbuf, recvbuf)
+
+
+class _Start(torch.autograd.Function):
+    """Forward: pack (``index_select``) and post. Backward: wait for the returning halo
+    gradients and scatter-add them into the owned rows they came from."""
+
+    @staticmethod
+    def forward(ctx, x, exchanger: HaloExchanger, index, handle: Handle):
+        rows = x if index is None else x.index_select(0, index)
+        handle.fwd = exchanger.post(rows, FORWARD)
+        ctx.exchanger, ctx.index, ctx.handle, ctx.shape = exchanger, index, handle, x.shape
+        return x.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, grad_token):
+        grad_rows = ctx.exchanger.complete(ctx.handle.bwd).to(grad_token.dtype)
+        ctx.handle.bwd = None
+        if ctx.index is None:
+            return grad_rows, None, None, None
+        grad = grad_rows.new_zeros(ctx.shape)
+        grad.index_add_(0, ctx.index, grad_rows)     # scatter-add into the owned rows
+        return grad, None, None, None
+
+
+class _Finish(torch.autograd.Function):
+    """Forward: wait and decode the halo rows. Backward: post the reverse exchange of the
+    halo gradients (completed by ``_Start.backward``)."""
+
+    @staticmethod
+    def forward(ctx, token, exchanger: HaloExchanger, handle: Handle):
+        halo = exchanger.complete(handle.fwd)
+        handle.fwd = None
+        ctx.exchanger, ctx.handle = exchanger, handle
+        return halo
+
+    @staticmethod
+    def backward(ctx, grad_halo):
+        ctx.handle.bwd = ctx.exchanger.post(grad_halo.contiguous(), BACKWARD)
+        return grad_halo.new_empty(0), None, None

@@ -1,0 +1,172 @@
+"""The run config: a TOML file (every key optional) -> frozen, validated dataclasses.
+
+``load_config(path, overrides)`` reads ``path`` (or only defaults when ``path`` is None), applies
+``--set section.key=value`` overrides and validates. Every error is a ``ConfigError`` that names
+the file, the key and the fix; an unknown section or key is an error, not a silent default.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A run config a user wrote wrongly: names the file, the key and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = "gcn"
+    """gcn | sage"""
+    hidden: int = 16
+    """hidden channels of every layer but the last"""
+    layers: int = 2
+    """number of message-passing layers (>= 1)"""
+    dropout: float = 0.5
+    """dropout probability on every layer's input, in [0, 1)"""
+
+    def check(self, where: str) -> None:
+        _need(self.arch in ("gcn", "sage"), where, "model.arch", self.arch, "use 'gcn' or 'sage'")
+        _need(self.hidden >= 1, where, "model.hidden", self.hidden, "use an integer >= 1")
+        _need(self.layers >= 1, where, "model.layers", self.layers, "use an integer >= 1")
+        _need(0.0 <= self.dropout < 1.0, where, "model.dropout", self.dropout,
+              "use a probability in [0, 1)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    normalize_features: bool = False
+    """row-normalise the features (bag-of-words features such as Cora's)"""
+
+    def check(self, where: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 200
+    """training epochs (full-batch: one step each)"""
+    lr: float = 0.01
+    """Adam learning rate"""
+    weight_decay: float = 5e-4
+    """Adam (L2) weight decay"""
+    seed: int = 0
+    """seed of the initial parameters and of the dropout masks"""
+    eval_every: int = 1
+    """evaluate every this many epochs (and always at the last)"""
+    overlap: bool = True
+    """overlap the halo exchange with the aggregation of the owned rows (Ialltoallv)"""
+
+    def check(self, where: str) -> None:
+        _need(self.epochs >= 1, where, "train.epochs", self.epochs, "use an integer >= 1")
+        _need(self.lr > 0, where, "train.lr", self.lr, "use a positive learning rate")
+        _need(self.weight_decay >= 0, where, "train.weight_decay", self.weight_decay, "use >= 0")
+        _need(0 <= self.seed < 2**31, where, "train.seed", self.seed, "use an integer in [0, 2^31)")
+        _need(self.eval_every >= 1, where, "train.eval_every", self.eval_every, "use an integer >= 1")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out: str = "runs/latest"
+    """run directory: metrics.jsonl, summary.json, checkpoint.pt"""
+    checkpoint_every: int = 0
+    """write a checkpoint every this many epochs; 0 = only at the end"""
+
+    def check(self, where: str) -> None:
+        _need(bool(self.out), where, "run.out", self.out, "give a directory path")
+        _need(self.checkpoint_every >= 0, where, "run.checkpoint_every", self.checkpoint_every,
+              "use an integer >= 0 (0 = only at the end)")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "run": RunConfig}
+
+
+def _need(ok: bool, where: str, key: str, value: Any, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {key} = {value!r} is not allowed; {fix}")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read the run config at ``path`` (defaults only if None), apply ``overrides``, validate."""
+    where = str(path) if path is not None else "<defaults>"
+    raw = _read_toml(path) if path is not None else {}
+    for item in overrides:
+        section, key, value = _parse_override(item)
+        raw.setdefault(section, {})[key] = value
+    where = where + (" (with --set overrides)" if overrides else "")
+    return build_config(raw, where)
+
+
+def build_config(raw: dict, where: str = "<config>") -> Config:
+    """Nested dict (as read from TOML) -> validated Config."""
+    parts = {}
+    for section, table in raw.items():
+        if section not in _SECTION_TYPES:
+            raise ConfigError(f"{where}: unknown section [{section}]; valid sections are "
+                              f"{sorted(_SECTION_TYPES)}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: '{section}' must be a table [{section}]")
+        parts[section] = _build_section(_SECTION_TYPES[section], section, table, where)
+    cfg = Config(**parts)
+    for section in _SECTION_TYPES:
+        getattr(cfg, section).check(where)
+    return cfg
+
+
+def _build_section(cls: type, section: str, table: dict, where: str):
+    known = {f.name: f for f in fields(cls)}
+    values = {}
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {section}.{key}; valid keys of [{section}] "
+                              f"are {sorted(known)}")
+        values[key] = _coerce(value, known[key].type, f"{section}.{key}", where)
+    return replace(cls(), **values)
+
+
+def _coerce(value: Any, type_name: Any, key: str, where: str) -> Any:
+    """Check a TOML value against the field's type (ints are accepted for floats)."""
+    want = {"int": int, "float": float, "bool": bool, "str": str}[str(type_name)]
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, want) and not (want is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(f"{where}: {key} = {value!r} has type {type(value).__name__}; "
+                      f"it must be a {want.__name__}")
+
+
+def _read_toml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found; pass an existing TOML file to --config "
+                          f"(e.g. configs/cora.toml)")
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax") from exc
+
+
+def _parse_override(item: str) -> tuple[str, str, Any]:
+    """``section.key=value`` -> (section, key, value parsed as a TOML value, else a string)."""
+    name, sep, text = item.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set train.epochs=10")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    return section, key.strip(), value

@@ -1,0 +1,31 @@
+"""The one named logger ``hpcgnn``, rank-prefixed; rank 0 speaks by default.
+
+``setup_logging(rank)`` is called once per process. Other ranks log warnings and errors only,
+unless ``HPCGNN_LOG_ALL_RANKS=1`` (then every rank logs at INFO).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+LOGGER_NAME = "hpcgnn"
+
+
+def get_logger() -> logging.Logger:
+    return logging.getLogger(LOGGER_NAME)
+
+
+def setup_logging(rank: int, size: int = 1, level: int | None = None) -> logging.Logger:
+    """Configure the ``hpcgnn`` logger for this rank: prefix ``[rank r/size]``, stderr."""
+    log = get_logger()
+    all_ranks = os.environ.get("HPCGNN_LOG_ALL_RANKS", "0") == "1"
+    if level is None:
+        level = logging.INFO if (rank == 0 or all_ranks) else logging.WARNING
+    log.setLevel(level)
+    log.handlers.clear()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[rank {rank}/{size}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.propagate = False
+    return log

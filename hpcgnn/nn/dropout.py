@@ -1,0 +1,79 @@
+"""Dropout whose mask depends only on (seed, epoch, layer, global node id, channel).
+
+A counter-based generator: the keep/drop bit of element ``(v, c)`` is a hash of those five
+integers, so node ``v`` is dropped the same way whichever rank owns it — the same seed trains
+the same model on 1, 2, 3 or 64 ranks.
+
+Only the non-zero elements need a bit (a dropped zero is still zero), so for sparse inputs
+(bag-of-words features, ReLU outputs) the hash runs on the non-zeros alone; dense inputs are
+hashed in row chunks (bounded memory, no page faults). Both paths give the same mask.
+"""
+from __future__ import annotations
+
+import torch
+
+from hpcgnn.comm.keys import mix
+
+_M32 = 0xFFFFFFFF
+_CHUNK_ELEMS = 1 << 18
+_SPARSE_BELOW = 0.5      # density under which only the non-zeros are hashed
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 (C. Wellons) on int64 tensors holding values in [0, 2^32); in place on ``x``."""
+    x ^= x >> 16
+    x.mul_(0x7FEB352D).bitwise_and_(_M32)
+    x ^= x >> 15
+    x.mul_(0x846CA68B).bitwise_and_(_M32)
+    x ^= x >> 16
+    return x
+
+
+def _row_col_hashes(global_id: torch.Tensor, width: int, seed: int, epoch: int, layer: int):
+    """Per-row and per-channel 32-bit hashes; an element's bit mixes one of each."""
+    key = mix(seed, epoch, layer, 0xD209) & _M32
+    rows = _hash32(_hash32(global_id.to(torch.int64) & _M32) ^ key)
+    cols = _hash32(torch.arange(width, dtype=torch.int64, device=global_id.device) * 0x9E3779B1 & _M32)
+    return rows, cols
+
+
+def _keep(row_h: torch.Tensor, col_h: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep bits of elements whose row/col hashes are given (broadcasting)."""
+    return _hash32(row_h ^ col_h) >= int(p * 2**32)
+
+
+def keep_mask(global_id: torch.Tensor, width: int, p: float, seed: int, epoch: int,
+              layer: int) -> torch.Tensor:
+    """bool ``(len(global_id), width)``: True where the element is kept (probability 1 - p)."""
+    rows, cols = _row_col_hashes(global_id, width, seed, epoch, layer)
+    out = torch.empty(rows.shape[0], width, dtype=torch.bool, device=global_id.device)
+    step = max(1, _CHUNK_ELEMS // max(width, 1))
+    for a in range(0, rows.shape[0], step):
+        out[a:a + step] = _keep(rows[a:a + step, None], cols[None, :], p)
+    return out
+
+
+def _scale_sparse(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, p: float,
+                  nonzeros: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The dropout scale (0 or 1/(1-p)) at the non-zeros of ``x``, 0 elsewhere."""
+    r, c = x.detach().nonzero(as_tuple=True) if nonzeros is None else nonzeros
+    scale = torch.zeros_like(x, dtype=x.dtype)
+    scale[r, c] = _keep(rows[r], cols[c], p).to(x.dtype) * (1.0 / (1.0 - p))
+    return scale
+
+
+def counter_dropout(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: int, epoch: int,
+                    layer: int, training: bool,
+                    nonzeros: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Inverted dropout of ``x`` ``(n, F)`` with the counter-based mask of ``keep_mask``.
+
+    ``nonzeros``: ``x.nonzero(as_tuple=True)`` when the caller knows it (constant input
+    features), to skip the density count and the search."""
+    if not training or p == 0.0 or x.numel() == 0:
+        return x
+    density = 0.0 if nonzeros is not None else float(torch.count_nonzero(x.detach())) / x.numel()
+    if density < _SPARSE_BELOW:
+        rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
+        return x * _scale_sparse(x, rows, cols, p, nonzeros)
+    mask = keep_mask(global_id, x.shape[1], p, seed, epoch, layer)
+    return x.masked_fill(~mask, 0.0) * (1.0 / (1.0 - p))

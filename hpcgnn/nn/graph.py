@@ -1,0 +1,104 @@
+"""The local graph of one rank as two sparse operators, normalisation folded into the values.
+
+Rows are the owned nodes. ``owned`` ``(n_owned, n_owned)`` holds the edges between owned nodes
+(and the self-loops, for GCN); ``halo`` ``(n_owned, n_halo)`` the edges from halo slots. A
+layer computes ``owned @ X_owned + halo @ X_halo``: the first product needs no communication,
+so it runs while the halo rows are on the wire. Both are torch CSR tensors (the fast CPU
+sparse-dense matmul) built once, each with its transpose for the backward pass.
+
+GCN: ``Â = D^-1/2 (A + I) D^-1/2`` with ``D`` the *global* in-degree + 1 (the shard stores the
+halo nodes' global degrees, so boundary rows are normalised exactly as in the whole graph).
+SAGE (mean): ``1 / in_degree(i)`` on every in-edge of ``i``, no self-loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from hpcgnn.data.shard import Shard
+
+
+@dataclass(frozen=True)
+class SparseOp:
+    """A CSR matrix and its transpose, for ``A @ X`` forward and ``A^T @ G`` backward."""
+
+    mat: torch.Tensor
+    mat_t: torch.Tensor
+    shape: tuple[int, int]
+
+    @classmethod
+    def from_scipy(cls, m: sp.csr_matrix, device: torch.device) -> "SparseOp":
+        return cls(_to_torch_csr(m, device), _to_torch_csr(m.T.tocsr(), device), m.shape)
+
+    def __matmul__(self, x: torch.Tensor) -> torch.Tensor:
+        return SpMM.apply(x, self)
+
+
+@dataclass(frozen=True)
+class LocalGraph:
+    """The owned-rows operator split by column block: owned columns and halo columns."""
+
+    owned: SparseOp      # (n_owned, n_owned)
+    halo: SparseOp       # (n_owned, n_halo)
+    n_owned: int
+    n_halo: int
+
+    @classmethod
+    def from_shard(cls, shard: Shard, arch: str, device: torch.device | str = "cpu") -> "LocalGraph":
+        vals = gcn_values(shard) if arch == "gcn" else mean_values(shard)
+        n, h = shard.n_owned, shard.n_halo
+        full = sp.csr_matrix((vals, shard.indices, shard.indptr), shape=(n, n + h))
+        owned = full[:, :n].tocsr()
+        if arch == "gcn":
+            owned = (owned + sp.diags(1.0 / (shard.degree + 1.0))).tocsr()
+        device = torch.device(device)
+        return cls(SparseOp.from_scipy(owned, device), SparseOp.from_scipy(full[:, n:].tocsr(), device),
+                   n, h)
+
+    def aggregate(self, x_owned: torch.Tensor, x_halo: torch.Tensor) -> torch.Tensor:
+        """``(owned @ x_owned) + (halo @ x_halo)``: ``(n_owned, F)``."""
+        return (self.owned @ x_owned) + (self.halo @ x_halo)
+
+
+def gcn_values(shard: Shard) -> np.ndarray:
+    """Edge values ``1 / sqrt((d_i + 1)(d_j + 1))`` in CSR order (global degrees)."""
+    deg = np.concatenate([shard.degree, shard.halo_degree]).astype(np.float64) + 1.0
+    rows = np.repeat(np.arange(shard.n_owned), np.diff(shard.indptr))
+    return (1.0 / np.sqrt(deg[rows] * deg[shard.indices])).astype(np.float32)
+
+
+def mean_values(shard: Shard) -> np.ndarray:
+    """Edge values ``1 / in_degree(i)`` in CSR order (the mean over in-neighbours)."""
+    counts = np.diff(shard.indptr)
+    return np.repeat(1.0 / np.maximum(counts, 1), counts).astype(np.float32)
+
+
+def _to_torch_csr(m: sp.csr_matrix, device: torch.device) -> torch.Tensor:
+    m = m.astype(np.float32)
+    m.sort_indices()
+    return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
+                                   torch.from_numpy(m.indices.astype(np.int64)),
+                                   torch.from_numpy(m.data), size=m.shape, device=device)
+
+
+class SpMM(torch.autograd.Function):
+    """``A @ X`` with a precomputed ``A^T`` for the gradient (no transposition per step)."""
+
+    @staticmethod
+    def forward(ctx, x, op: SparseOp):
+        ctx.op = op
+        if x.shape[0] == 0 or op.shape[0] == 0:
+            return x.new_zeros(op.shape[0], x.shape[1])
+        return op.mat @ x
+
+    @staticmethod
+    def backward(ctx, grad):
+        op = ctx.op
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        if grad.shape[0] == 0 or op.shape[1] == 0:
+            return grad.new_zeros(op.shape[1], grad.shape[1]), None
+        return op.mat_t @ grad.contiguous(), None

@@ -1,0 +1,70 @@
+"""The GNN: ``layers`` GCN or SAGE layers, ReLU between them, counter-based dropout on every
+layer's input. Input ``(n_owned, F)`` features -> ``(n_owned, num_classes)`` logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
+from hpcgnn.comm.context import CommContext
+from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+from hpcgnn.comm.plan import HaloPlan
+from hpcgnn.config import ModelConfig
+from hpcgnn.nn.dropout import counter_dropout
+from hpcgnn.nn.graph import LocalGraph
+from hpcgnn.nn.layers import LAYERS
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a forward pass needs to know beyond the input: which epoch, train or eval."""
+
+    epoch: int
+    training: bool
+
+
+def layer_dims(in_dim: int, hidden: int, num_classes: int, layers: int) -> list[tuple[int, int]]:
+    dims = [in_dim] + [hidden] * (layers - 1) + [num_classes]
+    return list(zip(dims[:-1], dims[1:]))
+
+
+class GNN(nn.Module):
+    """The model one rank holds: identical parameters on every rank, its own graph part."""
+
+    def __init__(self, cfg: ModelConfig, in_dim: int, num_classes: int, graph: LocalGraph,
+                 plan: HaloPlan, ctx: CommContext, global_id: torch.Tensor, seed: int,
+                 overlap: bool = True, policy: CompressionPolicy = FULL_PRECISION):
+        super().__init__()
+        self.cfg, self.seed, self.global_id = cfg, seed, global_id
+        self.stats = ExchangeStats()
+        self.layers = nn.ModuleList()
+        for i, (a, b) in enumerate(layer_dims(in_dim, cfg.hidden, num_classes, cfg.layers)):
+            exch = HaloExchanger(ctx, plan, layer=i, seed=seed, stats=self.stats, overlap=overlap)
+            layer_cls = LAYERS[cfg.arch]
+            width = min(a, b)
+            self.layers.append(layer_cls(a, b, graph, exch, policy.layer_modules(i, width)))
+
+    @property
+    def exchangers(self) -> list[HaloExchanger]:
+        return [layer.exchanger for layer in self.layers]
+
+    def input_nonzeros(self, x: torch.Tensor):
+        """Non-zeros of the (constant) input features when they are sparse, cached; else None."""
+        key = (x.data_ptr(), x._version, tuple(x.shape))
+        if getattr(self, "_nz_key", None) != key:
+            sparse = x.numel() and float(torch.count_nonzero(x)) / x.numel() < 0.5
+            self._nz_key, self._nz = key, x.nonzero(as_tuple=True) if sparse else None
+        return self._nz
+
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            nz = self.input_nonzeros(x) if (i == 0 and step.training and self.cfg.dropout) else None
+            x = counter_dropout(x, self.global_id, self.cfg.dropout, self.seed, step.epoch, i,
+                                step.training, nz)
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = torch.relu(x)
+        return x

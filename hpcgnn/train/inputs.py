@@ -1,0 +1,58 @@
+"""A rank's training inputs: its shard (and only its shard), checked against the job.
+
+``load_part`` reads ``DIR/meta.json`` and ``DIR/part-<rank>.h5`` through
+``hpcgnn.data.shard`` and fails with a message naming the file and the fix when the shard
+set does not fit the job (part count != number of ranks, missing or corrupt file).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpcgnn.data.shard import Shard, ShardFormatError, part_name, read_meta, read_shard, sha256_file
+
+
+@dataclass
+class PartInputs:
+    """Tensors of the owned nodes on the rank's device."""
+
+    x: torch.Tensor            # float32 (n_owned, F)
+    y: torch.Tensor            # int64 (n_owned,)
+    train: torch.Tensor        # bool (n_owned,)
+    val: torch.Tensor
+    test: torch.Tensor
+    global_id: torch.Tensor    # int64 (n_owned,)
+
+
+def load_part(shards: str | Path, rank: int, size: int, verify_hash: bool = True) -> tuple[dict, Shard]:
+    """(meta, this rank's Shard); raises ShardFormatError naming the file and the fix."""
+    shards = Path(shards)
+    meta = read_meta(shards)
+    if meta["num_parts"] != size:
+        raise ShardFormatError(
+            f"{shards / 'meta.json'}: the shard set has {meta['num_parts']} parts but the job has "
+            f"{size} ranks; launch with `mpirun -n {meta['num_parts']}` or re-run `python -m "
+            f"preprocess --parts {size} --out DIR` for {size} ranks")
+    entry = meta["parts"][rank]
+    path = shards / entry.get("file", part_name(rank))
+    if verify_hash and path.is_file() and sha256_file(path) != entry["sha256"]:
+        raise ShardFormatError(f"{path}: sha256 differs from meta.json (corrupt or replaced file); "
+                               f"re-run `python -m preprocess` to rewrite the shard set")
+    return meta, read_shard(path, part_id=rank, num_parts=size)
+
+
+def row_normalize(x: np.ndarray) -> np.ndarray:
+    """Each row divided by its sum (rows summing to 0 stay 0)."""
+    s = x.sum(axis=1, keepdims=True)
+    return (x / np.where(s == 0, 1.0, s)).astype(np.float32)
+
+
+def part_tensors(shard: Shard, normalize: bool, device: torch.device) -> PartInputs:
+    x = row_normalize(shard.features) if normalize else shard.features
+    t = lambda a, dt: torch.as_tensor(np.ascontiguousarray(a), dtype=dt).to(device)  # noqa: E731
+    return PartInputs(x=t(x, torch.float32), y=t(shard.label, torch.long),
+                      train=t(shard.train_mask, torch.bool), val=t(shard.val_mask, torch.bool),
+                      test=t(shard.test_mask, torch.bool), global_id=t(shard.global_id, torch.long))

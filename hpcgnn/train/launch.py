@@ -1,0 +1,53 @@
+"""Start-up of a training job: every rank builds its trainer from local files only, then all
+ranks agree (one tiny Allreduce) whether anyone failed, so a bad config or shard ends the job
+with a clear message from every rank that hit it and no rank left waiting in a collective.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
+from hpcgnn.comm.collectives import any_true
+from hpcgnn.comm.context import CommContext
+from hpcgnn.config import ConfigError, load_config
+from hpcgnn.log import get_logger
+from hpcgnn.train.trainer import Trainer
+
+# Errors a user can cause and fix (bad file, bad key, bad value); anything else is a bug and
+# aborts the job with a traceback (python -m mpi4py).
+USER_ERRORS = (ValueError, OSError)
+
+
+def load_policy(path: str | None) -> CompressionPolicy:
+    """The schedule file's policy, or full precision without ``--schedule``."""
+    if path is None:
+        return FULL_PRECISION
+    try:
+        from hpcgnn.schedule import load_schedule
+    except ImportError as exc:
+        raise ConfigError(f"--schedule {path}: this hpcgnn has no schedule support ({exc}); "
+                          f"run without --schedule") from exc
+    return load_schedule(path)
+
+
+def build_trainer(ctx: CommContext, args) -> Trainer:
+    cfg = load_config(args.config, args.set)
+    policy = load_policy(args.schedule)
+    run_dir = Path(args.out or cfg.run.out)
+    return Trainer.prepare(ctx, cfg, args.shards, run_dir, policy, resume=args.resume)
+
+
+def prepare_or_report(ctx: CommContext, args) -> Trainer | None:
+    """The trainer, or None on every rank when any rank failed (after each says why)."""
+    log = get_logger()
+    trainer, failed = None, False
+    try:
+        trainer = build_trainer(ctx, args)
+    except USER_ERRORS as exc:
+        log.error("%s", exc)
+        failed = True
+    if any_true(ctx, failed):
+        if not failed:
+            log.error("stopping: another rank failed at start-up (see its message above)")
+        return None
+    return trainer

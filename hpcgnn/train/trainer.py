@@ -1,0 +1,246 @@
+"""The trainer: full-batch training of one GNN by all ranks together.
+
+Per epoch (every rank, same order of collectives):
+  forward   one (I)Alltoallv per layer (the halo rows; codec from the policy)
+  backward  one reverse (I)Alltoallv per layer whose exchanged rows need a gradient
+  step      one flat Allreduce (SUM) of all gradients + the loss; Adam on every rank
+  eval      uncompressed forward, one small Allreduce of correct/total counts
+  end       one small Allreduce: preemption flag, byte counts, times
+The loss is the sum over the owned training nodes divided by the GLOBAL number of training
+nodes, so the summed gradient is exactly the single-process gradient.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hpcgnn.codecs.base import FULL_PRECISION, IDENTITY, CompressionPolicy
+from hpcgnn.comm.collectives import allreduce_sum_, broadcast_params_, sum_float64
+from hpcgnn.comm.context import CommContext, mpi_library
+from hpcgnn.comm.plan import HaloPlan
+from hpcgnn.config import Config
+from hpcgnn.log import get_logger
+from hpcgnn.nn.graph import LocalGraph
+from hpcgnn.nn.model import GNN, Step
+from hpcgnn.train import checkpoint as ckpt
+from hpcgnn.train.inputs import load_part, part_tensors
+from hpcgnn.train.metrics import MetricsSink
+from hpcgnn.train.preempt import PreemptFlag, clear_marker, write_marker
+
+log = get_logger()
+
+
+@dataclass
+class Progress:
+    """Everything that accumulates over epochs (and survives a checkpoint)."""
+
+    epochs_done: int = 0
+    bytes_sent: int = 0
+    bytes_full: int = 0
+    allreduce_bytes: int = 0
+    epoch_times: list = field(default_factory=list)
+    best_val_acc: float = -1.0
+    test_at_best: float = 0.0
+    best_epoch: int = -1
+    final_test_acc: float = 0.0
+
+
+class Trainer:
+    """Holds one rank's state: context, config, data, model, optimiser, progress."""
+
+    def __init__(self, ctx: CommContext, cfg: Config, run_dir: Path, meta: dict, shard,
+                 policy: CompressionPolicy = FULL_PRECISION, resume_bytes: bytes | None = None,
+                 resume: bool = False):
+        """Local set-up only (no collectives), so every rank can fail here cleanly."""
+        self.ctx, self.cfg, self.run_dir, self.meta = ctx, cfg, Path(run_dir), meta
+        self.policy = policy.bind(cfg.train.epochs, cfg.model.layers)
+        self.data = part_tensors(shard, cfg.data.normalize_features, ctx.device)
+        self.plan = HaloPlan.from_shard(shard, ctx.device)
+        graph = LocalGraph.from_shard(shard, cfg.model.arch, ctx.device)
+        torch.manual_seed(cfg.train.seed)            # same initial parameters on every rank
+        self.model = GNN(cfg.model, shard.feature_dim, int(meta["num_classes"]), graph, self.plan,
+                         ctx, self.data.global_id, cfg.train.seed, cfg.train.overlap, self.policy)
+        self.model.to(ctx.device)
+        self.params = list(self.model.parameters())
+        self.opt = torch.optim.Adam(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        self.progress = Progress()
+        self.resume = resume
+        self.resume_bytes = resume_bytes
+        if resume_bytes is not None:                 # rank 0 checks the file before any comm
+            self._check_state(ckpt.decode_checkpoint(resume_bytes, self.run_dir))
+        self.sink = MetricsSink(self.run_dir, enabled=ctx.is_root)
+        self.preempt = PreemptFlag()
+
+    @classmethod
+    def prepare(cls, ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
+                policy: CompressionPolicy = FULL_PRECISION, resume: bool = False) -> "Trainer":
+        """Read this rank's shard (and, on rank 0, the checkpoint) and build the trainer."""
+        meta, shard = load_part(shards, ctx.rank, ctx.size)
+        run_dir = Path(run_dir)
+        data = ckpt.read_checkpoint_bytes(run_dir) if (resume and ctx.is_root) else None
+        return cls(ctx, cfg, run_dir, meta, shard, policy, data, resume)
+
+    # -- start-up (collectives) ---------------------------------------------------------
+    def start(self) -> None:
+        """Agree on the global training-node count and the initial (or resumed) state."""
+        counts = sum_float64(self.ctx, [float(self.data.train.sum()), float(self.data.val.sum()),
+                                        float(self.data.test.sum())])
+        self.n_train = max(int(counts[0]), 1)
+        broadcast_params_(self.ctx, [p.data for p in self.params])
+        if self.resume:
+            self._load_resume_state()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.sink.start(self.progress.epochs_done)
+        self.preempt.install()
+        log.info("%d ranks on %s; %s, %d layers, hidden %d; %d training nodes in all",
+                 self.ctx.size, self.ctx.device, self.cfg.model.arch, self.cfg.model.layers,
+                 self.cfg.model.hidden, self.n_train)
+
+    def _load_resume_state(self) -> None:
+        data = self.ctx.comm.bcast(self.resume_bytes, root=0) if self.ctx.size > 1 else self.resume_bytes
+        if data is None:
+            log.warning("--resume: no %s in %s; starting from epoch 0", ckpt.CHECKPOINT_NAME,
+                        self.run_dir)
+            return
+        state = ckpt.decode_checkpoint(data, self.run_dir)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.progress = Progress(**state["progress"])
+        if self.ctx.is_root:
+            clear_marker(self.run_dir)
+        log.info("resumed from %s after epoch %d", self.run_dir / ckpt.CHECKPOINT_NAME,
+                 self.progress.epochs_done - 1)
+
+    def _check_state(self, state: dict) -> None:
+        want = self.cfg.to_dict()["model"]
+        if state.get("model_config") != want:
+            raise ckpt.CheckpointError(
+                f"{self.run_dir / ckpt.CHECKPOINT_NAME}: written for model {state.get('model_config')}, "
+                f"the config asks for {want}; use the run's config or another --out directory")
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> str:
+        """Train to ``train.epochs``; returns 'done' or 'preempted'."""
+        epochs, every = self.cfg.train.epochs, self.cfg.run.checkpoint_every
+        for epoch in range(self.progress.epochs_done, epochs):
+            record, stop = self.run_epoch(epoch)
+            self.sink.write(record)
+            self.progress.epochs_done = done = epoch + 1
+            self._log_epoch(record)
+            if stop or done == epochs or (every and done % every == 0):
+                self.save_checkpoint()
+            if stop and done < epochs:
+                if self.ctx.is_root:
+                    write_marker(self.run_dir, epoch, done)
+                log.warning("preempted at epoch %d; resume with --resume", epoch)
+                return "preempted"
+        self.sink.summary(self.summary())
+        return "done"
+
+    def run_epoch(self, epoch: int) -> tuple[dict, bool]:
+        step = self.train_step(epoch)
+        stats = self.model.stats
+        local = [float(self.preempt.raised), stats.bytes_sent, stats.bytes_full,
+                 stats.comm_s + step["allreduce_s"], stats.codec_s]
+        accs = self.evaluate(epoch) if self._eval_due(epoch) else {}
+        flag, sent, full, comm_s, codec_s = sum_float64(self.ctx, local)   # epoch-end agreement
+        p = self.progress
+        p.bytes_sent, p.bytes_full = p.bytes_sent + int(sent), p.bytes_full + int(full)
+        p.allreduce_bytes += step["allreduce_bytes"] * self.ctx.size
+        p.epoch_times.append(step["epoch_s"])
+        record = {"epoch": epoch, "loss": step["loss"], "ratio": step["ratio"],
+                  "bytes_sent": int(sent), "bytes_full": int(full), "epoch_s": step["epoch_s"],
+                  "comm_s": comm_s / self.ctx.size, "codec_s": codec_s / self.ctx.size, **accs}
+        self._track_best(epoch, accs)
+        return record, flag > 0
+
+    def train_step(self, epoch: int) -> dict:
+        """One full-batch step: forward, backward, ONE gradient Allreduce, Adam."""
+        ratios = self._configure_codecs(epoch)
+        self.model.stats.reset()
+        t0 = time.perf_counter()
+        self.model.train()
+        self.opt.zero_grad(set_to_none=False)
+        logits = self.model(self.data.x, Step(epoch, training=True))
+        mask = self.data.train
+        loss = F.cross_entropy(logits[mask], self.data.y[mask], reduction="sum") / self.n_train
+        loss.backward()
+        for p in self.params:                        # a parameter unused this step: zero grad
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params]
+        loss_buf = loss.detach().reshape(1).clone()
+        t1 = time.perf_counter()
+        nbytes = allreduce_sum_(self.ctx, grads + [loss_buf])  # one Allreduce: grads + loss
+        t2 = time.perf_counter()
+        self.opt.step()
+        return {"loss": float(loss_buf.item()), "ratio": ratios, "allreduce_bytes": nbytes,
+                "allreduce_s": t2 - t1, "epoch_s": time.perf_counter() - t0}
+
+    def _configure_codecs(self, epoch: int) -> list[float]:
+        """Ask the policy for this epoch's codecs, layer by layer; returns the ratios."""
+        num_layers, ratios = len(self.model.layers), []
+        for i, layer in enumerate(self.model.layers):
+            width = layer.width
+            layer.exchanger.configure(epoch, self.policy.forward_codec(epoch, i, num_layers, width),
+                                      self.policy.backward_codec(epoch, i, num_layers, width))
+            ratios.append(float(self.policy.ratio(epoch, i, num_layers)))
+        return ratios
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> dict:
+        """Uncompressed forward without dropout; accuracies reduced over ranks."""
+        for ex in self.model.exchangers:
+            ex.configure(epoch, IDENTITY, IDENTITY)
+        self.model.eval()
+        pred = self.model(self.data.x, Step(epoch, training=False)).argmax(dim=1)
+        local = []
+        for mask in (self.data.train, self.data.val, self.data.test):
+            local += [float((pred[mask] == self.data.y[mask]).sum()), float(mask.sum())]
+        tot = sum_float64(self.ctx, local)
+        return {f"{name}_acc": tot[2 * i] / max(tot[2 * i + 1], 1.0)
+                for i, name in enumerate(("train", "val", "test"))}
+
+    def _eval_due(self, epoch: int) -> bool:
+        return (epoch + 1) % self.cfg.train.eval_every == 0 or epoch + 1 == self.cfg.train.epochs
+
+    def _track_best(self, epoch: int, accs: dict) -> None:
+        if not accs:
+            return
+        p = self.progress
+        p.final_test_acc = accs["test_acc"]
+        if accs["val_acc"] > p.best_val_acc:
+            p.best_val_acc, p.test_at_best, p.best_epoch = accs["val_acc"], accs["test_acc"], epoch
+
+    def _log_epoch(self, rec: dict) -> None:
+        every = max(1, self.cfg.train.epochs // 20)
+        if (rec["epoch"] + 1) % every == 0 or rec["epoch"] + 1 == self.cfg.train.epochs:
+            accs = " ".join(f"{k} {rec[k]:.4f}" for k in ("train_acc", "val_acc", "test_acc") if k in rec)
+            log.info("epoch %d loss %.5f %s sent %d B (%.1f ms)", rec["epoch"], rec["loss"], accs,
+                     rec["bytes_sent"], 1e3 * rec["epoch_s"])
+
+    # -- outputs ------------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        if not self.ctx.is_root:
+            return
+        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                 "torch_rng": torch.get_rng_state(), "schedule_epoch": self.progress.epochs_done,
+                 "progress": vars(self.progress).copy(), "model_config": self.cfg.to_dict()["model"]}
+        ckpt.save_checkpoint(self.run_dir, state)
+
+    def summary(self) -> dict:
+        p = self.progress
+        return {"test_acc": p.test_at_best, "final_test_acc": p.final_test_acc,
+                "best_val_acc": p.best_val_acc, "best_epoch": p.best_epoch,
+                "epochs": p.epochs_done, "bytes_sent": p.bytes_sent, "bytes_full": p.bytes_full,
+                "allreduce_bytes": p.allreduce_bytes, "train_time_s": sum(p.epoch_times),
+                "epoch_time_s_median": statistics.median(p.epoch_times) if p.epoch_times else 0.0,
+                "ranks": self.ctx.size, "device": str(self.ctx.device),
+                "mpi_library": mpi_library(), "cuda_aware_mpi": self.ctx.cuda_aware,
+                "dataset": self.meta.get("dataset"), "arch": self.cfg.model.arch}

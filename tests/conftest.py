@@ -1,0 +1,78 @@
+"""Shared fixtures: shard sets written once per session with the real preprocess step, and a
+launcher for ``python -m mpi4py -m hpcgnn train`` on N ranks (through ``tests/_mpi.py``)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _mpi import run_mpi  # noqa: E402
+
+CSBM = "csbm:nodes=3000,classes=4,degree=8,features=24,seed=3"
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory):
+    """``shards(spec, parts, partitioner="metis", seed=0) -> Path``: a shard set, cached."""
+    from hpcgnn.data.datasets import load_dataset
+    from preprocess import partition_graph, write_shards
+    root = tmp_path_factory.mktemp("shards")
+    made: dict[tuple, Path] = {}
+    graphs: dict[str, object] = {}
+
+    def make(spec: str, parts: int, partitioner: str = "metis", seed: int = 0) -> Path:
+        key = (spec, parts, partitioner, seed)
+        if key not in made:
+            graph = graphs.setdefault(spec, load_dataset(spec))
+            out = root / f"{spec.split(':')[0]}-{parts}-{partitioner}-{seed}-{len(made)}"
+            assignment = partition_graph(graph, parts, partitioner, seed=seed)
+            write_shards(graph, assignment, out, partitioner=partitioner, seed=seed, force=False)
+            made[key] = out
+        return made[key]
+
+    return make
+
+
+def train(nranks: int, shard_dir: Path, out: Path, *sets: str, config: str | None = None,
+          extra: tuple[str, ...] = (), timeout: float = 120, env: dict | None = None):
+    """Run ``hpcgnn train`` on ``nranks`` ranks; returns the CompletedProcess."""
+    args = ["-m", "hpcgnn", "train", "--shards", str(shard_dir), "--out", str(out)]
+    if config:
+        args += ["--config", config]
+    for s in sets:
+        args += ["--set", s]
+    return run_mpi(nranks, args + list(extra), timeout=timeout, env=env)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_ok(proc) -> None:
+    assert proc.returncode == 0, f"rc {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+
+def train_here(shard_dir: Path, out: Path, *sets: str, config: str | None = "configs/cora.toml",
+               resume: bool = False) -> list[dict]:
+    """Train on ONE rank inside the pytest process (MPI singleton); returns metrics records.
+    The trainer's signal handlers are restored afterwards."""
+    import signal
+
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.config import load_config
+    from hpcgnn.train.trainer import Trainer
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        ctx = CommContext.from_world("cpu")
+        assert ctx.size == 1
+        trainer = Trainer.prepare(ctx, load_config(config, list(sets)), shard_dir, out, resume=resume)
+        trainer.start()
+        trainer.run()
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    return read_metrics(out)
