@@ -109,9 +109,8 @@ def _check_nodes(directory: Path, plans: list[PartPlan], meta: dict) -> np.ndarr
     return owner
 
 
-def _check_invariant(directory: Path, plans: list[PartPlan], owner: np.ndarray) -> None:
-    """Part q's send block to p, as global ids, equals p's halo block from q, in order."""
-    k = len(plans)
+def _check_count_matrix(directory: Path, plans: list[PartPlan]) -> None:
+    """What p receives from q is what q says it sends to p."""
     recv = np.stack([pl.recv_counts for pl in plans])
     send = np.stack([pl.send_counts for pl in plans])
     bad = np.argwhere(recv != send.T)
@@ -119,16 +118,26 @@ def _check_invariant(directory: Path, plans: list[PartPlan], owner: np.ndarray) 
         p, q = bad[0]
         _need(False, directory / part_name(p), f"halo/recv_counts from part {q} differ from "
               f"part {q}'s halo/send_counts to it")
+
+
+def _check_halo_owners(directory: Path, plans: list[PartPlan], owner: np.ndarray) -> None:
+    """Each halo node comes from its owner, with the owner's degree."""
     degree = np.empty(len(owner), dtype=np.int64)
     for pl in plans:
         degree[pl.global_id] = pl.degree
+    groups = np.arange(len(plans))
     for p, pl in enumerate(plans):
         where = directory / part_name(p)
-        _need(np.array_equal(owner[pl.halo_global_id], np.repeat(np.arange(k), pl.recv_counts)),
+        _need(np.array_equal(owner[pl.halo_global_id], np.repeat(groups, pl.recv_counts)),
               where, "a halo node is not owned by the part it is received from")
         _need(np.array_equal(pl.halo_degree, degree[pl.halo_global_id]), where,
               "halo/degree differs from the owner's nodes/degree")
-    # All sends ordered by (destination, source, position) == all halos in file order.
+
+
+def _check_send_order(directory: Path, plans: list[PartPlan]) -> None:
+    """The invariant: all sends ordered by (destination, source, position), as global ids,
+    equal all halos in file order (each grouped by owner)."""
+    k = len(plans)
     dst = np.concatenate([np.repeat(np.arange(k), pl.send_counts) for pl in plans])
     src = np.concatenate([np.full(len(pl.sent_global_id), q) for q, pl in enumerate(plans)])
     seq = np.concatenate([np.arange(len(pl.sent_global_id)) for pl in plans])
@@ -136,8 +145,8 @@ def _check_invariant(directory: Path, plans: list[PartPlan], owner: np.ndarray) 
     halo = np.concatenate([pl.halo_global_id for pl in plans])
     if not np.array_equal(sent, halo):
         first = int(np.argmax(sent != halo))
-        p = int(np.searchsorted(np.cumsum([len(pl.halo_global_id) for pl in plans]), first,
-                                side="right"))
+        ends = np.cumsum([len(pl.halo_global_id) for pl in plans])
+        p = int(np.searchsorted(ends, first, side="right"))
         _need(False, directory / part_name(p), "halo/global_id differs from what its peers' "
               "halo/send_index sends it (halo invariant broken)")
 
@@ -152,7 +161,9 @@ def verify_shards(directory: str | Path) -> VerifyReport:
         plans.append(plan)
         cut += part_cut
     owner = _check_nodes(directory, plans, meta)
-    _check_invariant(directory, plans, owner)
+    _check_count_matrix(directory, plans)
+    _check_halo_owners(directory, plans, owner)
+    _check_send_order(directory, plans)
     edges = sum(e["num_edges"] for e in meta["parts"])
     _need(edges == meta["num_edges"], directory / "meta.json",
           f"parts hold {edges} edges, num_edges says {meta['num_edges']}")

@@ -70,3 +70,21 @@ def assert_reconstructs(directory: str | Path, graph: Graph) -> None:
     for name in ("train", "val", "test"):
         np.testing.assert_array_equal(np.nonzero(got[f"{name}_mask"])[0],
                                       np.sort(getattr(graph, f"{name}_idx")))
+
+
+def save_npz(path, n=5, **override):
+    """A valid npz graph (a 5-cycle), with keys replaced or removed (value None)."""
+    src = np.arange(n)
+    dst = (src + 1) % n
+    rows, cols = np.r_[dst, src], np.r_[src, dst]
+    order = np.lexsort((cols, rows))
+    arrays = {"num_nodes": np.int64(n),
+              "adj_indptr": np.r_[0, np.cumsum(np.bincount(rows, minlength=n))].astype(np.int64),
+              "adj_indices": cols[order].astype(np.int64),
+              "features": np.arange(n * 2, dtype=np.float32).reshape(n, 2),
+              "labels": np.arange(n, dtype=np.int64) % 2,
+              "train_idx": np.array([0, 1]), "val_idx": np.array([2]),
+              "test_idx": np.array([3, 4])}
+    arrays.update(override)
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return path

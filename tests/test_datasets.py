@@ -7,28 +7,10 @@ import gzip
 import numpy as np
 import pytest
 
-from _graphs import edge_keys
+from _graphs import edge_keys, save_npz
 from hpcgnn.data.clean import clean_graph, edges_to_csr
 from hpcgnn.data.datasets import load_dataset, parse_spec
 from hpcgnn.data.errors import DatasetError
-
-
-def save_npz(path, n=5, **override):
-    """A valid npz graph (a 5-cycle), with keys replaced or removed (value None)."""
-    src = np.arange(n)
-    dst = (src + 1) % n
-    rows, cols = np.r_[dst, src], np.r_[src, dst]
-    order = np.lexsort((cols, rows))
-    arrays = {"num_nodes": np.int64(n),
-              "adj_indptr": np.r_[0, np.cumsum(np.bincount(rows, minlength=n))].astype(np.int64),
-              "adj_indices": cols[order].astype(np.int64),
-              "features": np.arange(n * 2, dtype=np.float32).reshape(n, 2),
-              "labels": np.arange(n, dtype=np.int64) % 2,
-              "train_idx": np.array([0, 1]), "val_idx": np.array([2]),
-              "test_idx": np.array([3, 4])}
-    arrays.update(override)
-    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
-    return path
 
 
 @pytest.mark.parametrize("name, nodes, edges, feats, classes", [

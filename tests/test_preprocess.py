@@ -142,7 +142,15 @@ def _bump_first(a):
     return a
 
 
+def _shift_2_to_3(a):
+    a = a.copy()
+    a[2] += 1
+    a[3] -= 1
+    return a
+
+
 @pytest.mark.parametrize("part, h5path, change, expect", [
+    (1, "halo/send_counts", _shift_2_to_3, "halo/recv_counts from part 1 differ"),
     (1, "halo/send_index", _swap_first_two, "halo invariant broken"),
     (0, "halo/global_id", _swap_first_two, "not ascending within each owner's group"),
     (2, "nodes/degree", _bump_first, "row lengths differ from nodes/degree"),

@@ -9,9 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from _graphs import assert_reconstructs
+from _graphs import assert_reconstructs, save_npz
 from hpcgnn.data.datasets import load_dataset
-from test_datasets import save_npz
 
 # Runs preprocess with a file-size limit: "ignore" turns an oversized write into EFBIG (as a
 # full disk would fail it); "kill" lets the kernel kill the process mid-write (an interruption).

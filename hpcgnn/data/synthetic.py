@@ -74,6 +74,8 @@ def _rmat_edges(rng: np.random.Generator, scale: int, m: int,
             col_bit = ((u >= a) & ~row_bit) | (u >= a + b + c)
             s |= row_bit.astype(np.int64) << level
             d |= col_bit.astype(np.int64) << level
+        if m > CHUNK:
+            log.info("R-MAT: %s/%s edges drawn", f"{lo + len(s):,}", f"{m:,}")
     perm = rng.permutation(1 << scale).astype(np.int64)    # Graph500: hide the degree order
     return perm[src], perm[dst]
 
