@@ -249,3 +249,105 @@ def test_warning_signal_reaches_every_rank(slurm, tmp_path):
     out = log.read_text()
     assert "got USR1: passing it to the ranks" in out
     assert "rank 0 got USR1: True" in out and "rank 1 got USR1: True" in out
+
+
+# --- training jobs on Cora ---------------------------------------------------------------------
+
+EPOCHS = 120          # long enough that a signal sent at the first epoch lands mid-run
+CORA = REPO / "configs" / "cora.toml"
+
+
+@dataclass
+class ChainRun:
+    shards: Path
+    run_dir: Path
+    prep_log: Path
+    train_log: Path
+
+
+@pytest.fixture(scope="module")
+def chain_run(slurm, tmp_path_factory) -> ChainRun:
+    """jobs/chain.sh: preprocess Cora into 2 shards, then (afterok) train on 2 ranks."""
+    work = tmp_path_factory.mktemp("chain")
+    shards, runs = work / "shards" / "cora-2", work / "runs"
+    env = job_env(HPCGNN_RUNS=str(runs),
+                  HPCGNN_PREP_OPTS=f"--output={work}/prep-%j.out",
+                  HPCGNN_TRAIN_OPTS=f"--output={work}/train-%j.out")
+    ids = slurm.script(JOBS / "chain.sh", "cora", 2, shards, CORA,
+                       "--set", f"train.epochs={EPOCHS}", cwd=work, env=env)
+    prep, train = ids.split()
+    prep_log, train_log = work / f"prep-{prep}.out", work / f"train-{train}.out"
+    assert slurm.job(train)["JobState"] == "PENDING"     # held by its dependency
+    slurm.completed(prep, 120, prep_log)
+    slurm.completed(train, 240, train_log)
+    return ChainRun(shards, runs / f"slurm-{train}", prep_log, train_log)
+
+
+def read_metrics(run_dir: Path) -> dict[int, dict]:
+    """metrics.jsonl by epoch (a resumed run may repeat an epoch: the last line wins)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {m["epoch"]: m for m in lines}
+
+
+@pytest.mark.slurm
+def test_chain_preprocesses_then_trains_two_ranks(chain_run):
+    assert "partitioning cora into 2 parts" in chain_run.prep_log.read_text()
+    summary = json.loads((chain_run.run_dir / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["epochs"] == EPOCHS
+    assert 0.6 < summary["test_acc"] <= 1.0, summary          # GCN on Cora: ~0.8 (chance: 0.14)
+    assert sorted(read_metrics(chain_run.run_dir)) == list(range(EPOCHS))
+    segments = [json.loads(s) for s in (chain_run.run_dir / "slurm.jsonl").read_text().splitlines()]
+    assert [s["ntasks"] for s in segments] == ["2"] and not segments[0]["resumed"]
+
+
+@pytest.mark.slurm
+def test_preempted_job_requeues_and_ends_like_an_uninterrupted_run(slurm, chain_run, tmp_path):
+    """USR1 to the batch shell (what --signal=B:USR1@120 sends before the time limit, here sent
+    at once with scancel): the ranks checkpoint and exit, the job requeues itself, the second
+    start resumes; losses and accuracies equal the chain's uninterrupted run. Launched with
+    mpirun, so both launchers' signal forwarding is covered (the chain used srun)."""
+    log = tmp_path / "train.out"
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_LAUNCHER="mpirun")
+    job = slurm.sbatch(f"--output={log}", "--ntasks=2", JOBS / "train.sbatch", chain_run.shards,
+                       CORA, "--set", f"train.epochs={EPOCHS}", cwd=tmp_path, env=env)
+    run_dir = tmp_path / "runs" / f"slurm-{job}"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").stat().st_size:
+        assert time.monotonic() < deadline, f"no epoch after 120 s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+    slurm.signal(job, "USR1")
+    rec = slurm.completed(job, 240, log)
+
+    assert rec["Restarts"] == "1", "the job did not requeue itself once"
+    segments = [json.loads(s) for s in (run_dir / "slurm.jsonl").read_text().splitlines()]
+    assert [(s["job_id"], s["resumed"]) for s in segments] == [(job, False), (job, True)]
+    out = log.read_text()
+    assert "got USR1: passing it to the ranks" in out and f"requeued job {job}" in out
+    want, got = read_metrics(chain_run.run_dir), read_metrics(run_dir)
+    assert sorted(got) == list(range(EPOCHS))
+    for epoch in range(EPOCHS):
+        assert got[epoch]["loss"] == pytest.approx(want[epoch]["loss"], rel=1e-6, abs=1e-7), epoch
+        assert got[epoch]["test_acc"] == want[epoch]["test_acc"], epoch
+    a = json.loads((chain_run.run_dir / "summary.json").read_text())
+    b = json.loads((run_dir / "summary.json").read_text())
+    for key in ("test_acc", "final_test_acc", "best_val_acc", "epochs", "bytes_sent"):
+        assert b[key] == a[key], key
+
+
+@pytest.mark.slurm
+def test_sweep_runs_one_array_task_per_schedule(slurm, chain_run, tmp_path):
+    schedules = [REPO / "configs" / "schedules" / f"{name}.toml" for name in ("full", "fixed-128")]
+    log = tmp_path / "sweep.out"
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_TRAIN_OPTS=f"--output={log}.%a")
+    array = slurm.script(JOBS / "sweep.sh", chain_run.shards, CORA, *schedules, "--",
+                         "--set", "train.epochs=5", cwd=tmp_path, env=env)
+    sent = {}
+    for task, schedule in enumerate(schedules):
+        slurm.completed(f"{array}_{task}", 240, Path(f"{log}.{task}"))
+        run_dir = tmp_path / "runs" / f"sweep-{array}" / schedule.stem
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["ranks"] == 2 and summary["epochs"] == 5
+        sent[schedule.stem] = (summary["bytes_sent"], summary["bytes_full"])
+    assert sent["full"][0] == sent["full"][1]                  # uncompressed
+    assert sent["fixed-128"][1] == sent["full"][1]             # the same exchanges ...
+    assert sent["fixed-128"][0] < sent["full"][0] / 2          # ... compressed: its own schedule
