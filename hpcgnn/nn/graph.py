@@ -12,6 +12,7 @@ SAGE (mean): ``1 / in_degree(i)`` on every in-edge of ``i``, no self-loop.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,9 +80,12 @@ def mean_values(shard: Shard) -> np.ndarray:
 def _to_torch_csr(m: sp.csr_matrix, device: torch.device) -> torch.Tensor:
     m = m.astype(np.float32)
     m.sort_indices()
-    return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
-                                   torch.from_numpy(m.indices.astype(np.int64)),
-                                   torch.from_numpy(m.data), size=m.shape, device=device)
+    with warnings.catch_warnings():        # "sparse CSR support is in beta": we rely on it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
+                                       torch.from_numpy(m.indices.astype(np.int64)),
+                                       torch.from_numpy(m.data), size=m.shape, device=device,
+                                       check_invariants=False)
 
 
 class SpMM(torch.autograd.Function):

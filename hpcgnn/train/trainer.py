@@ -138,7 +138,7 @@ class Trainer:
             if stop and done < epochs:
                 if self.ctx.is_root:
                     write_marker(self.run_dir, epoch, done)
-                log.warning("preempted at epoch %d; resume with --resume", epoch)
+                    log.warning("preempted at epoch %d; resume with --resume", epoch)
                 return "preempted"
         self.sink.summary(self.summary())
         return "done"

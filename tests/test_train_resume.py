@@ -1,0 +1,83 @@
+"""Checkpoints, ``--resume`` and preemption: 10 epochs equal 5 + resume + 5 (same losses, same
+final weights), and a real SIGUSR1 to a real mpiexec job checkpoints and exits 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from _mpi import mpi_command, mpi_env
+from conftest import check_ok, read_metrics, run_mpi, train_here
+
+SETS = ("model.arch=sage", "model.hidden=12")
+
+
+def _weights(run_dir) -> dict:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+
+
+def test_resume_equals_straight_run(shards, tmp_path):
+    shard_dir = shards("cora", 1)
+    straight = train_here(shard_dir, tmp_path / "a", *SETS, "train.epochs=10")
+    first = train_here(shard_dir, tmp_path / "b", *SETS, "train.epochs=5")
+    assert len(first) == 5
+    resumed = train_here(shard_dir, tmp_path / "b", *SETS, "train.epochs=10", resume=True)
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]   # bit for bit
+    wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["epochs"] == 10
+
+
+def test_checkpoint_every_and_mismatched_resume(shards, tmp_path):
+    shard_dir = shards("cora", 1)
+    train_here(shard_dir, tmp_path, *SETS, "train.epochs=4", "run.checkpoint_every=2")
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert state["progress"]["epochs_done"] == 4 and "optimizer" in state and "torch_rng" in state
+    from hpcgnn.train.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="checkpoint.pt.*model"):
+        train_here(shard_dir, tmp_path, "model.arch=gcn", "train.epochs=6", resume=True)
+
+
+@pytest.mark.mpi
+def test_sigusr1_preempts_then_resume_finishes(shards, tmp_path):
+    """A real signal to a real mpiexec: checkpoint, preempted.json, exit 0; then --resume."""
+    shard_dir, out = shards("cora", 2, "metis"), tmp_path / "run"
+    args = ["-m", "hpcgnn", "train", "--shards", str(shard_dir), "--config", "configs/cora.toml",
+            "--out", str(out), "--set", "train.epochs=60", *sum((["--set", s] for s in SETS), [])]
+    proc = subprocess.Popen(mpi_command(2, args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=mpi_env())
+    try:
+        _wait_for_epochs(out / "metrics.jsonl", 2, proc)
+        proc.send_signal(signal.SIGUSR1)                      # mpiexec forwards it to the ranks
+        log, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log
+    marker = json.loads((out / "preempted.json").read_text())
+    assert "preempted at epoch" in log and "--resume" in log
+    assert marker["epochs_done"] < 60 and (out / "checkpoint.pt").is_file()
+    assert len(read_metrics(out)) == marker["epochs_done"]
+    check_ok(run_mpi(2, args + ["--resume"], timeout=120))
+    assert not (out / "preempted.json").exists()
+    got = read_metrics(out)
+    assert [r["epoch"] for r in got] == list(range(60))
+    want = train_here(shards("cora", 1), tmp_path / "ref", *SETS, "train.epochs=60")
+    for g, w in zip(got, want):
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-5), g["epoch"]
+
+
+def _wait_for_epochs(path, n: int, proc, timeout: float = 90) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.is_file() and len(path.read_text().splitlines()) >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"job ended early: {proc.communicate()[0]}")
+        time.sleep(0.1)
+    raise AssertionError(f"{path}: fewer than {n} epochs after {timeout} s")
