@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--parts", type=int, required=True, help="number of parts (= MPI ranks)")
     ap.add_argument("--partitioner", choices=PARTITIONERS, default="metis")
     ap.add_argument("--out", required=True, help="output directory for meta.json + part-*.h5")
-    ap.add_argument("--seed", type=int, default=0, help="partitioner (and generator) seed")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="partitioner seed (a generator takes its own: csbm:...,seed=S)")
     ap.add_argument("--force", action="store_true", help="overwrite a shard set already in --out")
     ap.add_argument("--symmetrize", action="store_true",
                     help="add the reverse of every edge (for directed inputs)")

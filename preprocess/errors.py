@@ -3,4 +3,4 @@ from __future__ import annotations
 
 
 class PreprocessError(ValueError):
-    """A bad request (parts, output directory, ...) or a failed write; names the file and the fix."""
+    """A bad request (parts, output directory) or a failed write; names the file and the fix."""

@@ -3,4 +3,4 @@ from __future__ import annotations
 
 
 class DatasetError(ValueError):
-    """A dataset that is missing, malformed or out of range; the message names the file and the fix."""
+    """A dataset that is missing, malformed or out of range; the message names file and fix."""

@@ -1,4 +1,4 @@
-"""Checks every reader runs on the graph it built: a user error names the file, the field, the fix."""
+"""Checks every reader runs on the graph it built; an error names the file, the field, the fix."""
 from __future__ import annotations
 
 import numpy as np
@@ -51,7 +51,8 @@ def check_labels(source: str, num_nodes: int, labels: np.ndarray,
         _fail(source, f"labels have shape {labels.shape}, expected ({num_nodes},)",
               "one label per node, -1 for unlabelled")
     if labels.size and labels.min() < -1:
-        _fail(source, f"labels hold {int(labels.min())}", "use -1 for unlabelled, 0..C-1 for classes")
+        _fail(source, f"labels hold {int(labels.min())}",
+              "use -1 for unlabelled, 0..C-1 for classes")
     top = num_nodes if num_classes is None else num_classes
     if labels.size and labels.max() >= top:
         _fail(source, f"labels hold class {int(labels.max())}, outside 0..{top - 1}"
