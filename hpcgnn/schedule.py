@@ -22,7 +22,8 @@ Fixed stage settings: ``bits`` (quant, when the ratio drives another stage) and 
 likewise); see ``hpcgnn.codecs.build`` for which stage the ratio drives. ``[backward]`` overrides
 any of these keys for the backward (halo-gradient) exchange; ``[layers.N]`` overrides them for
 layer ``N`` (and may hold its own ``[layers.N.backward]``). An override that sets ``kind``
-replaces the whole rate curve; one that does not tweaks single keys. ``ratio()`` reports the
+replaces the whole rate curve, one that sets ``codec`` its ``bits``/``keep``; other
+overrides tweak single keys. ``ratio()`` reports the
 schedule's ratio; the exact bytes of a combined codec come from its ``block_bytes``.
 
 Every check runs at load time (layer indices at ``bind``), before any rank communicates; each
@@ -50,7 +51,8 @@ except ImportError:  # Python 3.10
 
 KINDS = ("constant", "linear", "exponential", "step", "table")
 RATE_KEYS = ("kind", "max_ratio", "min_ratio", "slope", "ratio", "every", "factor", "phase")
-RULE_KEYS = ("codec", *RATE_KEYS, "bits", "keep")
+STAGE_KEYS = ("bits", "keep")
+RULE_KEYS = ("codec", *RATE_KEYS, *STAGE_KEYS)
 TOP_KEYS = (*RULE_KEYS, "epochs", "compress_last_layer", "compress_backward", "backward", "layers")
 LAYER_KEYS = (*RULE_KEYS, "backward")
 DEFAULTS = {"codec": "truncate", "kind": "linear", "max_ratio": 128.0, "min_ratio": 1.0,
@@ -269,10 +271,13 @@ def _rule(table: dict, prefix: str, where: _Where) -> ExchangeRule:
 
 
 def _merge(base: dict, override: dict) -> dict:
-    """Override rule keys; an override that sets ``kind`` replaces the whole rate curve."""
+    """Override rule keys; an override that sets ``kind`` replaces the whole rate curve, one that
+    sets ``codec`` replaces the stage settings (``bits``, ``keep``)."""
     merged = {k: v for k, v in base.items() if k in RULE_KEYS}
     if "kind" in override:
         merged = {k: v for k, v in merged.items() if k not in RATE_KEYS}
+    if "codec" in override:
+        merged = {k: v for k, v in merged.items() if k not in STAGE_KEYS}
     merged.update({k: v for k, v in override.items() if k in RULE_KEYS})
     return merged
 

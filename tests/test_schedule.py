@@ -53,6 +53,14 @@ def test_layer_and_backward_overrides(tmp_path):
     assert repr(p.backward_codec(0, 1, 2, 16)) == "quant(1)"
 
 
+def test_an_override_codec_drops_the_inherited_stage_settings(tmp_path):
+    p = _policy('codec = "truncate+quant"\nbits = 4\nkind = "constant"\nratio = 8.0\n'
+                '[backward]\ncodec = "quant"\n[layers.0]\ncodec = "sample+quant"\nbits = 2\n',
+                tmp_path)
+    assert repr(p.backward_codec(0, 1, 3, 16)) == "quant(4)"  # bits from ratio 8, not bits = 4
+    assert repr(p.forward_codec(0, 0, 3, 16)) == "sample(0.125)+quant(2)"
+
+
 def test_combined_codecs_and_flags(tmp_path):
     p = _policy('codec = "truncate+quant"\nbits = 4\nkind = "constant"\nratio = 4.0\n'
                 'compress_backward = false\n', tmp_path)

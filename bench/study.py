@@ -1,0 +1,428 @@
+"""The VARCO study: full communication vs fixed ratios vs variable schedules, and beyond.
+
+    python bench/study.py run [--phase paper|parts|sbm|beyond|all] [--work runs/study]
+    python bench/study.py report                 # table + plots from bench/results/study_runs.jsonl
+    python bench/study.py ship                   # winning schedules -> configs/schedules/
+
+Every training is a real MPI run of the real trainer (``hpcgnn.__main__.main(["train", ...])``):
+the runs of one shard set share one ``mpiexec`` launch (``python -m mpi4py bench/study.py batch
+JOBS.json``), because on a small machine starting K ranks of Python + torch costs far more than
+a Cora training. Each finished run appends one record (summary, curve, codec time share) to
+``bench/results/study_runs.jsonl``; ``run`` skips runs already recorded, so it resumes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+RUNS_FILE = RESULTS / "study_runs.jsonl"
+SHIPPED = REPO / "configs" / "schedules"
+
+# --- what is run -------------------------------------------------------------------------
+
+DATASETS = {
+    "cora": {"spec": "cora", "config": {
+        "model": {"arch": "gcn", "hidden": 128, "layers": 2, "dropout": 0.5},
+        "data": {"normalize_features": True},
+        "train": {"epochs": 100, "lr": 0.01, "weight_decay": 5e-4, "eval_every": 5}}},
+    "sbm": {"spec": "csbm:nodes=50000,classes=8,degree=10,homophily=0.7,features=128,signal=0.8",
+            "config": {
+                "model": {"arch": "gcn", "hidden": 128, "layers": 2, "dropout": 0.5},
+                "train": {"epochs": 100, "lr": 0.01, "weight_decay": 5e-4, "eval_every": 5}}},
+}
+FIXED_RATIOS = (2, 4, 8, 16, 32, 64, 128)
+FULL = {"codec": "none", "kind": "constant", "ratio": 1.0}
+
+
+def fixed(ratio: float) -> dict:
+    return {"codec": "truncate", "kind": "constant", "ratio": float(ratio)}
+
+
+def varco(slope: float, codec: str = "truncate", **extra) -> dict:
+    return {"codec": codec, "kind": "linear", "max_ratio": 128.0, "min_ratio": 1.0,
+            "slope": float(slope), **extra}
+
+
+PAPER = {"full": FULL, **{f"fixed-{r}": fixed(r) for r in FIXED_RATIOS},
+         **{f"varco-s{s}": varco(s) for s in (5, 2, 10)}}
+
+# Past the paper: codec combinations and schedules aimed at <= 10 % of full bytes.
+BEYOND = {
+    "varco-s5+q4": varco(5, "truncate+quant", bits=4),
+    "quant1-all": {"codec": "quant", "kind": "constant", "ratio": 32.0,
+                   "compress_last_layer": True},
+    "quant2-all": {"codec": "quant", "kind": "constant", "ratio": 16.0,
+                   "compress_last_layer": True},
+    "quant-1to4-all": {"codec": "quant", "kind": "linear", "max_ratio": 32.0, "min_ratio": 8.0,
+                       "slope": 1.0, "compress_last_layer": True},
+    "varco16-q8-all": {"codec": "truncate+quant", "bits": 8, "kind": "linear",
+                       "max_ratio": 128.0, "min_ratio": 16.0, "slope": 5.0,
+                       "compress_last_layer": True},
+    "varco4-q8-all": {"codec": "truncate+quant", "bits": 8, "kind": "linear",
+                      "max_ratio": 128.0, "min_ratio": 4.0, "slope": 5.0,
+                      "compress_last_layer": True},
+    "sample4-q4-all": {"codec": "sample+quant", "bits": 4, "kind": "constant", "ratio": 4.0,
+                       "compress_last_layer": True},
+    "varco-s5+bwdq1": {**varco(5), "backward": {"codec": "quant", "kind": "constant",
+                                                "ratio": 32.0}},
+}
+
+# (phase, dataset, parts, partitioner, methods, seeds)
+PLAN = [  # most important first, so a cut-short study still has its headline
+    ("paper", "cora", 4, "metis", list(PAPER), [0]),
+    ("sbm", "sbm", 4, "metis", ["full", "fixed-2", "fixed-8", "fixed-32", "fixed-128",
+                                "varco-s5", "varco-s2"], [0]),
+    ("beyond", "cora", 4, "metis", list(BEYOND), [0, 1]),
+    ("beyond", "cora", 4, "metis", ["full", "varco-s5"], [1]),
+    ("beyond", "sbm", 4, "metis", list(BEYOND), [0]),
+    ("paper", "cora", 4, "random", list(PAPER), [0]),
+    ("sbm", "sbm", 4, "random", ["full", "fixed-128", "varco-s5"], [0]),
+    *[("parts", "cora", p, m, ["full", "fixed-128", "varco-s5"], [0])
+      for p in (2, 8, 16) for m in ("metis", "random")],
+]
+METHODS = {**PAPER, **BEYOND}
+
+
+def run_id(dataset: str, parts: int, partitioner: str, method: str, seed: int) -> str:
+    return f"{dataset}-{partitioner}-{parts}-{method}-s{seed}"
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v) if isinstance(v, str) else repr(v)
+
+
+def to_toml(table: dict, prefix: str = "") -> str:
+    """A small TOML writer for flat keys and nested tables (what schedules and configs use)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    for k, v in table.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{prefix}{k}]", to_toml(v, f"{prefix}{k}.")]
+    return "\n".join(lines).strip() + "\n"
+
+
+def shard_dir(work: Path, dataset: str, parts: int, partitioner: str) -> Path:
+    """Preprocess once (reused when ``preprocess verify`` passes)."""
+    out = work / "shards" / f"{dataset}-{partitioner}-{parts}"
+    ok = subprocess.run([sys.executable, "-m", "preprocess", "verify", "-q", str(out)],
+                        capture_output=True).returncode == 0
+    if not ok:
+        subprocess.run([sys.executable, "-m", "preprocess", "-q", "--dataset",
+                        DATASETS[dataset]["spec"], "--parts", str(parts), "--partitioner",
+                        partitioner, "--out", str(out), "--force"], check=True)
+    return out
+
+
+def recorded() -> set[str]:
+    if not RUNS_FILE.is_file():
+        return set()
+    return {json.loads(line)["id"] for line in RUNS_FILE.read_text().splitlines() if line}
+
+
+def load_runs() -> list[dict]:
+    return [json.loads(line) for line in RUNS_FILE.read_text().splitlines() if line]
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+def jobs_for(work: Path, dataset: str, parts: int, partitioner: str, methods: list[str],
+             seeds: list[int], done: set[str]) -> list[dict]:
+    shards = shard_dir(work, dataset, parts, partitioner)
+    config = work / "configs" / f"{dataset}.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(to_toml(DATASETS[dataset]["config"]))
+    jobs = []
+    for method in methods:
+        schedule = work / "schedules" / f"{method}.toml"
+        schedule.parent.mkdir(parents=True, exist_ok=True)
+        schedule.write_text(to_toml(METHODS[method]))
+        for seed in seeds:
+            rid = run_id(dataset, parts, partitioner, method, seed)
+            if rid not in done:
+                jobs.append({"id": rid, "dataset": dataset, "parts": parts,
+                             "partitioner": partitioner, "method": method, "seed": seed,
+                             "shards": str(shards), "config": str(config),
+                             "schedule": str(schedule), "out": str(work / "runs" / rid)})
+    return jobs
+
+
+def launch(jobs: list[dict], parts: int, work: Path) -> None:
+    """One mpiexec for all ``jobs`` (same shard set), then record each finished run."""
+    listing = work / f"jobs-{jobs[0]['id']}.json"
+    listing.write_text(json.dumps(jobs))
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMP_NUM_THREADS": "1"}
+    cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(parts), "--oversubscribe",
+           sys.executable, "-m", "mpi4py", str(Path(__file__).resolve()), "batch", str(listing)]
+    t0 = time.perf_counter()
+    with open(work / "batch.log", "a") as log:
+        subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                       timeout=3600, check=True)
+    print(f"  {len(jobs)} runs on {parts} ranks in {time.perf_counter() - t0:.0f} s", flush=True)
+    for job in jobs:
+        record(job)
+
+
+def batch(listing: str) -> None:
+    """Inside mpiexec: train every job of the listing in turn through the CLI entry point."""
+    from hpcgnn.__main__ import main as hpcgnn_main
+    for job in json.loads(Path(listing).read_text()):
+        if (Path(job["out"]) / "summary.json").is_file():
+            continue
+        code = hpcgnn_main(["train", "--shards", job["shards"], "--config", job["config"],
+                            "--schedule", job["schedule"], "--out", job["out"],
+                            "--set", f"train.seed={job['seed']}"])
+        if code:
+            raise SystemExit(code)
+
+
+def record(job: dict) -> None:
+    """Summary + curve + codec time share of a finished run -> one line of RUNS_FILE."""
+    out = Path(job["out"])
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    sent = full = 0
+    curve = []
+    for r in rows:
+        sent, full = sent + r["bytes_sent"], full + r["bytes_full"]
+        if "test_acc" in r:
+            curve.append([r["epoch"], r["val_acc"], r["test_acc"], sent])
+    shares = [r["codec_s"] / r["epoch_s"] for r in rows if r["epoch_s"] > 0]
+    rec = {k: job[k] for k in ("id", "dataset", "parts", "partitioner", "method", "seed")}
+    rec.update({k: summary[k] for k in ("test_acc", "final_test_acc", "best_val_acc",
+                                        "bytes_sent", "bytes_full", "epoch_time_s_median")})
+    rec.update({"byte_share": summary["bytes_sent"] / summary["bytes_full"],
+                "codec_share": statistics.median(shares), "ratios": rows[0]["ratio"],
+                "curve": curve, "schedule": METHODS[job["method"]]})
+    with open(RUNS_FILE, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def run(phase: str, work: Path) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for ph, dataset, parts, partitioner, methods, seeds in PLAN:
+        if phase not in ("all", ph):
+            continue
+        jobs = jobs_for(work, dataset, parts, partitioner, methods, seeds, recorded())
+        print(f"[{ph}] {dataset} {partitioner} {parts} parts: {len(jobs)} runs to do", flush=True)
+        if jobs:
+            launch(jobs, parts, work)
+
+
+# --- reporting -----------------------------------------------------------------------------
+
+
+def grouped(runs: list[dict]) -> dict[tuple, list[dict]]:
+    """Runs by (dataset, partitioner, parts, method), seeds together."""
+    out: dict[tuple, list[dict]] = {}
+    for r in runs:
+        out.setdefault((r["dataset"], r["partitioner"], r["parts"], r["method"]), []).append(r)
+    return out
+
+
+def table_rows(runs: list[dict]) -> list[dict]:
+    groups = grouped(runs)
+    rows = []
+    for (dataset, part, parts, method), rs in sorted(groups.items()):
+        accs = [100 * r["test_acc"] for r in rs]
+        base = groups.get((dataset, part, parts, "full"))
+        full_acc = statistics.mean(100 * r["test_acc"] for r in base) if base else float("nan")
+        rows.append({"dataset": dataset, "partitioner": part, "parts": parts, "method": method,
+                     "seeds": len(rs), "test_acc": statistics.mean(accs),
+                     "test_acc_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                     "delta_vs_full": statistics.mean(accs) - full_acc,
+                     "byte_share_pct": 100 * statistics.mean(r["byte_share"] for r in rs),
+                     "codec_share_pct": 100 * statistics.median(r["codec_share"] for r in rs)})
+    return rows
+
+
+def write_table(rows: list[dict]) -> None:
+    keys = list(rows[0])
+    csv = [",".join(keys)] + [",".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k])
+                                       for k in keys) for r in rows]
+    (RESULTS / "study.csv").write_text("\n".join(csv) + "\n")
+    md = ["| dataset | partitioner | parts | method | seeds | test acc % | Δ vs full (pt) | "
+          "bytes vs full % | codec share of epoch % |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        sd = f" ± {r['test_acc_sd']:.1f}" if r["seeds"] > 1 else ""
+        md.append(f"| {r['dataset']} | {r['partitioner']} | {r['parts']} | {r['method']} | "
+                  f"{r['seeds']} | {r['test_acc']:.1f}{sd} | {r['delta_vs_full']:+.1f} | "
+                  f"{r['byte_share_pct']:.1f} | {r['codec_share_pct']:.1f} |")
+    (RESULTS / "study.md").write_text("\n".join(md) + "\n")
+
+
+def winners(rows: list[dict], tolerance: float = 0.5) -> list[dict]:
+    """Methods within ``tolerance`` points of full at 4 METIS parts on every dataset, by bytes."""
+    picked = {}
+    for r in rows:
+        if r["parts"] == 4 and r["partitioner"] == "metis" and r["method"] != "full":
+            picked.setdefault(r["method"], []).append(r)
+    ok = [{"method": m, "byte_share_pct": max(r["byte_share_pct"] for r in rs),
+           "delta": min(r["delta_vs_full"] for r in rs), "datasets": len(rs)}
+          for m, rs in picked.items()
+          if all(r["delta_vs_full"] >= -tolerance for r in rs)]
+    return sorted(ok, key=lambda w: (-w["datasets"], w["byte_share_pct"]))
+
+
+def _family(method: str) -> tuple[str, str]:
+    """(legend family, colour) of a method."""
+    if method == "full":
+        return "full communication", "black"
+    if method.startswith("fixed-"):
+        return "fixed ratio (truncate)", "tab:blue"
+    if method in PAPER:
+        return "VARCO linear 128 -> 1 (truncate)", "tab:orange"
+    return "beyond the paper", "tab:green"
+
+
+def _mean_acc(rs: list[dict]) -> float:
+    return 100 * statistics.mean(r["test_acc"] for r in rs)
+
+
+def draw_frontier(runs: list[dict], dataset: str, out: Path) -> None:
+    """Accuracy against total bytes (share of full communication), every method, 4 parts."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(10, 6.5))
+    seen = set()
+    for (ds, part, parts, method), rs in sorted(grouped(runs).items()):
+        if ds != dataset or parts != 4:
+            continue
+        family, colour = _family(method)
+        label = f"{family}, {part}" if (family, part) not in seen else None
+        seen.add((family, part))
+        x, y = 100 * statistics.mean(r["byte_share"] for r in rs), _mean_acc(rs)
+        ax.scatter(x, y, s=70, color=colour, marker="o" if part == "metis" else "s",
+                   facecolors=colour if part == "metis" else "none", label=label, zorder=3)
+        ax.annotate(method, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7.5,
+                    color=colour)
+    full = grouped(runs).get((dataset, "metis", 4, "full"))
+    if full:
+        acc = _mean_acc(full)
+        ax.axhspan(acc - 0.5, acc + 0.5, color="grey", alpha=0.2,
+                   label="full communication ± 0.5 pt (METIS)")
+    ax.axvline(10, color="tab:red", ls="--", lw=1, label="10 % of full bytes")
+    ax.set_xscale("log")
+    ax.set_xlabel("total bytes exchanged, % of full communication (log scale)")
+    ax.set_ylabel("test accuracy % (at best validation epoch)")
+    ax.set_title(f"{dataset}: accuracy vs communication budget (4 parts; circles METIS, "
+                 "squares random)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / f"frontier_{dataset}.png", dpi=110)
+    plt.close(fig)
+
+
+def draw_epochs(runs: list[dict], dataset: str, highlight: list[str], out: Path) -> None:
+    """Test accuracy and cumulative bytes against the epoch, 4 METIS parts, seed 0."""
+    import matplotlib.pyplot as plt
+    fig, (acc_ax, byte_ax) = plt.subplots(1, 2, figsize=(13, 5.5))
+    by_id = {r["id"]: r for r in runs}
+    full = by_id.get(run_id(dataset, 4, "metis", "full", 0))
+    for method in highlight:
+        r = by_id.get(run_id(dataset, 4, "metis", method, 0))
+        if r is None or not r["curve"]:
+            continue
+        epochs = [c[0] for c in r["curve"]]
+        acc_ax.plot(epochs, [100 * c[2] for c in r["curve"]], label=method, lw=1.6)
+        byte_ax.plot(epochs, [100 * c[3] / full["bytes_sent"] for c in r["curve"]] if full
+                     else [c[3] for c in r["curve"]], label=method, lw=1.6)
+    acc_ax.set(xlabel="epoch", ylabel="test accuracy %", title=f"{dataset}: accuracy vs epoch")
+    byte_ax.set(xlabel="epoch", ylabel="cumulative bytes, % of full communication's total",
+                title=f"{dataset}: bytes spent so far (4 METIS parts)")
+    for ax in (acc_ax, byte_ax):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    lo = min((100 * c[2] for r in runs if r["dataset"] == dataset for c in r["curve"][3:]),
+             default=0)
+    acc_ax.set_ylim(max(lo - 2, 0), None)
+    fig.tight_layout()
+    fig.savefig(out / f"epochs_{dataset}.png", dpi=110)
+    plt.close(fig)
+
+
+def draw_parts(runs: list[dict], dataset: str, out: Path) -> None:
+    """Test accuracy against the number of parts, per method and partitioner."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    groups = grouped(runs)
+    for method in ("full", "fixed-128", "varco-s5"):
+        colour = _family(method)[1]
+        for part, style in (("metis", "-"), ("random", "--")):
+            pts = sorted((p, _mean_acc(rs)) for (ds, pt, p, m), rs in groups.items()
+                         if ds == dataset and pt == part and m == method)
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o", color=colour, label=f"{method}, {part}")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="parts (MPI ranks)", ylabel="test accuracy %",
+           title=f"{dataset}: accuracy vs parts (solid METIS, dashed random)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / f"parts_{dataset}.png", dpi=110)
+    plt.close(fig)
+
+
+def draw_all(runs: list[dict], rows: list[dict], out: Path) -> None:
+    best = [w["method"] for w in winners(rows)[:2]]
+    for dataset in sorted({r["dataset"] for r in runs}):
+        draw_frontier(runs, dataset, out)
+        draw_epochs(runs, dataset, ["full", "fixed-8", "fixed-128", "varco-s5", *best], out)
+    draw_parts(runs, "cora", out)
+
+
+def report() -> None:
+    runs = load_runs()
+    rows = table_rows(runs)
+    write_table(rows)
+    best = winners(rows)
+    (RESULTS / "winners.json").write_text(json.dumps(best, indent=1))
+    draw_all(runs, rows, RESULTS)
+    print((RESULTS / "study.md").read_text())
+    print("winners (within 0.5 pt of full, 4 METIS parts):", json.dumps(best[:5], indent=1))
+
+
+def ship(count: int = 3) -> None:
+    """Write the best ``count`` winners' schedules to configs/schedules/."""
+    for w in json.loads((RESULTS / "winners.json").read_text())[:count]:
+        text = (f"# Study winner ({RESULTS.name}/study.md): within 0.5 pt of full communication "
+                f"at {w['byte_share_pct']:.1f} % of its bytes.\n" + to_toml(METHODS[w["method"]]))
+        (SHIPPED / f"{w['method']}.toml").write_text(text)
+        print("shipped", SHIPPED / f"{w['method']}.toml")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--phase", default="all", choices=("all", "paper", "parts", "sbm", "beyond"))
+    r.add_argument("--work", default=str(REPO / "runs" / "study"))
+    sub.add_parser("report")
+    sub.add_parser("ship").add_argument("--count", type=int, default=3)
+    sub.add_parser("batch").add_argument("listing")
+    args = ap.parse_args()
+    if args.cmd == "run":
+        run(args.phase, Path(args.work))
+    elif args.cmd == "report":
+        report()
+    elif args.cmd == "ship":
+        ship(args.count)
+    else:
+        batch(args.listing)
+
+
+if __name__ == "__main__":
+    main()
