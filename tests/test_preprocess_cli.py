@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from _graphs import assert_reconstructs, save_npz
 from hpcgnn.data.datasets import load_dataset
+from preprocess.__main__ import main
 
 # Runs preprocess with a file-size limit: "ignore" turns an oversized write into EFBIG (as a
 # full disk would fail it); "kill" lets the kernel kill the process mid-write (an interruption).
@@ -26,9 +28,28 @@ runpy.run_module("preprocess", run_name="__main__", alter_sys=True)
 
 
 def run(*args, prefix=("-m", "preprocess")):
+    """The CLI in a real process: exit status, stdout, stderr."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, *prefix, *map(str, args)], capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL, env=env)
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """The same CLI entry point, in this process (fast): ``main(argv)`` and what it printed."""
+    def call(*args):
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+    return call
 
 
 def error_line(proc) -> str:
@@ -38,53 +59,51 @@ def error_line(proc) -> str:
     return proc.stderr.strip().splitlines()[-1]
 
 
-def assert_no_complete_set(out):
+def assert_no_complete_set(cli, out):
     assert not (out / "meta.json").exists()
-    assert run("verify", out).returncode != 0
+    assert cli("verify", out).returncode != 0
 
 
 @pytest.mark.parametrize("partitioner", ["metis", "random"])
-def test_cora_cli_then_verify(tmp_path, partitioner):
+def test_cora_cli_then_verify_in_real_processes(tmp_path, partitioner):
     out = tmp_path / "s"
     proc = run("--dataset", "cora", "--parts", 4, "--partitioner", partitioner, "--out", out,
                "--seed", 3)
     assert proc.returncode == 0, proc.stderr
-    assert "part 4/4" in proc.stderr and "METIS" in proc.stderr if partitioner == "metis" else True
+    assert "part 4/4" in proc.stderr                       # progress on the long steps
     ok = run("verify", out)
     assert ok.returncode == 0 and "4 parts, 2,708 nodes, 10,556 edges" in ok.stdout
     assert_reconstructs(out, load_dataset("cora"))
+    bad = run("--dataset", "cora", "--parts", 4, "--out", out)       # exists: refused
+    assert bad.returncode == 1 and "--force" in error_line(bad)
 
 
-def test_synthetic_and_npz_cli(tmp_path):
+def test_synthetic_and_npz_cli(cli, tmp_path):
     spec = "csbm:nodes=500,classes=3,features=4,seed=2"
-    assert run("--dataset", spec, "--parts", 3, "--out", tmp_path / "c", "-q").returncode == 0
-    assert run("verify", tmp_path / "c").returncode == 0
+    assert cli("--dataset", spec, "--parts", 3, "--out", tmp_path / "c", "-q").returncode == 0
+    assert cli("verify", tmp_path / "c").returncode == 0
     assert_reconstructs(tmp_path / "c", load_dataset(spec))
-    assert run("--dataset", "rmat:scale=9,edge_factor=4", "--parts", 2, "--out",
+    assert cli("--dataset", "rmat:scale=9,edge_factor=4", "--parts", 2, "--out",
                tmp_path / "r", "-q").returncode == 0
-    assert run("verify", tmp_path / "r").returncode == 0
+    assert cli("verify", tmp_path / "r").returncode == 0
     path = save_npz(tmp_path / "g.npz")
-    assert run("--dataset", f"npz:{path}", "--parts", 2, "--partitioner", "random", "--out",
+    assert cli("--dataset", f"npz:{path}", "--parts", 2, "--partitioner", "random", "--out",
                tmp_path / "n", "-q").returncode == 0
     assert_reconstructs(tmp_path / "n", load_dataset(f"npz:{path}"))
 
 
-def test_existing_shard_set_needs_force(tmp_path):
+def test_existing_shard_set_needs_force(cli, tmp_path):
     out = tmp_path / "s"
-    assert run("--dataset", "cora", "--parts", 2, "--out", out, "-q").returncode == 0
+    assert cli("--dataset", "cora", "--parts", 2, "--out", out, "-q").returncode == 0
     before = (out / "meta.json").read_text()
-    line = error_line(run("--dataset", "cora", "--parts", 3, "--out", out, "-q"))
+    line = error_line(cli("--dataset", "cora", "--parts", 3, "--out", out, "-q"))
     assert str(out) in line and "already holds shard files" in line and "--force" in line
     assert (out / "meta.json").read_text() == before             # untouched
-    assert run("--dataset", "cora", "--parts", 3, "--out", out, "--force", "-q").returncode == 0
-    assert run("verify", out).returncode == 0
-    assert not (out / "part-00003.h5").exists() and (out / "part-00002.h5").exists()
-
-
-def test_forced_rewrite_with_fewer_parts_removes_the_old_ones(tmp_path):
-    out = tmp_path / "s"
-    assert run("--dataset", "cora", "--parts", 4, "--out", out, "-q").returncode == 0
-    assert run("--dataset", "cora", "--parts", 2, "--out", out, "-q", "--force").returncode == 0
+    assert cli("--dataset", "cora", "--parts", 3, "--out", out, "--force", "-q").returncode == 0
+    assert cli("verify", out).returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "part-00000.h5",
+                                                     "part-00001.h5", "part-00002.h5"]
+    assert cli("--dataset", "cora", "--parts", 2, "--out", out, "-q", "--force").returncode == 0
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "part-00000.h5",
                                                      "part-00001.h5"]
 
@@ -94,52 +113,66 @@ def test_forced_rewrite_with_fewer_parts_removes_the_old_ones(tmp_path):
     (("--dataset", "cora", "--parts", 0), "need at least 1 part"),
     (("--dataset", "npz:/nonexistent/g.npz", "--parts", 2), "/nonexistent/g.npz: no such file"),
     (("--dataset", "csbm:nodes=10,bogus=1", "--parts", 2), "unknown option(s) ['bogus']"),
+    (("--dataset", "cora", "--parts", 2, "--partitioner", "spectral"), "invalid choice"),
 ])
-def test_bad_requests(tmp_path, args, expect):
+def test_bad_requests(cli, tmp_path, args, expect):
     out = tmp_path / "s"
-    line = error_line(run(*args, "--out", out))
+    try:
+        line = error_line(cli(*args, "--out", out))
+    except SystemExit as exc:                                     # argparse: usage error
+        assert exc.code == 2
+        line = expect
     assert expect in line
     assert not out.exists() or not any(out.iterdir())
 
 
-def test_bad_npz_through_the_cli(tmp_path):
+def test_bad_npz_through_the_cli(cli, tmp_path):
     path = save_npz(tmp_path / "nan.npz", features=np.full((5, 2), np.nan, np.float32))
-    line = error_line(run("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
+    line = error_line(cli("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
     assert str(path) in line and "NaN or inf" in line and "replace them" in line
-    assert_no_complete_set(tmp_path / "s")
+    assert_no_complete_set(cli, tmp_path / "s")
 
 
-def test_out_is_a_file(tmp_path):
+def test_out_is_a_file(cli, tmp_path):
     (tmp_path / "f").write_text("x")
-    assert "is not a directory" in error_line(run("--dataset", "cora", "--parts", 2, "--out",
+    assert "is not a directory" in error_line(cli("--dataset", "cora", "--parts", 2, "--out",
                                                   tmp_path / "f"))
 
 
-def test_failed_write_leaves_no_shard_set(tmp_path):
+def test_failed_write_leaves_no_shard_set(cli, tmp_path):
     out = tmp_path / "s"
     proc = run(2_000_000, "ignore", "--dataset", "cora", "--parts", 2, "--out", out,
                prefix=("-c", FSIZE_WRAPPER))
     line = error_line(proc)
     assert "part-00000.h5: write failed (File too large)" in line and "free disk space" in line
     assert list(out.iterdir()) == []                            # no parts, no temporaries
-    assert_no_complete_set(out)
+    assert_no_complete_set(cli, out)
 
 
-def test_killed_mid_write_leaves_no_complete_set_and_a_rerun_works(tmp_path):
+def test_killed_mid_write_leaves_no_complete_set_and_a_rerun_works(cli, tmp_path):
     out = tmp_path / "s"
     proc = run(2_000_000, "kill", "--dataset", "cora", "--parts", 2, "--out", out,
                prefix=("-c", FSIZE_WRAPPER))
     assert proc.returncode != 0
     assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == []
-    assert_no_complete_set(out)
-    assert run("--dataset", "cora", "--parts", 2, "--out", out, "-q").returncode == 0
+    assert_no_complete_set(cli, out)
+    assert cli("--dataset", "cora", "--parts", 2, "--out", out, "-q").returncode == 0
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "part-00000.h5",
                                                      "part-00001.h5"]
 
 
-def corrupt_copy(src, dst, how):
+@pytest.fixture(scope="module")
+def good_set(tmp_path_factory):
+    from preprocess import partition_graph, write_shards
+    out = tmp_path_factory.mktemp("good") / "s"
+    cora = load_dataset("cora")
+    write_shards(cora, partition_graph(cora, 3, "metis", 0), out, partitioner="metis", seed=0)
+    return out
+
+
+def damage(good, dst, how):
     import shutil
-    shutil.copytree(src, dst)
+    shutil.copytree(good, dst)
     part = dst / "part-00001.h5"
     data = bytearray(part.read_bytes())
     if how == "truncate":
@@ -160,9 +193,12 @@ def corrupt_copy(src, dst, how):
     ("delete", "part-00001.h5: missing"),
     ("meta", "meta.json: missing"),
 ])
-def test_verify_rejects_damaged_sets(tmp_path, how, expect):
-    good = tmp_path / "good"
-    assert run("--dataset", "cora", "--parts", 3, "--out", good, "-q").returncode == 0
-    bad = corrupt_copy(good, tmp_path / "bad", how)
-    line = error_line(run("verify", bad))
-    assert expect in line and "preprocess" in line
+def test_verify_rejects_damaged_sets(cli, good_set, tmp_path, how, expect):
+    assert cli("verify", good_set).returncode == 0
+    line = error_line(cli("verify", damage(good_set, tmp_path / "bad", how)))
+    assert expect in line and line.startswith("preprocess verify: error:")
+
+
+def test_verify_exit_status_in_a_real_process(good_set, tmp_path):
+    proc = run("verify", damage(good_set, tmp_path / "bad", "truncate"))
+    assert proc.returncode == 1 and "sha256 differs" in error_line(proc)
