@@ -1,8 +1,9 @@
 """Halo maps: from a part assignment to one ``Shard`` per part.
 
 Every cross-part edge ``u <- v`` (``v`` owned by ``q``, ``u`` by ``p``) makes ``v`` a halo node
-of ``p`` received from ``q``. The distinct pairs ``(v, p)`` are sorted twice: by ``(q, p, v)``
-they are every part's send lists, by ``(p, q, v)`` every part's halo lists. Both orders list the
+of ``p`` received from ``q``. The distinct pairs ``(v, p)`` (found part by part) are kept in two
+orders: by ``(p, q, v)`` they are every part's halo lists, by ``(q, p, v)`` every part's send
+lists. Both orders list the
 same ``v`` ascending within a ``(q, p)`` block, which is the invariant: ``q``'s send block to
 ``p`` equals ``p``'s halo block from ``q``, in order.
 """
@@ -12,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcgnn.data.clean import edge_rows, unique_sorted
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.shard import Shard
 from preprocess.errors import PreprocessError
@@ -53,22 +53,24 @@ class HaloPairs:
     edge_cut: int              # directed edges (CSR entries) whose ends lie in different parts
 
     @classmethod
-    def build(cls, graph: Graph, parts: np.ndarray, num_parts: int) -> "HaloPairs":
-        n, k = np.int64(graph.num_nodes), np.int64(num_parts)
-        small = parts.astype(np.int32)                 # part ids: halve the E-sized temporaries
-        dst_part = small[edge_rows(graph.indptr)]
-        src_part = small[graph.indices]
-        cut = dst_part != src_part
-        del small
-        v, p, q = graph.indices[cut], dst_part[cut].astype(np.int64), src_part[cut]
-        del dst_part, src_part, cut
-        by_receiver = unique_sorted((p * k + q) * n + v)          # the one sort of cut edges
-        edge_cut = len(v)
-        del v, p, q
-        v = by_receiver % n
-        pq = by_receiver // n
+    def build(cls, graph: Graph, layout: PartLayout) -> "HaloPairs":
+        """One pass over the parts: each part's distinct remote in-neighbours, found by marking
+        them in an N-sized bitmap (O(N + edges of the part), no sort of the cut edges)."""
+        n, k, parts = np.int64(graph.num_nodes), np.int64(layout.num_parts), layout.parts
+        mark = np.zeros(graph.num_nodes, dtype=bool)
+        blocks, edge_cut = [], 0
+        for p in range(layout.num_parts):
+            _, cols = gather_rows(graph.indptr, graph.indices, layout.owned(p))
+            remote = cols[parts[cols] != p]
+            edge_cut += len(remote)
+            mark[remote] = True
+            halo = np.flatnonzero(mark)                   # distinct, ascending
+            mark[halo] = False
+            blocks.append(np.sort((p * k + parts[halo]) * n + halo))
+        by_receiver = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
+        v, pq = by_receiver % n, by_receiver // n
         by_sender = np.sort(((pq % k) * k + pq // k) * n + v)      # distinct pairs only
-        return cls(graph.num_nodes, num_parts, by_sender, by_receiver, edge_cut)
+        return cls(graph.num_nodes, layout.num_parts, by_sender, by_receiver, edge_cut)
 
     def _block(self, keys: np.ndarray, part: int) -> tuple[np.ndarray, np.ndarray]:
         """(nodes, peer part) of the keys whose leading part is ``part``."""

@@ -93,5 +93,10 @@ def partition_graph(graph: Graph, parts: int, partitioner: str = "metis",
     if partitioner == "random":
         return random_parts(graph.num_nodes, parts, seed)
     if partitioner == "metis":
-        return metis_parts(graph, parts, seed)[0]
+        assignment = metis_parts(graph, parts, seed)[0]
+        empty = np.flatnonzero(np.bincount(assignment, minlength=parts) == 0)
+        if empty.size:
+            log.warning("METIS left part(s) %s empty; pass num_parts=%d to write_shards",
+                        empty.tolist(), parts)
+        return assignment
     raise PreprocessError(f"--partitioner {partitioner!r}: unknown; choose one of {PARTITIONERS}")

@@ -127,7 +127,7 @@ def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partit
     prepare_out_dir(out, force)
     t0 = time.perf_counter()
     layout = PartLayout.build(parts, num_parts)
-    pairs = HaloPairs.build(graph, parts, num_parts)
+    pairs = HaloPairs.build(graph, layout)
     log.info("halo maps: %s halo rows in all, edge cut %s (%.1f s)", f"{len(pairs.by_sender):,}",
              f"{pairs.edge_cut:,}", time.perf_counter() - t0)
     try:
