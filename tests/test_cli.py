@@ -1,0 +1,64 @@
+"""The command line and the run config: ``info``, ``summary``, config validation."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpcgnn.config import ConfigError, load_config
+
+
+def _run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "hpcgnn", *args], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, **kw)
+
+
+def test_info_reports_mpi_cuda_and_torch():
+    proc = _run("info")
+    assert proc.returncode == 0, proc.stderr
+    for word in ("mpi library", "Open MPI", "cuda-aware mpi", "torch", "devices"):
+        assert word in proc.stdout
+
+
+def test_summary_prints_accuracy_and_bytes(tmp_path):
+    s = {"test_acc": 0.8123, "final_test_acc": 0.8, "best_val_acc": 0.79, "epochs": 200,
+         "bytes_sent": 1234567, "bytes_full": 2345678, "allreduce_bytes": 99, "train_time_s": 3.0,
+         "epoch_time_s_median": 0.015, "ranks": 4, "device": "cpu"}
+    (tmp_path / "summary.json").write_text(json.dumps(s))
+    proc = _run("summary", str(tmp_path))
+    assert proc.returncode == 0 and "0.8123" in proc.stdout and "1,234,567" in proc.stdout
+    missing = _run("summary", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "summary.json: not found" in missing.stderr
+
+
+def test_config_defaults_file_and_overrides(tmp_path):
+    cfg = load_config(None)
+    assert (cfg.model.arch, cfg.model.hidden, cfg.train.epochs, cfg.run.checkpoint_every) == \
+        ("gcn", 16, 200, 0)
+    cora = load_config("configs/cora.toml", ["train.epochs=7", "model.arch=sage", "train.lr=1"])
+    assert cora.data.normalize_features and cora.train.epochs == 7 and cora.model.arch == "sage"
+    assert cora.train.lr == 1.0 and isinstance(cora.train.lr, float)
+
+
+@pytest.mark.parametrize("text,words", [
+    ("[model]\nheads = 4\n", ["unknown key model.heads", "valid keys"]),
+    ("[optim]\nlr = 1\n", ["unknown section [optim]"]),
+    ("[model]\nhidden = 'big'\n", ["model.hidden", "must be a int"]),
+    ("[train]\nepochs = 0\n", ["train.epochs = 0", ">= 1"]),
+    ("[model\n", ["not valid TOML"]),
+])
+def test_config_errors_name_file_and_key(tmp_path, text, words):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(path) in str(err.value) and all(w in str(err.value) for w in words)
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["epochs=3"])
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("no/such.toml")

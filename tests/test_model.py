@@ -1,0 +1,106 @@
+"""The model pieces without MPI: counter-based dropout, the local operators, and the whole
+1-rank training checked against a plain full-graph torch implementation written here from
+the dataset (not the shards), so the 1-rank run the oracle compares with is itself right."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from conftest import train_here
+from hpcgnn.nn.dropout import counter_dropout, keep_mask
+
+EPOCHS = 5
+
+
+def test_dropout_mask_depends_only_on_global_id():
+    gid = torch.arange(0, 4000, 3)
+    full = keep_mask(gid, 37, 0.5, seed=1, epoch=2, layer=1)
+    perm = torch.randperm(gid.numel())[:500]
+    assert torch.equal(keep_mask(gid[perm], 37, 0.5, 1, 2, 1), full[perm])
+    assert abs(full.float().mean().item() - 0.5) < 0.01
+    assert abs(keep_mask(gid, 37, 0.2, 1, 2, 1).float().mean().item() - 0.8) < 0.01
+    for other in (keep_mask(gid, 37, 0.5, 2, 2, 1), keep_mask(gid, 37, 0.5, 1, 3, 1),
+                  keep_mask(gid, 37, 0.5, 1, 2, 0)):
+        assert 0.4 < (other == full).float().mean().item() < 0.6    # independent draws
+
+
+def test_dropout_sparse_and_dense_paths_agree():
+    gid = torch.arange(300) * 11
+    dense = torch.rand(300, 40) + 0.1
+    sparse = dense * (torch.rand(300, 40) < 0.1)
+    for x in (dense, sparse):
+        want = x * keep_mask(gid, 40, 0.3, 5, 6, 7) / 0.7
+        assert torch.allclose(counter_dropout(x, gid, 0.3, 5, 6, 7, True), want, rtol=0, atol=1e-6)
+    assert counter_dropout(dense, gid, 0.3, 5, 6, 7, training=False) is dense
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage"])
+def test_local_operator_matches_dense_formula(arch, shards):
+    from hpcgnn.data.datasets import load_dataset
+    from hpcgnn.data.shard import read_shard
+    from hpcgnn.nn.graph import LocalGraph
+    g = load_dataset("cora")
+    shard = read_shard(shards("cora", 1) / "part-00000.h5")
+    op = LocalGraph.from_shard(shard, arch)
+    x = torch.randn(g.num_nodes, 6)
+    got = op.aggregate(x, torch.zeros(0, 6))
+    assert torch.allclose(got, torch.from_numpy(_dense_operator(g, arch) @ x.double().numpy()).float(),
+                          atol=1e-5)
+
+
+def _dense_operator(g, arch: str) -> np.ndarray:
+    a = sp.csr_matrix((np.ones(g.num_edges), g.indices, g.indptr), shape=(g.num_nodes,) * 2).toarray()
+    deg = a.sum(1)
+    if arch == "gcn":
+        a = a + np.eye(g.num_nodes)
+        d = 1.0 / np.sqrt(deg + 1.0)
+        return d[:, None] * a * d[None, :]
+    return a / np.maximum(deg, 1)[:, None]
+
+
+def _reference_losses(arch: str, init: dict, layers: int, p: float, seed: int) -> list[float]:
+    """Plain full-graph training: dense features, a COO adjacency, torch's Adam."""
+    from hpcgnn.data.datasets import load_dataset
+    g = load_dataset("cora")
+    x = torch.from_numpy(g.dense_features())
+    x = x / x.sum(1, keepdim=True).clamp_min(1e-30) * (x.sum(1, keepdim=True) > 0)
+    adj = torch.from_numpy(_dense_operator(g, arch)).float().to_sparse()
+    y, train = torch.from_numpy(g.labels), torch.from_numpy(g.train_idx)
+    gid = torch.arange(g.num_nodes)
+    params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    opt = torch.optim.Adam(params.values(), lr=0.01, weight_decay=5e-4)
+    losses = []
+    for epoch in range(EPOCHS):
+        h = x
+        for i in range(layers):
+            h = h * keep_mask(gid, h.shape[1], p, seed, epoch, i) / (1 - p)
+            w, b = params[f"layers.{i}.weight"], params[f"layers.{i}.bias"]
+            if arch == "gcn":
+                h = torch.sparse.mm(adj, h @ w) + b
+            else:
+                out = w.shape[1] // 2
+                h = h @ w[:, :out] + torch.sparse.mm(adj, h) @ w[:, out:] + b
+            h = torch.relu(h) if i < layers - 1 else h
+        loss = F.cross_entropy(h[train], y[train])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage"])
+def test_one_rank_training_matches_plain_torch(arch, shards, tmp_path):
+    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
+    sets = (f"model.arch={arch}", "model.layers=2", "model.hidden=16")
+    # the initial weights: the trainer's own after 0 steps are those of a fresh model
+    init_run = tmp_path / "init"
+    train_here(shards("cora", 1), init_run, *sets, "train.epochs=1", "train.lr=1e-30",
+               "train.weight_decay=0")
+    init = torch.load(init_run / CHECKPOINT_NAME, weights_only=True)["model"]
+    got = train_here(shards("cora", 1), tmp_path / "run", *sets, f"train.epochs={EPOCHS}")
+    want = _reference_losses(arch, init, layers=2, p=0.5, seed=0)
+    assert [r["loss"] for r in got] == pytest.approx(want, rel=1e-5)
