@@ -85,6 +85,19 @@ def test_train_job_names_its_usage():
     assert res.returncode != 0 and "usage: sbatch [--ntasks=K] jobs/train.sbatch SHARDS CONFIG" in res.stderr
 
 
+@pytest.mark.parametrize("visible, local_env, want", [
+    ("0,1,2,3", {"SLURM_LOCALID": "2"}, "2"),                 # srun
+    ("4,5", {"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, "5"),        # Open MPI's mpirun
+    ("4,5", {"SLURM_LOCALID": "3"}, "5"),                     # more ranks than GPUs: wrap round
+    ("7", {"SLURM_LOCALID": "1"}, "7"),                       # already one GPU per rank
+])
+def test_bind_leaves_each_rank_the_gpu_of_its_local_rank(visible, local_env, want):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
+    env.update(local_env, CUDA_VISIBLE_DEVICES=visible)
+    res = run([JOBS / "lib" / "bind.sh", "printenv", "CUDA_VISIBLE_DEVICES"], env=env)
+    assert res.returncode == 0 and res.stdout.strip() == want
+
+
 # --- the one-node SLURM ------------------------------------------------------------------------
 
 def _privilege() -> list[str] | None:
