@@ -180,6 +180,8 @@ class _Start(torch.autograd.Function):
         ctx.handle.bwd = None
         if ctx.index is None:
             return grad_rows, None, None, None
+        if ctx.index.numel() == 0:                   # nothing was sent: no gradient comes back
+            return None, None, None, None
         grad = grad_rows.new_zeros(ctx.shape)
         grad.index_add_(0, ctx.index, grad_rows)     # scatter-add into the owned rows
         return grad, None, None, None

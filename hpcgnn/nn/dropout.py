@@ -4,9 +4,10 @@ A counter-based generator: the keep/drop bit of element ``(v, c)`` is a hash of 
 integers, so node ``v`` is dropped the same way whichever rank owns it — the same seed trains
 the same model on 1, 2, 3 or 64 ranks.
 
-Only the non-zero elements need a bit (a dropped zero is still zero), so for sparse inputs
-(bag-of-words features, ReLU outputs) the hash runs on the non-zeros alone; dense inputs are
-hashed in row chunks (bounded memory, no page faults). Both paths give the same mask.
+Only the non-zero elements need a bit (a dropped zero is still zero), so for sparse input
+features (bag-of-words, whose non-zeros the model finds once) the hash runs on the non-zeros
+alone; other inputs are hashed in row chunks (bounded memory, no page faults). Both paths give
+the same result.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from hpcgnn.comm.keys import mix
 
 _M32 = 0xFFFFFFFF
 _CHUNK_ELEMS = 1 << 18
-_SPARSE_BELOW = 0.5      # density under which only the non-zeros are hashed
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -67,13 +67,13 @@ def counter_dropout(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: in
                     nonzeros: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Inverted dropout of ``x`` ``(n, F)`` with the counter-based mask of ``keep_mask``.
 
-    ``nonzeros``: ``x.nonzero(as_tuple=True)`` when the caller knows it (constant input
-    features), to skip the density count and the search."""
+    ``nonzeros``: ``x.nonzero(as_tuple=True)`` when the caller knows it (the constant, sparse
+    input features): only those elements are hashed. Otherwise every element is (searching a
+    ReLU output for its non-zeros costs more than hashing it)."""
     if not training or p == 0.0 or x.numel() == 0:
         return x
-    density = 0.0 if nonzeros is not None else float(torch.count_nonzero(x.detach())) / x.numel()
-    if density < _SPARSE_BELOW:
+    if nonzeros is not None:
         rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
         return x * _scale_sparse(x, rows, cols, p, nonzeros)
     mask = keep_mask(global_id, x.shape[1], p, seed, epoch, layer)
-    return x.masked_fill(~mask, 0.0) * (1.0 / (1.0 - p))
+    return x * (mask * (1.0 / (1.0 - p)))          # bool * float: one pass, no masked_fill

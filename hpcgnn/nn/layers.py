@@ -69,16 +69,15 @@ class SAGELayer(HaloLayer):
         super().__init__(graph, exchanger, min(in_dim, out_dim), codec_modules)
         self.transform_first = out_dim <= in_dim
         self.out_dim = out_dim
-        # [W_s | W_n] in one matrix: one GEMM for both transforms when transforming first
+        # [W_s | W_n] as one parameter (one optimiser entry); used as two column views
         self.weight = nn.Parameter(torch.cat([glorot_(torch.empty(in_dim, out_dim)),
                                               glorot_(torch.empty(in_dim, out_dim))], dim=1))
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.transform_first:
-            h = x @ self.weight
-            return h[:, :self.out_dim] + self.propagate(h[:, self.out_dim:].contiguous()) + self.bias
         w_self, w_neigh = self.weight[:, :self.out_dim], self.weight[:, self.out_dim:]
+        if self.transform_first:                  # two GEMMs: no slice copies of (n, 2 F_out)
+            return x @ w_self + self.propagate(x @ w_neigh) + self.bias
         return x @ w_self + self.propagate(x) @ w_neigh + self.bias
 
 

@@ -1,0 +1,195 @@
+"""Epoch time and memory of full-graph training: hpcgnn at 1 and 2 ranks (overlap on/off)
+and PyTorch Geometric's full-graph SAGEConv on one process, in the same run.
+
+    python bench/epoch.py [--dataset SPEC] [--epochs 5] [--dropout 0.5] [--skip-pyg]
+
+Default graph: a contextual SBM of 1M nodes and ~20M directed edges, 128 features; model:
+3-layer GraphSAGE (mean), 128 hidden; Adam; one thread per process (``OMP_NUM_THREADS=1``).
+Every configuration runs in its own process (``mpiexec`` for hpcgnn, plain python for PyG);
+peak memory is the process's peak resident set during training (VmHWM after a reset once the
+data is loaded); epoch time is the median training step (forward + backward + gradient
+allreduce + Adam), evaluation excluded. Results: ``bench/results/epoch.json`` and a table.
+PyG is given the adjacency as a torch CSR ``adj_t`` (its sparse-matmul path); its
+``edge_index`` path materialises a message per edge (20M x 128 floats = 10 GB per layer)
+and is only run with ``--pyg-edge-index``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+DEFAULT_SPEC = "csbm:nodes=1000000,classes=8,degree=20,homophily=0.8,features=128,seed=0"
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_NUM_THREADS": "1"}
+
+
+# -- measurement helpers (run inside the measured process) -----------------------------------
+
+def reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so the peak covers training only."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss_gib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+# -- hpcgnn (under mpiexec) ------------------------------------------------------------------
+
+def run_ours(args) -> None:
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.config import build_config
+    from hpcgnn.train.trainer import Trainer
+    ctx = CommContext.from_world("cpu")
+    cfg = build_config({"model": {"arch": "sage", "layers": 3, "hidden": 128, "dropout": args.dropout},
+                        "train": {"epochs": args.epochs, "eval_every": 10**6,
+                                  "overlap": bool(args.overlap)},
+                        "run": {"out": args.out}}, "bench/epoch.py")
+    trainer = Trainer.prepare(ctx, cfg, args.shards, args.out)
+    trainer.start()
+    reset_peak_rss()
+    steps = []
+    for epoch in range(args.epochs):
+        rec, _ = trainer.run_epoch(epoch)
+        steps.append(rec)
+    peak = ctx.comm.allreduce(peak_rss_gib(), op=__import__("mpi4py.MPI").MPI.MAX)
+    if ctx.is_root:
+        timed = steps[1:] or steps                            # the first epoch warms up
+        print(json.dumps({"epoch_s": statistics.median(r["epoch_s"] for r in timed),
+                          "comm_share": statistics.median(r["comm_s"] / r["epoch_s"] for r in timed),
+                          "bytes_per_epoch": steps[-1]["bytes_sent"], "peak_rss_gib": peak,
+                          "loss": [r["loss"] for r in steps]}), flush=True)
+
+
+# -- PyTorch Geometric (one process) ---------------------------------------------------------
+
+def run_pyg(args) -> None:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import SAGEConv
+    from hpcgnn.data.datasets import load_dataset
+    torch.manual_seed(0)
+    g = load_dataset(args.dataset)
+    x = torch.from_numpy(g.dense_features())
+    y = torch.from_numpy(g.labels)
+    train = torch.from_numpy(g.train_idx)
+    if args.pyg_edge_index:
+        rows = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
+        adj = torch.from_numpy(np.stack([g.indices, rows]))     # (source, target)
+    else:
+        adj = torch.sparse_csr_tensor(torch.from_numpy(g.indptr), torch.from_numpy(g.indices),
+                                      torch.ones(g.num_edges), size=(g.num_nodes, g.num_nodes))
+    del g
+    dims = [x.shape[1], 128, 128, int(y.max()) + 1]
+    convs = torch.nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:]))
+    opt = torch.optim.Adam(convs.parameters(), lr=0.01, weight_decay=5e-4)
+    reset_peak_rss()
+    times = []
+    for _ in range(args.epochs):
+        t0 = time.perf_counter()
+        h = x
+        for i, conv in enumerate(convs):
+            h = conv(F.dropout(h, args.dropout, training=True), adj)
+            h = h.relu() if i < len(convs) - 1 else h
+        loss = F.cross_entropy(h[train], y[train])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    print(json.dumps({"epoch_s": statistics.median(times[1:] or times), "comm_share": 0.0,
+                      "peak_rss_gib": peak_rss_gib()}), flush=True)
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+def shard_set(spec: str, parts: int, root: Path) -> Path:
+    """Partition once (METIS), reused on later runs."""
+    out = root / f"{parts}"
+    if not (out / "meta.json").is_file():
+        subprocess.run([sys.executable, "-m", "preprocess", "--dataset", spec, "--parts", str(parts),
+                        "--partitioner", "metis", "--out", str(out), "--force", "-q"], check=True)
+    return out
+
+
+def child(cmd: list[str], timeout: float = 3600) -> dict:
+    env = {**os.environ, **MPI_ENV}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
+                          stdin=subprocess.DEVNULL, cwd=REPO)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {**json.loads(lines[-1]), "wall_s": time.perf_counter() - t0}
+
+
+def drive(args) -> None:
+    root = Path(args.shards_root)
+    me = [sys.executable, "-m", "mpi4py", str(Path(__file__).resolve())]
+    common = ["--epochs", str(args.epochs), "--dropout", str(args.dropout)]
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    results = {}
+    for ranks, overlap in ((1, 1), (2, 1), (2, 0)):
+        name = f"hpcgnn-{ranks}rank" + ("" if overlap else "-no-overlap")
+        cmd = [mpiexec, "-n", str(ranks), "--oversubscribe", *me, "ours", "--shards",
+               str(shard_set(args.dataset, ranks, root)), "--overlap", str(overlap),
+               "--out", str(root / f"run-{name}"), *common]
+        results[name] = child(cmd)
+        print(name, json.dumps(results[name]), flush=True)
+    if not args.skip_pyg:
+        extra = ["--pyg-edge-index"] if args.pyg_edge_index else []
+        results["pyg-1process"] = child([sys.executable, str(Path(__file__).resolve()), "pyg",
+                                         "--dataset", args.dataset, *common, *extra])
+        print("pyg-1process", json.dumps(results["pyg-1process"]), flush=True)
+    report(args, results)
+
+
+def report(args, results: dict) -> None:
+    base = results["hpcgnn-1rank"]["epoch_s"]
+    rows = ["| configuration | median epoch (s) | speed-up vs 1 rank | comm share | peak RSS (GiB) |",
+            "|---|---|---|---|---|"]
+    for name, r in results.items():
+        rows.append(f"| {name} | {r['epoch_s']:.2f} | {base / r['epoch_s']:.2f} | "
+                    f"{100 * r['comm_share']:.0f} % | {r['peak_rss_gib']:.2f} |")
+    table = "\n".join(rows)
+    print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "epoch.json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
+                                                    "dropout": args.dropout, "results": results},
+                                                   indent=2) + "\n")
+    (RESULTS / "epoch.md").write_text(f"dataset `{args.dataset}`, 3-layer SAGE, 128 hidden, "
+                                      f"dropout {args.dropout}, {args.epochs} epochs\n\n{table}\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", nargs="?", default="drive", choices=("drive", "ours", "pyg"))
+    ap.add_argument("--dataset", default=DEFAULT_SPEC)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--dropout", type=float, default=0.5)
+    ap.add_argument("--shards-root", default=str(REPO / "shards" / "bench-epoch"))
+    ap.add_argument("--shards")
+    ap.add_argument("--out")
+    ap.add_argument("--overlap", type=int, default=1)
+    ap.add_argument("--skip-pyg", action="store_true")
+    ap.add_argument("--pyg-edge-index", action="store_true")
+    args = ap.parse_args()
+    {"drive": drive, "ours": run_ours, "pyg": run_pyg}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
