@@ -41,7 +41,10 @@ main() {
     check_venv "$HPCGNN_VENV"
     say "site MPI: $mpicc ($("$mpicc" -show 2>/dev/null | head -c 200 || true))"
     HPCGNN_MPI=site MPICC=$mpicc bash "$repo/env/setup.sh"
-    say "mpi4py was built with: $("$HPCGNN_VENV/bin/python" -c 'import mpi4py; print(mpi4py.get_config().get("mpicc", "?"))')"
+    local ext
+    ext=$("$HPCGNN_VENV/bin/python" -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.__file__)')
+    say "mpi4py links: $(ldd "$ext" | awk '/libmpi/ {print $3}' | tr '\n' ' ')"
+    [[ $(id -u) -eq 0 ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     "$HPCGNN_VENV/bin/python" -m hpcgnn info
     say "done. For jobs: echo 'export HPCGNN_VENV=$HPCGNN_VENV' >> env/site.sh"
 }
