@@ -75,5 +75,20 @@ def counter_dropout(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: in
     if nonzeros is not None:
         rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
         return x * _scale_sparse(x, rows, cols, p, nonzeros)
-    mask = keep_mask(global_id, x.shape[1], p, seed, epoch, layer)
-    return x * (mask * (1.0 / (1.0 - p)))          # bool * float: one pass, no masked_fill
+    return _Masked.apply(x, keep_mask(global_id, x.shape[1], p, seed, epoch, layer), 1.0 / (1.0 - p))
+
+
+class _Masked(torch.autograd.Function):
+    """``x * keep * scale``, saving the bool mask (1 byte per element) for backward, not a
+    float mask (4 bytes)."""
+
+    @staticmethod
+    def forward(ctx, x, keep, scale: float):
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x * (keep * scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        return grad * (keep * ctx.scale), None, None

@@ -1,9 +1,11 @@
 """GCN and GraphSAGE (mean) layers over a rank's ``LocalGraph`` and a ``HaloExchanger``.
 
 Shapes: input ``x`` ``(n_owned, F_in)`` -> output ``(n_owned, F_out)``; the halo rows
-``(n_halo, w)`` arrive through the exchanger. Each layer exchanges whichever of its input
-(``w = F_in``, aggregate first) or transformed features (``w = F_out``, transform first) is
-narrower: ``A (X W) = (A X) W``, so both orders give the same result.
+``(n_halo, w)`` arrive through the exchanger. ``A (X W) = (A X) W``, so a layer may exchange
+and aggregate its input (``w = F_in``, aggregate first) or its transformed features
+(``w = F_out``, transform first); it picks the one that moves fewer rows x channels per step
+(``choose_order``): the narrower, except that the first layer's input needs no gradient, so
+aggregating it first costs no backward exchange and no backward sparse product.
 
 Per layer: one forward exchange of ``sum(send_counts) * w * 4`` bytes (identity codec) and,
 when the exchanged rows need a gradient, one backward exchange of the same size.
@@ -26,6 +28,15 @@ def glorot_(w: torch.Tensor) -> torch.Tensor:
         return w.uniform_(-bound, bound)
 
 
+def choose_order(in_dim: int, out_dim: int, input_needs_grad: bool) -> tuple[bool, int]:
+    """(transform_first, exchanged width): the order with the smaller forward + backward
+    width (ties: transform first)."""
+    aggregate_cost = in_dim * (2 if input_needs_grad else 1)
+    transform_cost = out_dim * 2
+    transform_first = transform_cost <= aggregate_cost
+    return transform_first, (out_dim if transform_first else in_dim)
+
+
 class HaloLayer(nn.Module):
     """What GCN and SAGE share: the graph, the exchanger, the optional codec modules, and
     ``propagate`` (aggregate owned rows while the halo rows travel)."""
@@ -45,12 +56,13 @@ class HaloLayer(nn.Module):
 
 
 class GCNLayer(HaloLayer):
-    """``out = Â X W + b`` (Kipf & Welling), exchanging ``X`` or ``X W``, the narrower."""
+    """``out = Â X W + b`` (Kipf & Welling), exchanging ``X`` or ``X W`` (``choose_order``)."""
 
     def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, exchanger: HaloExchanger,
-                 codec_modules=(None, None)):
-        super().__init__(graph, exchanger, min(in_dim, out_dim), codec_modules)
-        self.transform_first = out_dim <= in_dim
+                 codec_modules=(None, None), input_needs_grad: bool = True):
+        transform_first, width = choose_order(in_dim, out_dim, input_needs_grad)
+        super().__init__(graph, exchanger, width, codec_modules)
+        self.transform_first = transform_first
         self.weight = nn.Parameter(glorot_(torch.empty(in_dim, out_dim)))
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
@@ -62,12 +74,13 @@ class GCNLayer(HaloLayer):
 
 class SAGELayer(HaloLayer):
     """``out_i = W_s x_i + W_n mean_{j->i} x_j + b`` (GraphSAGE-mean), exchanging ``X`` or
-    ``X W_n``, the narrower."""
+    ``X W_n`` (``choose_order``)."""
 
     def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, exchanger: HaloExchanger,
-                 codec_modules=(None, None)):
-        super().__init__(graph, exchanger, min(in_dim, out_dim), codec_modules)
-        self.transform_first = out_dim <= in_dim
+                 codec_modules=(None, None), input_needs_grad: bool = True):
+        transform_first, width = choose_order(in_dim, out_dim, input_needs_grad)
+        super().__init__(graph, exchanger, width, codec_modules)
+        self.transform_first = transform_first
         self.out_dim = out_dim
         # [W_s | W_n] as one parameter (one optimiser entry); used as two column views
         self.weight = nn.Parameter(torch.cat([glorot_(torch.empty(in_dim, out_dim)),

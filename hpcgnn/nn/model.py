@@ -15,7 +15,7 @@ from hpcgnn.comm.plan import HaloPlan
 from hpcgnn.config import ModelConfig
 from hpcgnn.nn.dropout import counter_dropout
 from hpcgnn.nn.graph import LocalGraph
-from hpcgnn.nn.layers import LAYERS
+from hpcgnn.nn.layers import LAYERS, choose_order
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,10 @@ class GNN(nn.Module):
         self.layers = nn.ModuleList()
         for i, (a, b) in enumerate(layer_dims(in_dim, cfg.hidden, num_classes, cfg.layers)):
             exch = HaloExchanger(ctx, plan, layer=i, seed=seed, stats=self.stats, overlap=overlap)
-            layer_cls = LAYERS[cfg.arch]
-            width = min(a, b)
-            self.layers.append(layer_cls(a, b, graph, exch, policy.layer_modules(i, width)))
+            needs_grad = i > 0                   # the input features need no gradient
+            _, width = choose_order(a, b, needs_grad)
+            self.layers.append(LAYERS[cfg.arch](a, b, graph, exch, policy.layer_modules(i, width),
+                                                input_needs_grad=needs_grad))
 
     @property
     def exchangers(self) -> list[HaloExchanger]:
