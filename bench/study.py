@@ -76,19 +76,27 @@ BEYOND = {
 }
 
 # (phase, dataset, parts, partitioner, methods, seeds)
+PAPER_EXTRA = {"varco-s5-learned": varco(5, "learned"), "varco-s5-random": varco(5, "random"),
+               # the last layer compressed too: a 2-layer GCN then has no exact exchange left
+               "fixed-128-all": {**fixed(128), "compress_last_layer": True},
+               "varco-s5-all": {**varco(5), "compress_last_layer": True}}
+ALL_LAYERS = ["full", "fixed-128-all", "varco-s5-all"]
 PLAN = [  # most important first, so a cut-short study still has its headline
     ("paper", "cora", 4, "metis", list(PAPER), [0]),
-    ("sbm", "sbm", 4, "metis", ["full", "fixed-2", "fixed-8", "fixed-32", "fixed-128",
-                                "varco-s5", "varco-s2"], [0]),
-    ("beyond", "cora", 4, "metis", list(BEYOND), [0, 1]),
-    ("beyond", "cora", 4, "metis", ["full", "varco-s5"], [1]),
-    ("beyond", "sbm", 4, "metis", list(BEYOND), [0]),
-    ("paper", "cora", 4, "random", list(PAPER), [0]),
-    ("sbm", "sbm", 4, "random", ["full", "fixed-128", "varco-s5"], [0]),
-    *[("parts", "cora", p, m, ["full", "fixed-128", "varco-s5"], [0])
-      for p in (2, 8, 16) for m in ("metis", "random")],
+    ("sbm", "sbm", 4, "metis", ["full", "fixed-2", "fixed-8", "fixed-128", "varco-s5"], [0]),
+    ("beyond", "cora", 4, "metis", [*BEYOND, *PAPER_EXTRA], [0]),
+    ("beyond", "sbm", 4, "metis", ["winners:3"], [0]),
+    ("all-layers", "sbm", 4, "metis", ALL_LAYERS, [0]),
+    ("seeds", "cora", 4, "metis", ["full", "varco-s5", "winners:2"], [1]),
+    # METIS cuts the cSBM along its classes (few, mostly heterophilous, cut edges); random
+    # parts are where the halo carries the signal
+    ("random", "sbm", 4, "random", ["full", "fixed-128", "varco-s5", *ALL_LAYERS, "winners:1"],
+     [0]),
+    ("random", "cora", 4, "random", ["full", "fixed-128", "varco-s5", *ALL_LAYERS, "winners:1"],
+     [0]),
+    ("parts", "cora", 2, "metis", ["full", "fixed-128", "varco-s5"], [0]),
 ]
-METHODS = {**PAPER, **BEYOND}
+METHODS = {**PAPER, **PAPER_EXTRA, **BEYOND}
 
 
 def run_id(dataset: str, parts: int, partitioner: str, method: str, seed: int) -> str:
@@ -211,11 +219,31 @@ def record(job: dict) -> None:
         f.write(json.dumps(rec) + "\n")
 
 
-def run(phase: str, work: Path) -> None:
+def cora_candidates(count: int, tolerance: float = 1.0) -> list[str]:
+    """The beyond-the-paper methods worth more runs: on Cora (4 METIS parts, seed 0), those within
+    ``tolerance`` points of full by bytes, then the rest by accuracy."""
+    rows = [r for r in table_rows([r for r in load_runs() if r["seed"] == 0])
+            if (r["dataset"], r["partitioner"], r["parts"]) == ("cora", "metis", 4)
+            and r["method"] in BEYOND]
+    rows.sort(key=lambda r: (r["delta_vs_full"] < -tolerance, r["byte_share_pct"]
+                             if r["delta_vs_full"] >= -tolerance else -r["delta_vs_full"]))
+    return [r["method"] for r in rows[:count]]
+
+
+def resolve(methods: list[str]) -> list[str]:
+    """Expand ``winners:N`` entries (chosen from the results so far)."""
+    out = []
+    for m in methods:
+        out += cora_candidates(int(m.split(":")[1])) if m.startswith("winners:") else [m]
+    return list(dict.fromkeys(out))
+
+
+def run(phases: list[str], work: Path) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     for ph, dataset, parts, partitioner, methods, seeds in PLAN:
-        if phase not in ("all", ph):
+        if "all" not in phases and ph not in phases:
             continue
+        methods = resolve(methods)
         jobs = jobs_for(work, dataset, parts, partitioner, methods, seeds, recorded())
         print(f"[{ph}] {dataset} {partitioner} {parts} parts: {len(jobs)} runs to do", flush=True)
         if jobs:
@@ -233,10 +261,16 @@ def grouped(runs: list[dict]) -> dict[tuple, list[dict]]:
     return out
 
 
+def _order(key: tuple) -> tuple:
+    """Table order: dataset, partitioner, parts, then methods as listed in METHODS."""
+    dataset, part, parts, method = key
+    return dataset, part, parts, list(METHODS).index(method)
+
+
 def table_rows(runs: list[dict]) -> list[dict]:
     groups = grouped(runs)
     rows = []
-    for (dataset, part, parts, method), rs in sorted(groups.items()):
+    for (dataset, part, parts, method), rs in sorted(groups.items(), key=lambda kv: _order(kv[0])):
         accs = [100 * r["test_acc"] for r in rs]
         base = groups.get((dataset, part, parts, "full"))
         full_acc = statistics.mean(100 * r["test_acc"] for r in base) if base else float("nan")
@@ -297,17 +331,17 @@ def draw_frontier(runs: list[dict], dataset: str, out: Path) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(10, 6.5))
     seen = set()
-    for (ds, part, parts, method), rs in sorted(grouped(runs).items()):
-        if ds != dataset or parts != 4:
-            continue
+    points = [(k, rs) for k, rs in sorted(grouped(runs).items(), key=lambda kv: _order(kv[0]))
+              if k[0] == dataset and k[2] == 4]
+    for i, ((_, part, _, method), rs) in enumerate(points):
         family, colour = _family(method)
         label = f"{family}, {part}" if (family, part) not in seen else None
         seen.add((family, part))
         x, y = 100 * statistics.mean(r["byte_share"] for r in rs), _mean_acc(rs)
         ax.scatter(x, y, s=70, color=colour, marker="o" if part == "metis" else "s",
                    facecolors=colour if part == "metis" else "none", label=label, zorder=3)
-        ax.annotate(method, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7.5,
-                    color=colour)
+        ax.annotate(method, (x, y), textcoords="offset points", xytext=(5, 5 if i % 2 else -11),
+                    fontsize=7.5, color=colour)
     full = grouped(runs).get((dataset, "metis", 4, "full"))
     if full:
         acc = _mean_acc(full)
@@ -332,10 +366,10 @@ def draw_epochs(runs: list[dict], dataset: str, highlight: list[str], out: Path)
     fig, (acc_ax, byte_ax) = plt.subplots(1, 2, figsize=(13, 5.5))
     by_id = {r["id"]: r for r in runs}
     full = by_id.get(run_id(dataset, 4, "metis", "full", 0))
-    for method in highlight:
-        r = by_id.get(run_id(dataset, 4, "metis", method, 0))
-        if r is None or not r["curve"]:
-            continue
+    shown = [by_id[i] for i in dict.fromkeys(run_id(dataset, 4, "metis", m, 0) for m in highlight)
+             if i in by_id and by_id[i]["curve"]]
+    for r in shown:
+        method = r["method"]
         epochs = [c[0] for c in r["curve"]]
         acc_ax.plot(epochs, [100 * c[2] for c in r["curve"]], label=method, lw=1.6)
         byte_ax.plot(epochs, [100 * c[3] / full["bytes_sent"] for c in r["curve"]] if full
@@ -346,8 +380,7 @@ def draw_epochs(runs: list[dict], dataset: str, highlight: list[str], out: Path)
     for ax in (acc_ax, byte_ax):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    lo = min((100 * c[2] for r in runs if r["dataset"] == dataset for c in r["curve"][3:]),
-             default=0)
+    lo = min((100 * c[2] for r in shown for c in r["curve"] if c[0] >= 10), default=0)
     acc_ax.set_ylim(max(lo - 2, 0), None)
     fig.tight_layout()
     fig.savefig(out / f"epochs_{dataset}.png", dpi=110)
@@ -408,7 +441,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--phase", default="all", choices=("all", "paper", "parts", "sbm", "beyond"))
+    r.add_argument("--phase", nargs="+", default=["all"],
+                   choices=("all", *dict.fromkeys(p[0] for p in PLAN)))
     r.add_argument("--work", default=str(REPO / "runs" / "study"))
     sub.add_parser("report")
     sub.add_parser("ship").add_argument("--count", type=int, default=3)

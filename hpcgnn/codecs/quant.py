@@ -82,7 +82,7 @@ class QuantCodec(WireCodec):
         return lo, _bf16_outward(span, down=False)
 
     def encode(self, x: torch.Tensor, counts: Sequence[int], keys: Sequence[int]) -> torch.Tensor:
-        x = x.detach().to(torch.float32)
+        x = x.detach().to(torch.float32).contiguous()  # row reductions on a strided view are slow
         if x.shape[0] == 0:
             return torch.empty(0, dtype=torch.uint8)
         lo, step = self._range(x)
