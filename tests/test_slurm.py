@@ -335,7 +335,8 @@ def test_preempted_job_requeues_and_ends_like_an_uninterrupted_run(slurm, chain_
     segments = [json.loads(s) for s in (run_dir / "slurm.jsonl").read_text().splitlines()]
     assert [(s["job_id"], s["resumed"]) for s in segments] == [(job, False), (job, True)]
     out = log.read_text()
-    assert "got USR1: passing it to the ranks" in out and f"requeued job {job}" in out
+    assert "got USR1: passing it to the ranks" in out, out[-3000:]
+    assert f"requeueing job {job}" in out, out[-3000:]
     want, got = read_metrics(chain_run.run_dir), read_metrics(run_dir)
     assert sorted(got) == list(range(EPOCHS))
     for epoch in range(EPOCHS):

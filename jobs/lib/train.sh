@@ -62,10 +62,9 @@ hpcgnn_continue_later() {
     (( restarts < max )) || hpcgnn_die "preempted after $restarts restarts (HPCGNN_MAX_RESTARTS=$max); resume by hand: HPCGNN_RUN_DIR=$run_dir sbatch ..."
     case ${HPCGNN_ON_PREEMPT:-requeue} in
         requeue)
-            if scontrol requeue "$SLURM_JOB_ID"; then
-                hpcgnn_say "checkpointed; requeued job $SLURM_JOB_ID (restart $((restarts + 1)))"
-                exit 0
-            fi
+            # Say it first: the requeue ends this shell at once.
+            hpcgnn_say "checkpointed; requeueing job $SLURM_JOB_ID (restart $((restarts + 1)))"
+            scontrol requeue "$SLURM_JOB_ID" && exit 0
             hpcgnn_say "scontrol requeue failed; resubmitting instead"
             hpcgnn_resubmit "$run_dir" "$@" ;;
         resubmit) hpcgnn_resubmit "$run_dir" "$@" ;;
