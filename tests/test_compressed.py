@@ -15,9 +15,11 @@ from conftest import check_ok, read_metrics, run_mpi, train  # noqa: E402
 from hpcgnn.data.shard import read_meta, read_shard  # noqa: E402
 from hpcgnn.schedule import load_schedule  # noqa: E402
 
-GRAPH = "csbm:nodes=3000,classes=4,degree=8,features=24,seed=3"
+GRAPH = "csbm:nodes=3000,classes=4,degree=8,features=48,seed=3"
 HIDDEN, CLASSES, EPOCHS = 16, 4, 6
-WIDTHS = (min(24, HIDDEN), min(HIDDEN, CLASSES))  # each layer exchanges X or XW, the narrower
+# 48 input features > 2 x 16 hidden: both layers transform first and exchange XW (forward rows
+# and, going back, their gradients), whichever of X / XW the trainer would pick otherwise
+WIDTHS = (HIDDEN, CLASSES)
 RUN = f"""
 [model]
 hidden = {HIDDEN}
