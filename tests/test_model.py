@@ -104,3 +104,22 @@ def test_one_rank_training_matches_plain_torch(arch, shards, tmp_path):
     got = train_here(shards("cora", 1), tmp_path / "run", *sets, f"train.epochs={EPOCHS}")
     want = _reference_losses(arch, init, layers=2, p=0.5, seed=0)
     assert [r["loss"] for r in got] == pytest.approx(want, rel=1e-5)
+
+
+def test_training_steps_free_their_autograd_graphs(shards, tmp_path):
+    """No reference cycle through the exchange's autograd functions: after a step nothing of
+    its graph (the in-flight exchange records it holds) stays alive."""
+    import gc
+
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.comm.exchange import InFlight
+    from hpcgnn.config import load_config
+    from hpcgnn.train.trainer import Trainer
+    trainer = Trainer.prepare(CommContext.from_world("cpu"),
+                              load_config("configs/cora.toml", ["train.epochs=3"]),
+                              shards("cora", 1), tmp_path)
+    trainer.n_train = 140
+    for epoch in range(3):
+        trainer.train_step(epoch)
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, InFlight)]

@@ -61,12 +61,21 @@ class Pending:
 
 
 @dataclass
+class InFlight:
+    """The exchanges of one layer call in flight (forward, then backward). The autograd
+    functions hold this, never the token tensor: a token held by its own node's context would
+    be a reference cycle through autograd that leaks the whole graph every step."""
+
+    fwd: Pending | None = None
+    bwd: Pending | None = None
+
+
+@dataclass
 class Handle:
     """What ``start`` hands to ``finish``: the autograd token and the in-flight exchanges."""
 
-    token: torch.Tensor | None = None
-    fwd: Pending | None = None
-    bwd: Pending | None = None
+    token: torch.Tensor
+    flight: InFlight
 
 
 @dataclass
@@ -91,17 +100,17 @@ class HaloExchanger:
 
     def start(self, x_owned: torch.Tensor, encoder: torch.nn.Module | None = None) -> Handle:
         """Post the exchange of the boundary rows of ``x_owned`` ``(n_owned, width)``."""
-        handle = Handle()
+        flight = InFlight()
         if encoder is None:
-            handle.token = _Start.apply(x_owned, self, self.plan.send_index, handle)
+            token = _Start.apply(x_owned, self, self.plan.send_index, flight)
         else:
             rows = encoder(x_owned.index_select(0, self.plan.send_index))
-            handle.token = _Start.apply(rows, self, None, handle)
-        return handle
+            token = _Start.apply(rows, self, None, flight)
+        return Handle(token, flight)
 
     def finish(self, handle: Handle, decoder: torch.nn.Module | None = None) -> torch.Tensor:
         """Wait for the exchange; the halo rows ``(n_halo, width)`` in halo-slot order."""
-        halo = _Finish.apply(handle.token, self, handle)
+        halo = _Finish.apply(handle.token, self, handle.flight)
         return halo if decoder is None else decoder(halo)
 
     def exchange(self, x_owned: torch.Tensor) -> torch.Tensor:
@@ -168,16 +177,16 @@ class _Start(torch.autograd.Function):
     gradients and scatter-add them into the owned rows they came from."""
 
     @staticmethod
-    def forward(ctx, x, exchanger: HaloExchanger, index, handle: Handle):
+    def forward(ctx, x, exchanger: HaloExchanger, index, flight: InFlight):
         rows = x if index is None else x.index_select(0, index)
-        handle.fwd = exchanger.post(rows, FORWARD)
-        ctx.exchanger, ctx.index, ctx.handle, ctx.shape = exchanger, index, handle, x.shape
+        flight.fwd = exchanger.post(rows, FORWARD)
+        ctx.exchanger, ctx.index, ctx.flight, ctx.shape = exchanger, index, flight, x.shape
         return x.new_empty(0)
 
     @staticmethod
     def backward(ctx, grad_token):
-        grad_rows = ctx.exchanger.complete(ctx.handle.bwd).to(grad_token.dtype)
-        ctx.handle.bwd = None
+        grad_rows = ctx.exchanger.complete(ctx.flight.bwd).to(grad_token.dtype)
+        ctx.flight.bwd = None
         if ctx.index is None:
             return grad_rows, None, None, None
         if ctx.index.numel() == 0:                   # nothing was sent: no gradient comes back
@@ -192,13 +201,13 @@ class _Finish(torch.autograd.Function):
     halo gradients (completed by ``_Start.backward``)."""
 
     @staticmethod
-    def forward(ctx, token, exchanger: HaloExchanger, handle: Handle):
-        halo = exchanger.complete(handle.fwd)
-        handle.fwd = None
-        ctx.exchanger, ctx.handle = exchanger, handle
+    def forward(ctx, token, exchanger: HaloExchanger, flight: InFlight):
+        halo = exchanger.complete(flight.fwd)
+        flight.fwd = None
+        ctx.exchanger, ctx.flight = exchanger, flight
         return halo
 
     @staticmethod
     def backward(ctx, grad_halo):
-        ctx.handle.bwd = ctx.exchanger.post(grad_halo.contiguous(), BACKWARD)
+        ctx.flight.bwd = ctx.exchanger.post(grad_halo.contiguous(), BACKWARD)
         return grad_halo.new_empty(0), None, None
