@@ -122,4 +122,4 @@ def test_training_steps_free_their_autograd_graphs(shards, tmp_path):
     for epoch in range(3):
         trainer.train_step(epoch)
     gc.collect()
-    assert not [o for o in gc.get_objects() if isinstance(o, InFlight)]
+    assert not [o for o in gc.get_objects() if type(o) is InFlight]
