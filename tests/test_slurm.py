@@ -159,7 +159,7 @@ class LocalSlurm:
         return dict(re.findall(r"(\w+)=(\S*)", res.stdout))
 
     def signal(self, job_id: str, sig: str = "USR1") -> None:
-        """What the warning signal (#SBATCH --signal=B:USR1@N) does: signal the batch shell."""
+        """Signal the batch shell only, as #SBATCH --signal=B:USR1@N does before the limit."""
         res = run(["scancel", f"--signal={sig}", "--batch", job_id], env={**os.environ, **self.env})
         assert res.returncode == 0, res.stderr
 
@@ -210,10 +210,12 @@ print(f"rank {comm.rank} of {comm.size} OMP_NUM_THREADS={os.environ['OMP_NUM_THR
 
 SIGNAL_PROBE = """
 import signal, sys, time
+from pathlib import Path
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 got = []
 signal.signal(signal.SIGUSR1, lambda *_: got.append(time.monotonic()))
+Path(sys.argv[0]).with_name(f"ready-{comm.rank}").touch()
 t0 = time.monotonic()
 while not got and time.monotonic() - t0 < 90:
     time.sleep(0.05)
@@ -365,3 +367,22 @@ def test_sweep_runs_one_array_task_per_schedule(slurm, chain_run, tmp_path):
     assert sent["full"][0] == sent["full"][1]                  # uncompressed
     assert sent["fixed-128"][1] == sent["full"][1]             # the same exchanges ...
     assert sent["fixed-128"][0] < sent["full"][0] / 2          # ... compressed: its own schedule
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_term_to_the_batch_shell_reaches_every_rank_as_usr1(slurm, tmp_path, launcher):
+    """A TERM to the job script (a preemption, scancel --signal=TERM) goes on to the launcher as
+    USR1: srun and mpirun would take TERM as "kill the ranks now", before any checkpoint."""
+    script = probe_job(tmp_path, "#SBATCH --ntasks=2 --cpus-per-task=1 --time=2", SIGNAL_PROBE)
+    log = tmp_path / "job.out"
+    job = slurm.sbatch(f"--output={log}", script, cwd=tmp_path, env=job_env(HPCGNN_LAUNCHER=launcher))
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready-{r}").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline, f"ranks not ready after 60 s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+    slurm.signal(job, "TERM")
+    slurm.completed(job, 60, log)
+    out = log.read_text()
+    assert "got TERM: passing it to the ranks as USR1" in out
+    assert "rank 0 got USR1: True" in out and "rank 1 got USR1: True" in out

@@ -69,7 +69,7 @@ wait_for() {
     done
 }
 
-node_idle() { [[ $(sinfo -h -N -n localhost -o %t) == idle ]]; }
+node_idle() { [[ $(sinfo -h -N -n localhost -o %t | sort -u) == idle ]]; }  # one line per partition
 
 fail() {
     say "bring-up failed; logs under $dir/log:"
@@ -86,7 +86,7 @@ main() {
     start slurmctld slurmctld -D -i -f "$SLURM_CONF"
     start slurmd slurmd -D -N localhost -f "$SLURM_CONF"
     wait_for "node localhost to be idle" node_idle || fail
-    say "SLURM up in $dir ($(sinfo -h -o '%D node, %c CPUs, %m MB'))"
+    say "SLURM up in $dir ($(sinfo -h -p local -o '%D node, %c CPUs, %m MB'))"
     echo "export SLURM_CONF=$SLURM_CONF"
 }
 

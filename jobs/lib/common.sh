@@ -73,16 +73,18 @@ hpcgnn_launcher() {
     hpcgnn_say "launcher: ${LAUNCH[*]} (MPI: $flavour, $ntasks ranks x $cpus CPUs)"
 }
 
-# Run a command in the background and pass USR1/TERM on to it, so that the warning signal
-# (#SBATCH --signal=B:USR1@N) or a preemption's TERM reaches the launcher, which passes it to
-# the ranks (srun and Open MPI's mpirun forward USR1, USR2 and TERM). Returns its exit status.
+# Run a command in the background and pass USR1 on to it, so that the warning signal
+# (#SBATCH --signal=B:USR1@N) reaches the launcher, which forwards it to the ranks (srun,
+# Open MPI's mpirun and MPICH's mpiexec all do). A TERM to this shell is passed on as USR1 too:
+# srun and mpirun take TERM as "kill the ranks now", USR1 reaches the ranks, which treat both
+# alike (checkpoint at the end of the epoch). Returns the command's exit status.
 hpcgnn_run_forwarding() {
     "$@" &
     local pid=$!
     # shellcheck disable=SC2064
     trap "hpcgnn_say 'got USR1: passing it to the ranks'; kill -USR1 $pid 2>/dev/null" USR1
     # shellcheck disable=SC2064
-    trap "hpcgnn_say 'got TERM: passing it to the ranks'; kill -TERM $pid 2>/dev/null" TERM
+    trap "hpcgnn_say 'got TERM: passing it to the ranks as USR1'; kill -USR1 $pid 2>/dev/null" TERM
     # A trapped signal interrupts wait (status > 128): wait again until the launcher has ended.
     while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
     local rc=0

@@ -65,12 +65,21 @@ hpcgnn_continue_later() {
             # Say it first: the requeue ends this shell at once.
             hpcgnn_say "checkpointed; requeueing job $SLURM_JOB_ID (restart $((restarts + 1)))"
             scontrol requeue "$SLURM_JOB_ID" && exit 0
+            hpcgnn_requeued_by_slurm && exit 0
             hpcgnn_say "scontrol requeue failed; resubmitting instead"
             hpcgnn_resubmit "$run_dir" "$@" ;;
         resubmit) hpcgnn_resubmit "$run_dir" "$@" ;;
         exit) hpcgnn_say "checkpointed; resume with: HPCGNN_RUN_DIR=$run_dir sbatch jobs/train.sbatch $*" ;;
         *) hpcgnn_die "HPCGNN_ON_PREEMPT=${HPCGNN_ON_PREEMPT} is not one of requeue, resubmit, exit" ;;
     esac
+}
+
+# A preemption with PreemptMode=REQUEUE: SLURM requeues the job itself (and may refuse ours).
+hpcgnn_requeued_by_slurm() {
+    local state
+    state=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+    [[ $state == *REQUEUE* || $state == PENDING ]] || return 1
+    hpcgnn_say "SLURM is requeueing the job itself (JobState=$state)"
 }
 
 # Submit the same training again as a new job that resumes RUN_DIR once this one has ended.
