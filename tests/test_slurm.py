@@ -298,6 +298,11 @@ def chain_run(slurm, tmp_path_factory) -> ChainRun:
     return ChainRun(shards, runs / f"slurm-{train}", prep_log, train_log)
 
 
+def segments(run_dir: Path) -> list[dict]:
+    """RUN_DIR/slurm.jsonl: one line per start of the job."""
+    return [json.loads(s) for s in (run_dir / "slurm.jsonl").read_text().splitlines()]
+
+
 def read_metrics(run_dir: Path) -> dict[int, dict]:
     """metrics.jsonl by epoch (a resumed run may repeat an epoch: the last line wins)."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -311,8 +316,8 @@ def test_chain_preprocesses_then_trains_two_ranks(chain_run):
     assert summary["ranks"] == 2 and summary["epochs"] == EPOCHS
     assert 0.6 < summary["test_acc"] <= 1.0, summary          # GCN on Cora: ~0.8 (chance: 0.14)
     assert sorted(read_metrics(chain_run.run_dir)) == list(range(EPOCHS))
-    segments = [json.loads(s) for s in (chain_run.run_dir / "slurm.jsonl").read_text().splitlines()]
-    assert [s["ntasks"] for s in segments] == ["2"] and not segments[0]["resumed"]
+    starts = segments(chain_run.run_dir)
+    assert [s["ntasks"] for s in starts] == ["2"] and not starts[0]["resumed"]
 
 
 @pytest.mark.slurm
@@ -326,28 +331,64 @@ def test_preempted_job_requeues_and_ends_like_an_uninterrupted_run(slurm, chain_
     job = slurm.sbatch(f"--output={log}", "--ntasks=2", JOBS / "train.sbatch", chain_run.shards,
                        CORA, "--set", f"train.epochs={EPOCHS}", cwd=tmp_path, env=env)
     run_dir = tmp_path / "runs" / f"slurm-{job}"
-    deadline = time.monotonic() + 120
-    while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").stat().st_size:
-        assert time.monotonic() < deadline, f"no epoch after 120 s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.05)
+    wait_for_epochs(run_dir, 0, log)
     slurm.signal(job, "USR1")
     rec = slurm.completed(job, 240, log)
 
     assert rec["Restarts"] == "1", "the job did not requeue itself once"
-    segments = [json.loads(s) for s in (run_dir / "slurm.jsonl").read_text().splitlines()]
-    assert [(s["job_id"], s["resumed"]) for s in segments] == [(job, False), (job, True)]
+    assert [(s["job_id"], s["resumed"]) for s in segments(run_dir)] == [(job, False), (job, True)]
     out = log.read_text()
     assert "got USR1: passing it to the ranks" in out, out[-3000:]
     assert f"requeueing job {job}" in out, out[-3000:]
-    want, got = read_metrics(chain_run.run_dir), read_metrics(run_dir)
+    assert_same_training(chain_run.run_dir, run_dir)
+
+
+def assert_same_training(reference: Path, run_dir: Path) -> None:
+    """Every epoch's loss and accuracy, and the summary, equal those of the reference run."""
+    want, got = read_metrics(reference), read_metrics(run_dir)
     assert sorted(got) == list(range(EPOCHS))
     for epoch in range(EPOCHS):
         assert got[epoch]["loss"] == pytest.approx(want[epoch]["loss"], rel=1e-6, abs=1e-7), epoch
         assert got[epoch]["test_acc"] == want[epoch]["test_acc"], epoch
-    a = json.loads((chain_run.run_dir / "summary.json").read_text())
+    a = json.loads((reference / "summary.json").read_text())
     b = json.loads((run_dir / "summary.json").read_text())
     for key in ("test_acc", "final_test_acc", "best_val_acc", "epochs", "bytes_sent"):
         assert b[key] == a[key], key
+
+
+def wait_for_epochs(run_dir: Path, more_than: int, log: Path, timeout: float = 120) -> None:
+    """Until metrics.jsonl holds more than ``more_than`` lines."""
+    path, deadline = run_dir / "metrics.jsonl", time.monotonic() + timeout
+    while not path.exists() or len(path.read_text().splitlines()) <= more_than:
+        assert time.monotonic() < deadline, f"no epoch {more_than} after {timeout} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slurm
+def test_job_requeued_by_slurm_resumes_once_without_a_duplicate(slurm, chain_run, tmp_path):
+    """``scontrol requeue`` from outside (what an admin, a node failure or PreemptMode=REQUEUE
+    do): SLURM signals the job and requeues it itself, so the script's own requeue is refused;
+    it must not resubmit a second job on the same run directory. The restart resumes (from the
+    preemption checkpoint, or the periodic one when the ranks were killed first) and ends like
+    the uninterrupted run."""
+    log = tmp_path / "train.out"
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"))
+    job = slurm.sbatch(f"--output={log}", "--ntasks=2", JOBS / "train.sbatch", chain_run.shards,
+                       CORA, "--set", f"train.epochs={EPOCHS}", "--set", "run.checkpoint_every=5",
+                       cwd=tmp_path, env=env)
+    run_dir = tmp_path / "runs" / f"slurm-{job}"
+    wait_for_epochs(run_dir, 7, log)
+    res = run(["scontrol", "requeue", job], env={**os.environ, **slurm.env})
+    assert res.returncode == 0, res.stderr
+    rec = slurm.completed(job, 240, log)
+
+    assert rec["Restarts"] == "1"
+    assert [(s["job_id"], s["resumed"]) for s in segments(run_dir)] == [(job, False), (job, True)]
+    out = log.read_text()
+    assert "resubmitting" not in out and "submitted job" not in out, out[-3000:]
+    queue = run(["squeue", "-h", "-o", "%i %j"], env={**os.environ, **slurm.env})
+    assert "hpcgnn-train" not in queue.stdout, queue.stdout
+    assert_same_training(chain_run.run_dir, run_dir)
 
 
 @pytest.mark.slurm

@@ -31,11 +31,17 @@ hpcgnn_check_shards() {
     [[ $parts == "$ntasks" ]] || hpcgnn_die "$shards has num_parts=$parts but the job has $ntasks tasks: submit with --ntasks=$parts"
 }
 
-# A run is resumed when its last segment was preempted and it has not finished since.
+# A run is resumed when its last segment was preempted and it has not finished since; or when
+# SLURM restarted the job without our marker (node failure, a preemption whose TERM never
+# reached the ranks, scontrol requeue by hand) and a periodic checkpoint is there
+# (run.checkpoint_every): better to go on from it than to start over.
 hpcgnn_needs_resume() {
     local run_dir=$1
-    [[ -f $run_dir/preempted.json ]] || return 1
-    [[ ! -f $run_dir/summary.json || $run_dir/preempted.json -nt $run_dir/summary.json ]]
+    if [[ -f $run_dir/preempted.json ]]; then
+        [[ ! -f $run_dir/summary.json || $run_dir/preempted.json -nt $run_dir/summary.json ]]
+        return
+    fi
+    [[ ${SLURM_RESTART_COUNT:-0} -gt 0 && -f $run_dir/checkpoint.pt && ! -f $run_dir/summary.json ]]
 }
 
 # Append one line per job segment to RUN_DIR/slurm.jsonl (which job, where, how launched).
@@ -74,12 +80,16 @@ hpcgnn_continue_later() {
     esac
 }
 
-# A preemption with PreemptMode=REQUEUE: SLURM requeues the job itself (and may refuse ours).
+# Is SLURM requeueing the job already (PreemptMode=REQUEUE, scontrol requeue from outside)?
+# Then it refuses our requeue, and a resubmission would run the same RUN_DIR twice.
+# Its restart count has gone up past this segment's when it is.
 hpcgnn_requeued_by_slurm() {
-    local state
-    state=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
-    [[ $state == *REQUEUE* || $state == PENDING ]] || return 1
-    hpcgnn_say "SLURM is requeueing the job itself (JobState=$state)"
+    local info restarts state
+    info=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || return 1
+    restarts=$(sed -n 's/.*Restarts=\([0-9]*\).*/\1/p' <<< "$info")
+    state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<< "$info")
+    [[ ${restarts:-0} -gt ${SLURM_RESTART_COUNT:-0} || $state == *REQUEUE* || $state == PENDING ]] || return 1
+    hpcgnn_say "SLURM is requeueing the job itself (JobState=$state, Restarts=$restarts)"
 }
 
 # Submit the same training again as a new job that resumes RUN_DIR once this one has ended.
