@@ -8,7 +8,9 @@ Default graph: a contextual SBM of 1M nodes and ~20M directed edges, 128 feature
 Every configuration runs in its own process (``mpiexec`` for hpcgnn, plain python for PyG);
 peak memory is the process's peak resident set during training (VmHWM after a reset once the
 data is loaded); epoch time is the median training step (forward + backward + gradient
-allreduce + Adam), evaluation excluded. Results: ``bench/results/epoch.json`` and a table.
+allreduce + Adam), evaluation excluded; CPU s is the process CPU time of the same epochs
+(the slowest rank's), which shows the work per rank even when other jobs share the cores.
+Results: ``bench/results/epoch.json`` and ``bench/results/epoch.md``.
 PyG is given the adjacency as a torch CSR ``adj_t`` (its sparse-matmul path); its
 ``edge_index`` path materialises a message per edge (20M x 128 floats = 10 GB per layer)
 and is only run with ``--pyg-edge-index``.
@@ -55,21 +57,26 @@ def run_ours(args) -> None:
     from hpcgnn.config import build_config
     from hpcgnn.train.trainer import Trainer
     ctx = CommContext.from_world("cpu")
+    # one epoch more than is run, so the last one run does not evaluate (eval is not timed)
     cfg = build_config({"model": {"arch": "sage", "layers": 3, "hidden": 128, "dropout": args.dropout},
-                        "train": {"epochs": args.epochs, "eval_every": 10**6,
+                        "train": {"epochs": args.epochs + 1, "eval_every": 10**6,
                                   "overlap": bool(args.overlap)},
                         "run": {"out": args.out}}, "bench/epoch.py")
     trainer = Trainer.prepare(ctx, cfg, args.shards, args.out)
     trainer.start()
     reset_peak_rss()
-    steps = []
+    steps, cpu = [], []
     for epoch in range(args.epochs):
+        c0 = time.process_time()
         rec, _ = trainer.run_epoch(epoch)
+        cpu.append(time.process_time() - c0)
         steps.append(rec)
     peak = ctx.comm.allreduce(peak_rss_gib(), op=__import__("mpi4py.MPI").MPI.MAX)
+    cpu_s = ctx.comm.allreduce(statistics.median(cpu[1:] or cpu), op=__import__("mpi4py.MPI").MPI.MAX)
     if ctx.is_root:
         timed = steps[1:] or steps                            # the first epoch warms up
         print(json.dumps({"epoch_s": statistics.median(r["epoch_s"] for r in timed),
+                          "cpu_s": cpu_s,
                           "comm_share": statistics.median(r["comm_s"] / r["epoch_s"] for r in timed),
                           "bytes_per_epoch": steps[-1]["bytes_sent"], "peak_rss_gib": peak,
                           "loss": [r["loss"] for r in steps]}), flush=True)
@@ -99,9 +106,9 @@ def run_pyg(args) -> None:
     convs = torch.nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:]))
     opt = torch.optim.Adam(convs.parameters(), lr=0.01, weight_decay=5e-4)
     reset_peak_rss()
-    times = []
+    times, cpu = [], []
     for _ in range(args.epochs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         h = x
         for i, conv in enumerate(convs):
             h = conv(F.dropout(h, args.dropout, training=True), adj)
@@ -111,7 +118,9 @@ def run_pyg(args) -> None:
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     print(json.dumps({"epoch_s": statistics.median(times[1:] or times), "comm_share": 0.0,
+                      "cpu_s": statistics.median(cpu[1:] or cpu),
                       "peak_rss_gib": peak_rss_gib()}), flush=True)
 
 
@@ -159,12 +168,14 @@ def drive(args) -> None:
 
 
 def report(args, results: dict) -> None:
-    base = results["hpcgnn-1rank"]["epoch_s"]
-    rows = ["| configuration | median epoch (s) | speed-up vs 1 rank | comm share | peak RSS (GiB) |",
-            "|---|---|---|---|---|"]
+    base, base_cpu = results["hpcgnn-1rank"]["epoch_s"], results["hpcgnn-1rank"]["cpu_s"]
+    rows = ["| configuration | median epoch (s) | speed-up vs 1 rank | CPU s per rank per epoch "
+            "| CPU speed-up | comm share | peak RSS per process (GiB) |", "|---|---|---|---|---|---|---|"]
     for name, r in results.items():
-        rows.append(f"| {name} | {r['epoch_s']:.2f} | {base / r['epoch_s']:.2f} | "
-                    f"{100 * r['comm_share']:.0f} % | {r['peak_rss_gib']:.2f} |")
+        rows.append(f"| {name} | {r['epoch_s']:.2f} | {base / r['epoch_s']:.2f} | {r['cpu_s']:.2f} | "
+                    f"{base_cpu / r['cpu_s']:.2f} | {100 * r['comm_share']:.0f} % | "
+                    f"{r['peak_rss_gib']:.2f} |")
+    rows.append(f"\nload average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     table = "\n".join(rows)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
