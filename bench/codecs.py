@@ -1,10 +1,11 @@
 """Codec throughput: encode + decode of realistic halo buffers, in MB/s of fp32 input.
 
-    python bench/codecs.py [--rows 20000] [--widths 16 64 256] [--peers 4] [--repeat 5]
+    python bench/codecs.py [--rows 2000 20000] [--widths 16 128 256] [--peers 4] [--repeat 5]
                            [--out bench/results/codecs]
 
-One buffer of ``rows`` boundary rows split evenly over ``peers`` peer blocks, every codec at the
-ratios the study uses; best of ``repeat``. Writes ``OUT.json`` and ``OUT.md``.
+One buffer of ``rows`` boundary rows (Cora-sized and cSBM-sized halos) split evenly over
+``peers`` peer blocks, every codec at the ratios the study uses; best of ``repeat``. Writes
+``OUT.json`` and ``OUT.md``.
 """
 from __future__ import annotations
 
@@ -40,12 +41,12 @@ def _time_one(codec, x, counts, keys, repeat: int) -> tuple[float, float, int]:
     return best_enc, best_dec, buf.numel()
 
 
-def run(rows: int, widths: list[int], peers: int, repeat: int) -> list[dict]:
+def run(row_sizes: list[int], widths: list[int], peers: int, repeat: int) -> list[dict]:
     torch.manual_seed(0)
-    counts = [rows // peers] * peers
     keys = list(range(1, peers + 1))
     out = []
-    for width in widths:
+    for rows, width in [(r, w) for r in row_sizes for w in widths]:
+        counts = [rows // peers] * peers
         x = torch.randn(sum(counts), width)
         for name, ratio in CASES:
             codec = build_codec(_spec(name), ratio, width)
@@ -69,15 +70,15 @@ def to_markdown(results: list[dict], note: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=20000)
-    ap.add_argument("--widths", type=int, nargs="+", default=[16, 64, 256])
+    ap.add_argument("--rows", type=int, nargs="+", default=[2000, 20000])
+    ap.add_argument("--widths", type=int, nargs="+", default=[16, 128, 256])
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", default="bench/results/codecs")
     args = ap.parse_args()
     torch.set_num_threads(1)
     results = run(args.rows, args.widths, args.peers, args.repeat)
-    note = (f"Codec throughput, one thread (torch {torch.__version__}), {args.rows} rows in "
+    note = (f"Codec throughput, one thread (torch {torch.__version__}), rows split over "
             f"{args.peers} peer blocks, best of {args.repeat}; MB/s counts fp32 input bytes.")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
