@@ -428,6 +428,8 @@ def draw_parts(runs: list[dict], dataset: str, out: Path) -> None:
             if pts:
                 ax.plot(*zip(*pts), style, marker="o", color=colour, label=f"{method}, {part}")
     ax.set_xscale("log", base=2)
+    ticks = sorted({p for (ds, _, p, _) in groups if ds == dataset})
+    ax.set_xticks(ticks, [str(p) for p in ticks])
     ax.set(xlabel="parts (MPI ranks)", ylabel="test accuracy %",
            title=f"{dataset}: accuracy vs parts (solid METIS, dashed random)")
     ax.grid(True, alpha=0.3)
