@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_train(args) -> int:
     from hpcgnn.comm.context import CommContext
     from hpcgnn.train.launch import prepare_or_report
-    ctx = CommContext.from_world(args.device)
+    try:
+        ctx = CommContext.from_world(args.device)
+    except RuntimeError as exc:                 # e.g. --device cuda without a GPU: every rank
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
     setup_logging(ctx.rank, ctx.size)
     trainer = prepare_or_report(ctx, args)
     if trainer is None:                       # every rank knows: someone failed at start-up
