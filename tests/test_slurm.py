@@ -385,7 +385,7 @@ def test_job_requeued_by_slurm_resumes_once_without_a_duplicate(slurm, chain_run
     assert rec["Restarts"] == "1"
     assert [(s["job_id"], s["resumed"]) for s in segments(run_dir)] == [(job, False), (job, True)]
     out = log.read_text()
-    assert "resubmitting" not in out and "submitted job" not in out, out[-3000:]
+    assert "resubmitting instead" not in out and "submitted job" not in out, out[-3000:]
     queue = run(["squeue", "-h", "-o", "%i %j"], env={**os.environ, **slurm.env})
     assert "hpcgnn-train" not in queue.stdout, queue.stdout
     assert_same_training(chain_run.run_dir, run_dir)
@@ -427,3 +427,22 @@ def test_term_to_the_batch_shell_reaches_every_rank_as_usr1(slurm, tmp_path, lau
     out = log.read_text()
     assert "got TERM: passing it to the ranks as USR1" in out
     assert "rank 0 got USR1: True" in out and "rank 1 got USR1: True" in out
+
+
+@pytest.mark.slurm
+def test_a_cancelled_training_job_stays_cancelled(slurm, chain_run, tmp_path):
+    """scancel sends TERM too: the ranks checkpoint, but the job must not requeue or resubmit
+    itself (it would undo the cancel)."""
+    log = tmp_path / "train.out"
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"))
+    job = slurm.sbatch(f"--output={log}", "--ntasks=2", JOBS / "train.sbatch", chain_run.shards,
+                       CORA, "--set", f"train.epochs={EPOCHS}", cwd=tmp_path, env=env)
+    wait_for_epochs(tmp_path / "runs" / f"slurm-{job}", 2, log)
+    assert run(["scancel", job], env={**os.environ, **slurm.env}).returncode == 0
+    slurm.wait(job, 60, log)
+    time.sleep(2)                      # a requeue or resubmission would show by now
+    rec = slurm.job(job)
+    assert rec["JobState"] == "CANCELLED" and rec["Restarts"] == "0", rec
+    queue = run(["squeue", "-h", "-o", "%i %j"], env={**os.environ, **slurm.env})
+    assert "hpcgnn-train" not in queue.stdout, queue.stdout
+    assert "requeueing" not in log.read_text() and "submitted job" not in log.read_text()

@@ -68,10 +68,11 @@ hpcgnn_continue_later() {
     (( restarts < max )) || hpcgnn_die "preempted after $restarts restarts (HPCGNN_MAX_RESTARTS=$max); resume by hand: HPCGNN_RUN_DIR=$run_dir sbatch ..."
     case ${HPCGNN_ON_PREEMPT:-requeue} in
         requeue)
+            hpcgnn_ended_by_slurm && exit 0   # a scancel must not be undone
             # Say it first: the requeue ends this shell at once.
             hpcgnn_say "checkpointed; requeueing job $SLURM_JOB_ID (restart $((restarts + 1)))"
             scontrol requeue "$SLURM_JOB_ID" && exit 0
-            hpcgnn_requeued_by_slurm && exit 0
+            hpcgnn_ended_by_slurm && exit 0
             hpcgnn_say "scontrol requeue failed; resubmitting instead"
             hpcgnn_resubmit "$run_dir" "$@" ;;
         resubmit) hpcgnn_resubmit "$run_dir" "$@" ;;
@@ -80,16 +81,16 @@ hpcgnn_continue_later() {
     esac
 }
 
-# Is SLURM requeueing the job already (PreemptMode=REQUEUE, scontrol requeue from outside)?
-# Then it refuses our requeue, and a resubmission would run the same RUN_DIR twice.
-# Its restart count has gone up past this segment's when it is.
-hpcgnn_requeued_by_slurm() {
+# Is SLURM ending the job itself? After scancel it is CANCELLED; after PreemptMode=REQUEUE or
+# scontrol requeue from outside it is COMPLETING/PENDING with a higher restart count. Then a
+# requeue or resubmission of ours would undo a cancel or run RUN_DIR twice.
+hpcgnn_ended_by_slurm() {
     local info restarts state
     info=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || return 1
     restarts=$(sed -n 's/.*Restarts=\([0-9]*\).*/\1/p' <<< "$info")
     state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<< "$info")
-    [[ ${restarts:-0} -gt ${SLURM_RESTART_COUNT:-0} || $state == *REQUEUE* || $state == PENDING ]] || return 1
-    hpcgnn_say "SLURM is requeueing the job itself (JobState=$state, Restarts=$restarts)"
+    [[ $state != RUNNING || ${restarts:-0} -gt ${SLURM_RESTART_COUNT:-0} ]] || return 1
+    hpcgnn_say "SLURM is ending the job itself (JobState=$state, Restarts=$restarts): not resubmitting"
 }
 
 # Submit the same training again as a new job that resumes RUN_DIR once this one has ended.
