@@ -6,10 +6,14 @@ the file, the key and the fix; an unknown section or key is an error, not a sile
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 
 class ConfigError(ValueError):

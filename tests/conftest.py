@@ -30,7 +30,8 @@ def shards(tmp_path_factory):
             graph = graphs.setdefault(spec, load_dataset(spec))
             out = root / f"{spec.split(':')[0]}-{parts}-{partitioner}-{seed}-{len(made)}"
             assignment = partition_graph(graph, parts, partitioner, seed=seed)
-            write_shards(graph, assignment, out, partitioner=partitioner, seed=seed, force=False)
+            write_shards(graph, assignment, out, partitioner=partitioner, seed=seed, force=False,
+                         num_parts=parts)
             made[key] = out
         return made[key]
 
