@@ -21,15 +21,15 @@ CORA_CFG = "configs/cora.toml"
 # one launch per (dataset, partitioner, ranks); each trains these variants (--set lists)
 VARIANTS = {
     "gcn": ("model.arch=gcn",),
-    "gcn-blocking": ("model.arch=gcn", "train.overlap=false"),
+    "gcn-overlap": ("model.arch=gcn", "train.overlap=true"),
     "sage": ("model.arch=sage",),
-    "sage-blocking": ("model.arch=sage", "train.overlap=false"),
+    "sage-overlap": ("model.arch=sage", "train.overlap=true"),
     "sage-3layer": ("model.arch=sage", "model.layers=3", "model.hidden=20"),
 }
 LAUNCHES = [
-    ("cora", "metis", 2, ("gcn", "sage-blocking")),
-    ("cora", "random", 3, ("gcn-blocking", "sage")),
-    (CSBM, "random", 4, ("gcn", "sage-3layer")),
+    ("cora", "metis", 2, ("gcn", "sage-overlap")),
+    ("cora", "random", 3, ("gcn-overlap", "sage")),
+    (CSBM, "random", 4, ("gcn-overlap", "sage-3layer")),
 ]
 
 
