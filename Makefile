@@ -12,7 +12,7 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test slurm-test clean
 
 setup:
 	bash env/setup.sh
@@ -27,6 +27,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -ra
+
+# The SLURM suite alone, on a private one-node SLURM on localhost (root; installs slurm-wlm, munge).
+slurm-test: setup
+	HPCGNN_SLURM_TESTS=1 $(PY) -m pytest -q -ra tests/test_slurm.py
 
 clean:
 	rm -rf runs shards .pytest_cache
