@@ -9,7 +9,7 @@
 # the Debian/Ubuntu packages slurm-wlm and munge (and libpmix-dev, for srun --mpi=pmix).
 # Nothing outside DIR is touched: its own munge key and socket, free TCP ports, its own
 # slurm.conf. The PIDs go to DIR/pids/<daemon>.pid; on any failure the daemons already
-# started are stopped and the logs are shown. Variables: SLURM_LOCAL_CPUS (default nproc),
+# started are stopped and the logs are shown. Variables: SLURM_LOCAL_CPUS (default: online CPUs),
 # SLURM_LOCAL_MEM_MB (default 90 % of MemTotal), SLURM_LOCAL_TIMEOUT (s, default 60).
 set -euo pipefail
 
@@ -28,7 +28,9 @@ free_port() {
 }
 
 write_conf() {
-    local cpus=${SLURM_LOCAL_CPUS:-$(nproc)}
+    # getconf, not nproc: nproc obeys OMP_NUM_THREADS (the Makefile sets 1), and slurmd would
+    # then be declared with 1 CPU and every 2-task job would pend forever (PartitionConfig)
+    local cpus=${SLURM_LOCAL_CPUS:-$(getconf _NPROCESSORS_ONLN)}
     local mem=${SLURM_LOCAL_MEM_MB:-$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)}
     local p1 p2
     p1=$(free_port); p2=$(free_port)
