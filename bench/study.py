@@ -98,7 +98,11 @@ PLAN = [  # most important first, so a cut-short study still has its headline
     ("random", "cora", 4, "random", ["full", "fixed-128", "varco-s5", *ALL_LAYERS, "winners:1"],
      [0]),
     *[("parts", "cora", p, part, ["full", "fixed-128", "varco-s5"], [0])
-      for p, part in ((2, "metis"), (8, "metis"), (2, "random"))],
+      for p, part in ((2, "metis"), (8, "metis"), (2, "random"), (8, "random"), (16, "metis"),
+                      (16, "random"))],
+    # more parts on the cSBM where the halo carries the signal (random parts)
+    *[("parts", "sbm", p, "random", ["full", "fixed-128-all", "varco-s5-all", "quant2-all"], [0])
+      for p in (8, 16)],
     # truncation that never relaxes fails on random parts; unbiased quantisation of every
     # channel is the robust way under 10 %
     *[("robust", ds, 4, part, QUANT_ALL, [0]) for ds, part in
