@@ -87,7 +87,7 @@ class HaloExchanger:
     layer: int
     seed: int
     stats: ExchangeStats
-    overlap: bool = True
+    overlap: bool = False                      # train.overlap; off by default (bench/epoch.py)
     epoch: int = 0
     forward_codec: WireCodec = IDENTITY
     backward_codec: WireCodec = IDENTITY

@@ -49,7 +49,7 @@ class HaloLayer(nn.Module):
 
     def propagate(self, src: torch.Tensor) -> torch.Tensor:
         """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
-        handle = self.exchanger.start(src, self.encoder)      # Ialltoallv posted
+        handle = self.exchanger.start(src, self.encoder)      # (I)Alltoallv posted
         local = self.graph.owned @ src                        # no communication needed
         halo = self.exchanger.finish(handle, self.decoder)    # wait, decode
         if self.exchanger.ctx.size == 1:                      # no halo, no collective to keep

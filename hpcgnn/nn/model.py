@@ -36,7 +36,7 @@ class GNN(nn.Module):
 
     def __init__(self, cfg: ModelConfig, in_dim: int, num_classes: int, graph: LocalGraph,
                  plan: HaloPlan, ctx: CommContext, global_id: torch.Tensor, seed: int,
-                 overlap: bool = True, policy: CompressionPolicy = FULL_PRECISION):
+                 overlap: bool = False, policy: CompressionPolicy = FULL_PRECISION):
         super().__init__()
         self.cfg, self.seed, self.global_id = cfg, seed, global_id
         self.stats = ExchangeStats()
