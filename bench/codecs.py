@@ -29,28 +29,41 @@ def _spec(name: str) -> CodecSpec:
     return CodecSpec(spec.sample, spec.channels, spec.quant, bits=fixed_bits)
 
 
+def _sync(x: torch.Tensor) -> None:
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
+
+
 def _time_one(codec, x, counts, keys, repeat: int) -> tuple[float, float, int]:
     best_enc = best_dec = float("inf")
-    for _ in range(repeat):
+    for _ in range(repeat + 1):                 # the first round warms up (CUDA: kernel loads)
+        _sync(x)
         t0 = time.perf_counter()
         buf = codec.encode(x, counts, keys)
+        _sync(x)
         t1 = time.perf_counter()
         codec.decode(buf, counts, x.shape[1], keys)
+        _sync(x)
         t2 = time.perf_counter()
         best_enc, best_dec = min(best_enc, t1 - t0), min(best_dec, t2 - t1)
     return best_enc, best_dec, buf.numel()
 
 
-def run(row_sizes: list[int], widths: list[int], peers: int, repeat: int) -> list[dict]:
+def run(row_sizes: list[int], widths: list[int], peers: int, repeat: int,
+        device: str = "cpu") -> list[dict]:
     torch.manual_seed(0)
     keys = list(range(1, peers + 1))
     out = []
     for rows, width in [(r, w) for r in row_sizes for w in widths]:
         counts = [rows // peers] * peers
-        x = torch.randn(sum(counts), width)
+        x = torch.randn(sum(counts), width, device=device)
         for name, ratio in CASES:
             codec = build_codec(_spec(name), ratio, width)
-            enc, dec, nbytes = _time_one(codec, x, counts, keys, repeat)
+            try:
+                enc, dec, nbytes = _time_one(codec, x, counts, keys, repeat)
+            except Exception as exc:            # noqa: BLE001  (reported, not hidden)
+                print(f"{name} at ratio {ratio}, {rows} x {width} on {device}: FAILED: {exc!r}")
+                raise
             mb = x.numel() * 4 / 1e6
             out.append({"codec": repr(codec) if name != "none" else "none", "ratio": ratio,
                         "rows": sum(counts), "width": width, "wire_ratio": x.numel() * 4 / nbytes,
@@ -75,10 +88,12 @@ def main() -> None:
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", default="bench/results/codecs")
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    results = run(args.rows, args.widths, args.peers, args.repeat)
-    note = (f"Codec throughput, one thread (torch {torch.__version__}), rows split over "
+    results = run(args.rows, args.widths, args.peers, args.repeat, args.device)
+    where = "one thread" if args.device == "cpu" else f"{args.device} ({torch.cuda.get_device_name()})"
+    note = (f"Codec throughput, {where} (torch {torch.__version__}), rows split over "
             f"{args.peers} peer blocks, best of {args.repeat}; MB/s counts fp32 input bytes.")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -53,10 +53,11 @@ def peak_rss_gib() -> float:
 # -- hpcgnn (under mpiexec) ------------------------------------------------------------------
 
 def run_ours(args) -> None:
+    import torch
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import build_config
     from hpcgnn.train.trainer import Trainer
-    ctx = CommContext.from_world("cpu")
+    ctx = CommContext.from_world(args.device)
     # one epoch more than is run, so the last one run does not evaluate (eval is not timed)
     cfg = build_config({"model": {"arch": "sage", "layers": 3, "hidden": 128, "dropout": args.dropout},
                         "train": {"epochs": args.epochs + 1, "eval_every": 10**6,
@@ -65,6 +66,8 @@ def run_ours(args) -> None:
     trainer = Trainer.prepare(ctx, cfg, args.shards, args.out)
     trainer.start()
     reset_peak_rss()
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
     steps, cpu = [], []
     for epoch in range(args.epochs):
         c0 = time.process_time()
@@ -72,6 +75,9 @@ def run_ours(args) -> None:
         cpu.append(time.process_time() - c0)
         steps.append(rec)
     peak = ctx.comm.allreduce(peak_rss_gib(), op=__import__("mpi4py.MPI").MPI.MAX)
+    gpu_peak = ctx.comm.allreduce(torch.cuda.max_memory_allocated(ctx.device) / 2**30
+                                  if ctx.device.type == "cuda" else 0.0,
+                                  op=__import__("mpi4py.MPI").MPI.MAX)
     cpu_s = ctx.comm.allreduce(statistics.median(cpu[1:] or cpu), op=__import__("mpi4py.MPI").MPI.MAX)
     if ctx.is_root:
         timed = steps[1:] or steps                            # the first epoch warms up
@@ -79,6 +85,7 @@ def run_ours(args) -> None:
                           "cpu_s": cpu_s,
                           "comm_share": statistics.median(r["comm_s"] / r["epoch_s"] for r in timed),
                           "bytes_per_epoch": steps[-1]["bytes_sent"], "peak_rss_gib": peak,
+                          "gpu_peak_gib": gpu_peak, "device": str(ctx.device),
                           "loss": [r["loss"] for r in steps]}), flush=True)
 
 
@@ -102,10 +109,15 @@ def run_pyg(args) -> None:
         adj = torch.sparse_csr_tensor(torch.from_numpy(g.indptr), torch.from_numpy(g.indices),
                                       torch.ones(g.num_edges), size=(g.num_nodes, g.num_nodes))
     del g
+    dev = torch.device(args.device if args.device != "auto" else
+                       ("cuda" if torch.cuda.is_available() else "cpu"))
+    x, y, train, adj = x.to(dev), y.to(dev), train.to(dev), adj.to(dev)
     dims = [x.shape[1], 128, 128, int(y.max()) + 1]
     convs = torch.nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:]))
+    convs = convs.to(dev)
     opt = torch.optim.Adam(convs.parameters(), lr=0.01, weight_decay=5e-4)
     reset_peak_rss()
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     times, cpu = [], []
     for _ in range(args.epochs):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -117,21 +129,24 @@ def run_pyg(args) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sync()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     print(json.dumps({"epoch_s": statistics.median(times[1:] or times), "comm_share": 0.0,
                       "cpu_s": statistics.median(cpu[1:] or cpu),
-                      "peak_rss_gib": peak_rss_gib()}), flush=True)
+                      "peak_rss_gib": peak_rss_gib(), "device": str(dev),
+                      "gpu_peak_gib": torch.cuda.max_memory_allocated(dev) / 2**30
+                      if dev.type == "cuda" else 0.0}), flush=True)
 
 
 # -- the driver ------------------------------------------------------------------------------
 
-def shard_set(spec: str, parts: int, root: Path) -> Path:
-    """Partition once (METIS), reused on later runs."""
+def shard_set(spec: str, parts: int, root: Path, partitioner: str = "metis") -> Path:
+    """Partition once, reused on later runs."""
     out = root / f"{parts}"
     if not (out / "meta.json").is_file():
         subprocess.run([sys.executable, "-m", "preprocess", "--dataset", spec, "--parts", str(parts),
-                        "--partitioner", "metis", "--out", str(out), "--force", "-q"], check=True)
+                        "--partitioner", partitioner, "--out", str(out), "--force", "-q"], check=True)
     return out
 
 
@@ -149,13 +164,14 @@ def child(cmd: list[str], timeout: float = 3600) -> dict:
 def drive(args) -> None:
     root = Path(args.shards_root)
     me = [sys.executable, "-m", "mpi4py", str(Path(__file__).resolve())]
-    common = ["--epochs", str(args.epochs), "--dropout", str(args.dropout)]
+    common = ["--epochs", str(args.epochs), "--dropout", str(args.dropout), "--device", args.device]
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results = {}
-    for ranks, overlap in ((1, 1), (2, 1), (2, 0)):
+    wanted = [int(r) for r in args.ranks.split(",")]
+    for ranks, overlap in [(r, o) for r in wanted for o in ((1,) if r == 1 else (1, 0))]:
         name = f"hpcgnn-{ranks}rank" + ("" if overlap else "-no-overlap")
         cmd = [mpiexec, "-n", str(ranks), "--oversubscribe", *me, "ours", "--shards",
-               str(shard_set(args.dataset, ranks, root)), "--overlap", str(overlap),
+               str(shard_set(args.dataset, ranks, root, args.partitioner)), "--overlap", str(overlap),
                "--out", str(root / f"run-{name}"), *common]
         results[name] = child(cmd)
         print(name, json.dumps(results[name]), flush=True)
@@ -170,19 +186,21 @@ def drive(args) -> None:
 def report(args, results: dict) -> None:
     base, base_cpu = results["hpcgnn-1rank"]["epoch_s"], results["hpcgnn-1rank"]["cpu_s"]
     rows = ["| configuration | median epoch (s) | speed-up vs 1 rank | CPU s per rank per epoch "
-            "| CPU speed-up | comm share | peak RSS per process (GiB) |", "|---|---|---|---|---|---|---|"]
+            "| CPU speed-up | comm share | peak RSS per process (GiB) | peak GPU memory (GiB) |",
+            "|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         rows.append(f"| {name} | {r['epoch_s']:.2f} | {base / r['epoch_s']:.2f} | {r['cpu_s']:.2f} | "
                     f"{base_cpu / r['cpu_s']:.2f} | {100 * r['comm_share']:.0f} % | "
-                    f"{r['peak_rss_gib']:.2f} |")
+                    f"{r['peak_rss_gib']:.2f} | {r.get('gpu_peak_gib', 0.0):.2f} |")
     rows.append(f"\nload average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     table = "\n".join(rows)
     print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "epoch.json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
+    results_dir = Path(args.results)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "epoch.json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
                                                     "dropout": args.dropout, "results": results},
                                                    indent=2) + "\n")
-    (RESULTS / "epoch.md").write_text(f"dataset `{args.dataset}`, 3-layer SAGE, 128 hidden, "
+    (results_dir / "epoch.md").write_text(f"device {args.device}; dataset `{args.dataset}`, 3-layer SAGE, 128 hidden, "
                                       f"dropout {args.dropout}, {args.epochs} epochs\n\n{table}\n")
 
 
@@ -197,6 +215,11 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--overlap", type=int, default=1)
     ap.add_argument("--skip-pyg", action="store_true")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
+                    help="where every configuration runs (cuda: ranks share the node's GPUs)")
+    ap.add_argument("--results", default=str(RESULTS), help="where epoch.json/epoch.md go")
+    ap.add_argument("--ranks", default="1,2", help="hpcgnn rank counts to run")
+    ap.add_argument("--partitioner", default="metis")
     ap.add_argument("--pyg-edge-index", action="store_true")
     args = ap.parse_args()
     {"drive": drive, "ours": run_ours, "pyg": run_pyg}[args.mode](args)

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU path, end to end, on a machine with CUDA: what MPI and torch see, the GPU tests, Cora
+# trained on the GPU at 1 and 2 ranks (host staging, and device buffers when the MPI is
+# CUDA-aware) against the CPU run, every codec on CUDA, and the epoch benchmark against PyG on
+# the same GPU.
+#
+#   bash bench/gpu.sh OUT_DIR [EPOCH_SPEC]
+#
+# Uses the venv python in $PY (default: .venv/bin/python). Offline machines: build that venv
+# over the site's torch with bench/gpu-venv.sh and wheels in .whl/ (see the README, GPU section).
+# Every step runs even when one before it fails; the exit status counts the failed steps.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=${1:-runs/gpu}
+spec=${2:-csbm:nodes=500000,classes=8,degree=20,homophily=0.8,features=128,seed=0}
+PY=${PY:-.venv/bin/python}
+MPIEXEC=$(dirname "$PY")/mpiexec
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+fails=0
+step() { echo; echo "=== $1"; shift; local t0=$SECONDS; "$@"; local rc=$?; echo "--- rc $rc, $((SECONDS - t0)) s";
+         [[ $rc == 0 ]] || fails=$((fails + 1)); }
+
+step "info" $PY -m hpcgnn info
+step "ompi_info cuda" bash -c "$(dirname "$PY")/ompi_info --parsable --all 2>/dev/null | grep -i -E 'cuda|accelerator' | head -20"
+step "nvidia-smi" nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+step "GPU tests" $PY -m pytest -q -ra -m gpu tests/
+[[ -f shards/gpu-cora-2/meta.json ]] || $PY -m preprocess --dataset cora --parts 2 --partitioner metis --out shards/gpu-cora-2 --force -q
+[[ -f shards/gpu-cora-1/meta.json ]] || $PY -m preprocess --dataset cora --parts 1 --partitioner metis --out shards/gpu-cora-1 --force -q
+train() {  # ranks shards device run [extra...]
+    local n=$1 sh=$2 dev=$3 run=$4; shift 4
+    $MPIEXEC -n "$n" --oversubscribe $PY -m mpi4py -m hpcgnn train --shards "$sh" --config configs/cora.toml \
+        --device "$dev" --out "$out/$run" "$@" > "$out/$run.log" 2>&1 && $PY -m hpcgnn summary "$out/$run"
+}
+step "Cora, 1 rank, cpu" train 1 shards/gpu-cora-1 cpu cora-cpu-1
+step "Cora, 1 rank, cuda" train 1 shards/gpu-cora-1 cuda cora-cuda-1
+HPCGNN_CUDA_AWARE=0 step "Cora, 2 ranks, cuda, staged through host memory" train 2 shards/gpu-cora-2 cuda cora-cuda-2-staged
+step "Cora, 2 ranks, cuda, as the library says" train 2 shards/gpu-cora-2 cuda cora-cuda-2
+for s in configs/schedules/*.toml; do
+    name=$(basename "$s" .toml)
+    step "Cora, 2 ranks, cuda, schedule $name" train 2 shards/gpu-cora-2 cuda "cora-cuda-2-$name" --schedule "$s"
+done
+step "losses: cuda against cpu" $PY - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def losses(run):
+    return [json.loads(l)["loss"] for l in (out / run / "metrics.jsonl").read_text().splitlines()]
+ref = losses("cora-cpu-1")
+worst = 0.0
+for run in ("cora-cuda-1", "cora-cuda-2-staged", "cora-cuda-2"):
+    got = losses(run)
+    rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, ref))
+    worst = max(worst, rel)
+    print(f"{run}: {len(got)} epochs, max relative loss difference to the cpu run {rel:.2e}")
+sys.exit(0 if worst < 1e-3 else 1)
+EOF
+step "codec throughput, cuda" $PY bench/codecs.py --device cuda --out "$out/codecs-cuda"
+step "epoch benchmark, cuda (hpcgnn 1 and 2 ranks, PyG)" $PY bench/epoch.py --device cuda --dataset "$spec" \
+    --epochs 10 --results "$out" --shards-root shards/gpu-epoch
+echo; echo "gpu.sh: $fails step(s) failed"
+exit "$fails"
