@@ -18,15 +18,18 @@ import torch
 
 from hpcgnn.codecs import build_codec, parse_codec
 from hpcgnn.codecs.build import CodecSpec
+from hpcgnn.codecs.rng import Blocks, epoch_keys
 
 CASES = [("none", 1), ("truncate", 8), ("truncate", 128), ("random", 8), ("quant", 4),
-         ("quant", 8), ("quant", 32), ("sample", 4), ("truncate+quant", 8)]
+         ("quant", 8), ("quant", 16), ("quant", 32), ("sample", 4), ("truncate+quant", 8),
+         ("sample+random", 8)]
 
 
 def _spec(name: str) -> CodecSpec:
     spec = parse_codec(name)
     fixed_bits = 4 if spec.quant and spec.rate_stage != "quant" else None
-    return CodecSpec(spec.sample, spec.channels, spec.quant, bits=fixed_bits)
+    fixed_keep = 0.5 if spec.sample and spec.rate_stage != "sample" else None
+    return CodecSpec(spec.sample, spec.channels, spec.quant, bits=fixed_bits, keep=fixed_keep)
 
 
 def _sync(x: torch.Tensor) -> None:
@@ -39,7 +42,7 @@ def _time_one(codec, x, counts, keys, repeat: int) -> tuple[float, float, int]:
     for _ in range(repeat + 1):                 # the first round warms up (CUDA: kernel loads)
         _sync(x)
         t0 = time.perf_counter()
-        buf = codec.encode(x, counts, keys)
+        buf = codec.encode(x, counts, keys, 12345)
         _sync(x)
         t1 = time.perf_counter()
         codec.decode(buf, counts, x.shape[1], keys)
@@ -52,11 +55,11 @@ def _time_one(codec, x, counts, keys, repeat: int) -> tuple[float, float, int]:
 def run(row_sizes: list[int], widths: list[int], peers: int, repeat: int,
         device: str = "cpu") -> list[dict]:
     torch.manual_seed(0)
-    keys = list(range(1, peers + 1))
     out = []
+    keys = epoch_keys(torch.arange(1, peers + 1, device=device), 0)
     for rows, width in [(r, w) for r in row_sizes for w in widths]:
-        counts = [rows // peers] * peers
-        x = torch.randn(sum(counts), width, device=device)
+        counts = Blocks.of([rows // peers] * peers, device)
+        x = torch.randn(counts.rows, width, device=device)
         for name, ratio in CASES:
             codec = build_codec(_spec(name), ratio, width)
             try:
@@ -66,7 +69,7 @@ def run(row_sizes: list[int], widths: list[int], peers: int, repeat: int,
                 raise
             mb = x.numel() * 4 / 1e6
             out.append({"codec": repr(codec) if name != "none" else "none", "ratio": ratio,
-                        "rows": sum(counts), "width": width, "wire_ratio": x.numel() * 4 / nbytes,
+                        "rows": counts.rows, "width": width, "wire_ratio": x.numel() * 4 / nbytes,
                         "encode_ms": enc * 1e3, "decode_ms": dec * 1e3,
                         "MB_per_s": mb / (enc + dec)})
     return out

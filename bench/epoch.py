@@ -60,7 +60,7 @@ def run_ours(args) -> None:
     ctx = CommContext.from_world(args.device)
     # one epoch more than is run, so the last one run does not evaluate (eval is not timed)
     cfg = build_config({"model": {"arch": "sage", "layers": 3, "hidden": 128, "dropout": args.dropout},
-                        "train": {"epochs": args.epochs + 1, "eval_every": 10**6,
+                        "train": {"epochs": args.epochs + 2, "eval_every": 10**6,
                                   "overlap": bool(args.overlap)},
                         "run": {"out": args.out}}, "bench/epoch.py")
     trainer = Trainer.prepare(ctx, cfg, args.shards, args.out)
@@ -74,6 +74,15 @@ def run_ours(args) -> None:
         rec, _ = trainer.run_epoch(epoch)
         cpu.append(time.process_time() - c0)
         steps.append(rec)
+    if args.profile and ctx.is_root:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            trainer.run_epoch(args.epochs)
+        key = "self_cuda_time_total" if ctx.device.type == "cuda" else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=15), file=sys.stderr, flush=True)
+    elif args.profile:
+        trainer.run_epoch(args.epochs)
     peak = ctx.comm.allreduce(peak_rss_gib(), op=__import__("mpi4py.MPI").MPI.MAX)
     gpu_peak = ctx.comm.allreduce(torch.cuda.max_memory_allocated(ctx.device) / 2**30
                                   if ctx.device.type == "cuda" else 0.0,
@@ -156,6 +165,8 @@ def child(cmd: list[str], timeout: float = 3600) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
                           stdin=subprocess.DEVNULL, cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if "--profile" in cmd:
+        print(proc.stderr[-6000:], flush=True)
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return {**json.loads(lines[-1]), "wall_s": time.perf_counter() - t0}
@@ -164,7 +175,8 @@ def child(cmd: list[str], timeout: float = 3600) -> dict:
 def drive(args) -> None:
     root = Path(args.shards_root)
     me = [sys.executable, "-m", "mpi4py", str(Path(__file__).resolve())]
-    common = ["--epochs", str(args.epochs), "--dropout", str(args.dropout), "--device", args.device]
+    common = ["--epochs", str(args.epochs), "--dropout", str(args.dropout), "--device", args.device,
+              *(["--profile"] if args.profile else [])]
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results = {}
     wanted = [int(r) for r in args.ranks.split(",")]
@@ -220,6 +232,8 @@ def main() -> None:
     ap.add_argument("--results", default=str(RESULTS), help="where epoch.json/epoch.md go")
     ap.add_argument("--ranks", default="1,2", help="hpcgnn rank counts to run")
     ap.add_argument("--partitioner", default="metis")
+    ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of one "
+                    "more epoch (rank 0, stderr; not in the timings)")
     ap.add_argument("--pyg-edge-index", action="store_true")
     args = ap.parse_args()
     {"drive": drive, "ours": run_ours, "pyg": run_pyg}[args.mode](args)

@@ -57,6 +57,6 @@ sys.exit(0 if worst < 1e-3 else 1)
 EOF
 step "codec throughput, cuda" $PY bench/codecs.py --device cuda --out "$out/codecs-cuda"
 step "epoch benchmark, cuda (hpcgnn 1 and 2 ranks, PyG)" $PY bench/epoch.py --device cuda --dataset "$spec" \
-    --epochs 10 --results "$out" --shards-root shards/gpu-epoch
+    --epochs 10 --results "$out" --shards-root shards/gpu-epoch --profile
 echo; echo "gpu.sh: $fails step(s) failed"
 exit "$fails"

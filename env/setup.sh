@@ -23,8 +23,12 @@ say() { printf '[env/setup] %s\n' "$*" >&2; }
 
 # Idempotence: a finished set-up of the same route and the same pyproject is not redone.
 want="route=$mpi_route pyproject=$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
+native() {  # the C codec kernels (hpcgnn/codecs/_native.c); without a compiler the torch path runs
+    "$venv/bin/python" -c 'from hpcgnn.codecs import native; native.ensure_built()' >&2 || say "no C codec kernels: the (slower) torch path will be used"
+}
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c 'import torch, mpi4py, h5py, pymetis' 2>/dev/null; then
     say "venv at $venv is up to date ($want)"
+    native
     exit 0
 fi
 
@@ -75,5 +79,6 @@ esac
 
 say "installing hpcgnn (editable) with its test extra"
 "${pip[@]}" -e "$repo[test]"
+native
 echo "$want" > "$stamp"
 say "done: activate with 'source $venv/bin/activate'; check with 'python -m hpcgnn info'"

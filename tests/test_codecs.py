@@ -1,14 +1,16 @@
-"""Codecs: exact byte counts, exactness at ratio 1, unbiased quantisation, composition."""
+"""Codecs: exact byte counts, exactness at ratio 1, the selections and the quantiser against an
+independent numpy re-implementation of the documented hashes, the error bound, unbiasedness,
+and the backward (adjoint) codec. ``tests/test_codecs_gpu.py`` runs the same on CUDA."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from hpcgnn.codecs import (IDENTITY, LearnedCodec, QuantCodec, RandomChannelCodec, SampleCodec,
-                           TruncateCodec, bits_for, build_codec, channels_for, kept_rows,
-                           parse_codec)
+from hpcgnn.codecs import (IDENTITY, MIN_KEEP, WireCodec, backward_codec, bits_for, build_codec,
+                           channels_for, parse_codec)
 from hpcgnn.codecs.learned import learned_pair
-from hpcgnn.codecs.quant import _bf16_outward, _bf16_value
+from hpcgnn.codecs.rng import Blocks
 
 RATIOS = (1, 2, 4, 8, 16, 32, 64, 128)
 WIDTHS = (1, 7, 16, 100)
@@ -17,12 +19,79 @@ NAMES = ("none", "truncate", "learned", "random", "quant", "sample", "truncate+q
          "sample+random", "sample+learned+quant")
 
 
-def _roundtrip(codec, x, counts, keys=None):
-    keys = keys or [17 * (i + 1) for i in range(len(counts))]
-    buf = codec.encode(x, counts, keys)
-    assert buf.dtype == torch.uint8 and buf.dim() == 1
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def dev(request):
+    """Every test runs on the CPU and, where there is one, on a GPU."""
+    return request.param
+
+
+# -- an independent reference of the documented randomness (numpy, uint32 arithmetic) --------
+
+def np_hash32(x):
+    x = np.asarray(x, dtype=np.uint64) & np.uint64(0xFFFFFFFF)
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(0x7FEB352D)) & np.uint64(0xFFFFFFFF)
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(0x846CA68B)) & np.uint64(0xFFFFFFFF)
+    return x ^ (x >> np.uint64(16))
+
+
+def np_col(g):
+    return np_hash32((np.asarray(g, dtype=np.uint64) * np.uint64(0x9E3779B1) + np.uint64(0x7F4A7C15))
+                     & np.uint64(0xFFFFFFFF))
+
+
+def ref_kept_rows(key: int, rows: int, keep: float) -> list[int]:
+    """Row sample of one block: the ceil(rows * keep) rows of smallest score (ties: lower row)."""
+    n = 0 if rows == 0 else min(rows, max(1, math.ceil(rows * keep - 1e-9)))
+    score = np_hash32((np.uint64(key) ^ np.uint64(0x5A17E5)) ^ np_hash32(np.arange(rows)))
+    return sorted(np.lexsort((np.arange(rows), score))[:n].tolist())
+
+
+def ref_channels(key: int, width: int, k: int) -> list[int]:
+    score = np_hash32((np.uint64(key) ^ np.uint64(0xC4A22E)) ^ np_col(np.arange(width)))
+    return sorted(np.lexsort((np.arange(width), score))[:k].tolist())
+
+
+def ref_quant(x: np.ndarray, bits: int, key: int) -> np.ndarray:
+    """What the receiver gets: lo exact, step rounded up to bfloat16, stochastic rounding with
+    u16 = half (c % 2) of hash32(hash32(key ^ hash32(r)) ^ col(c // 2))."""
+    x = x.astype(np.float32)
+    levels = np.float32(2 ** bits - 1)
+    lo, hi = x.min(1), x.max(1)
+    span = ((hi - lo) / levels).astype(np.float32)
+    b = span.view(np.uint32).astype(np.uint64)
+    up = np.where(b & 0xFFFF, (b & 0xFFFF0000) + 0x10000, b).astype(np.uint32).view(np.float32)
+    step = np.where(hi > lo, up, np.float32(0))
+    with np.errstate(divide="ignore"):
+        inv = np.where(step > 0, np.float32(1) / step, np.float32(0)).astype(np.float32)
+    rows, width = x.shape
+    row = np_hash32(np_hash32(np.arange(rows)) ^ np.uint64(key & 0xFFFFFFFF))
+    h = np_hash32(row[:, None] ^ np_col(np.arange((width + 1) // 2))[None, :])
+    u16 = np.stack([h & 0xFFFF, h >> np.uint64(16)], axis=2).reshape(rows, -1)[:, :width]
+    u = ((u16.astype(np.float32) + np.float32(0.5)) * np.float32(1 / 65536)).astype(np.float32)
+    t = ((x - lo[:, None]) * inv[:, None]).astype(np.float32)
+    q = np.minimum(np.floor((t + u).astype(np.float32)), levels).astype(np.float32)
+    return (q * step[:, None]).astype(np.float32) + lo[:, None]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def _keys(n, base=17, device="cpu"):
+    return torch.tensor([(base * (i + 1) * 2654435761) & 0xFFFFFFFF for i in range(n)],
+                        dtype=torch.int64, device=device)
+
+
+def _roundtrip(codec, x, counts, keys=None, noise=7):
+    blocks = Blocks.of(counts, x.device)
+    keys = _keys(len(counts), device=x.device) if keys is None else keys
+    buf = codec.encode(x, blocks, keys, noise)
+    assert buf.dtype == torch.uint8 and buf.dim() == 1 and buf.device == x.device
     assert buf.numel() == sum(codec.byte_counts(counts, x.shape[1]))
-    return codec.decode(buf, counts, x.shape[1], keys)
+    y = codec.decode(buf, blocks, x.shape[1], keys)
+    assert y.device == x.device and y.shape == x.shape
+    return y
 
 
 def _formula(name: str, ratio: float, rows: int, width: int, bits=4, keep=0.5) -> int:
@@ -32,11 +101,11 @@ def _formula(name: str, ratio: float, rows: int, width: int, bits=4, keep=0.5) -
     if spec.channels:
         row_width = max(1, min(width, math.floor(width / ratio)))
     if spec.sample:
-        p = 1 / ratio if spec.rate_stage == "sample" else keep
+        p = max(1 / ratio, 1 / 8) if spec.rate_stage == "sample" else keep
         rows = 0 if rows == 0 else min(rows, max(1, math.ceil(rows * p)))
     b = ({1: None, 2: None, 4: 8, 8: 4, 16: 2, 32: 1, 64: 1, 128: 1}[ratio]
          if spec.rate_stage == "quant" else (bits if spec.quant else None))
-    per_row = row_width * 4 if b is None else 4 + math.ceil(row_width * b / 8)
+    per_row = row_width * 4 if b is None else 6 + math.ceil(row_width * b / 8)
     return rows * per_row
 
 
@@ -48,29 +117,31 @@ def _build(name, ratio, width):
     return build_codec(spec, ratio, width)
 
 
+# -- bytes, identity, stages -------------------------------------------------------------------
+
 @pytest.mark.parametrize("name", NAMES)
-def test_bytes_equal_formula_for_every_ratio(name):
+def test_bytes_equal_formula_for_every_ratio(name, dev):
     for ratio in RATIOS:
         for width in WIDTHS:
             codec = _build(name, ratio, width)
             for counts in COUNTS:
                 want = [_formula(name, ratio, c, width) for c in counts]
                 assert codec.byte_counts(counts, width) == want, (name, ratio, width, counts)
-                x = torch.randn(sum(counts), width)
-                assert _roundtrip(codec, x, counts).shape == x.shape
+                x = torch.randn(sum(counts), width, device=dev)
+                _roundtrip(codec, x, counts)
 
 
 @pytest.mark.parametrize("name", ("none", "truncate", "learned", "random", "quant", "sample"))
-def test_ratio_one_is_exact(name):
+def test_ratio_one_is_exact(name, dev):
     codec = _build(name, 1, 16)
-    assert codec is IDENTITY
-    x = torch.randn(9, 16)
+    assert codec == IDENTITY
+    x = torch.randn(9, 16, device=dev)
     assert torch.equal(_roundtrip(codec, x, [4, 5]), x)
 
 
-def test_truncate_sends_first_k_and_zero_pads():
-    x = torch.randn(6, 10)
-    y = _roundtrip(TruncateCodec(3), x, [2, 4])
+def test_truncate_sends_first_k_and_zero_pads(dev):
+    x = torch.randn(6, 10, device=dev)
+    y = _roundtrip(WireCodec(channels="truncate", k=3), x, [2, 4])
     assert torch.equal(y[:, :3], x[:, :3]) and not y[:, 3:].any()
 
 
@@ -78,36 +149,85 @@ def test_k_is_guarded_to_at_least_one():
     assert channels_for(16, 128) == 1 and channels_for(3, 4.0) == 1
     assert channels_for(16, 1) == 16 and channels_for(16, 5) == 3
     with pytest.raises(ValueError, match="k must be >= 1"):
-        TruncateCodec(0)
+        WireCodec(channels="truncate", k=0)
     with pytest.raises(ValueError, match="exceed the row width"):
-        TruncateCodec(8).byte_counts([3], 4)
+        WireCodec(channels="truncate", k=8).byte_counts([3], 4)
 
 
-def test_random_channels_shared_by_key_and_differ_across_keys():
-    x = torch.randn(8, 32)
-    codec = RandomChannelCodec(4)
-    y = _roundtrip(codec, x, [4, 4], keys=[1, 2])
-    kept = [set(torch.nonzero(y[i]).flatten().tolist()) for i in (0, 4)]
-    assert all(len(k) == 4 for k in kept) and kept[0] != kept[1]
-    cols = sorted(kept[0])
-    assert torch.equal(y[:4, cols], x[:4, cols])
+def test_random_channels_are_the_documented_draw_per_block(dev):
+    counts = [4, 0, 5]
+    keys = _keys(3, base=5, device=dev)
+    x = torch.randn(9, 32, device=dev)
+    y = _roundtrip(WireCodec(channels="random", k=4), x, counts, keys)
+    starts = [0, 4, 4]
+    for p, c in enumerate(counts):
+        if not c:
+            continue
+        cols = ref_channels(int(keys[p]), 32, 4)
+        block = y[starts[p]:starts[p] + c]
+        assert torch.equal(block[:, cols], x[starts[p]:starts[p] + c, cols])
+        rest = [j for j in range(32) if j not in cols]
+        assert not block[:, rest].any()
+    assert ref_channels(int(keys[0]), 32, 4) != ref_channels(int(keys[2]), 32, 4)
 
 
-def test_quant_codes_stay_within_one_step():
-    x = torch.randn(50, 33) * 3 + 1
+def test_sample_keeps_the_documented_rows_scaled(dev):
+    counts = [10, 3, 0, 7]
+    keys = _keys(4, base=3, device=dev)
+    x = torch.randn(20, 4, device=dev) + 5            # no zero rows
+    y = _roundtrip(WireCodec(keep=0.3), x, counts, keys)
+    start = 0
+    for p, c in enumerate(counts):
+        kept = ref_kept_rows(int(keys[p]), c, 0.3)
+        got = torch.nonzero(y[start:start + c].abs().sum(1) > 0).flatten().tolist()
+        assert got == kept, p
+        for r in kept:
+            assert torch.allclose(y[start + r], x[start + r] * c / len(kept))
+        start += c
+
+
+def test_sample_is_unbiased_and_its_scale_is_bounded(dev):
+    x = torch.randn(10, 4, device=dev)
+    est = sum(_roundtrip(WireCodec(keep=0.3), x, [10], keys=_keys(1, base=k + 1, device=dev)) for k in range(3000)) / 3000
+    assert (est - x).abs().max() < 0.25
+    heavy = build_codec(parse_codec("sample"), 128.0, 16)
+    assert heavy.keep == MIN_KEEP
+    y = _roundtrip(heavy, torch.ones(100, 2, device=dev), [100])
+    assert y.max() <= 1 / MIN_KEEP + 1e-5 and (y.abs().sum(1) > 0).sum() == 13
+
+
+# -- quantisation ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", (1, 2, 4, 8))
+@pytest.mark.parametrize("native", (True, False))
+def test_quant_equals_the_numpy_reference(bits, native, monkeypatch, dev):
+    if not native:
+        monkeypatch.setenv("HPCGNN_NATIVE", "0")
+    torch.manual_seed(bits)
+    x = torch.randn(57, 37, device=dev) * 3 + 1
+    x[3] = 0.25                                            # a constant row
+    y = _roundtrip(WireCodec(bits=bits), x, [20, 0, 37], noise=12345)
+    want = ref_quant(x.cpu().numpy(), bits, 12345)
+    assert np.array_equal(y.cpu().numpy(), want)
+
+
+@pytest.mark.parametrize("scale", (1e-9, 1.0, 1e6))
+def test_quant_error_is_within_one_step(scale, dev):
+    x = (torch.randn(50, 33, device=dev) * 3 + 100) * scale     # |x| >> range: no |x| floor
     for bits in (1, 2, 4, 8):
-        y = _roundtrip(QuantCodec(bits), x, [20, 30])
-        span = (x.amax(1) - x.amin(1)) / (2 ** bits - 1)
-        assert ((y - x).abs() <= span[:, None] * 1.02 + 1e-6).all(), bits
+        y = _roundtrip(WireCodec(bits=bits), x, [20, 30])
+        step = (x.amax(1) - x.amin(1)) / (2 ** bits - 1)
+        assert ((y - x).abs() <= step[:, None] * (1 + 2 ** -7)).all(), bits
+        assert torch.isfinite(y).all()
 
 
-def test_quant_is_unbiased_and_error_shrinks_with_samples():
+def test_quant_is_unbiased_and_error_shrinks_with_samples(dev):
     torch.manual_seed(0)
-    x = torch.randn(4, 64)
-    codec = QuantCodec(1)
+    x = torch.randn(4, 64, device=dev)
+    codec = WireCodec(bits=1)
 
     def mean_error(n):
-        est = sum(_roundtrip(codec, x, [4], keys=[1000 + i]) for i in range(n)) / n
+        est = sum(_roundtrip(codec, x, [4], noise=1000 + i) for i in range(n)) / n
         return (est - x).abs().mean().item()
 
     small, large = mean_error(16), mean_error(1024)
@@ -115,50 +235,50 @@ def test_quant_is_unbiased_and_error_shrinks_with_samples():
     assert large < 0.1  # one step is ~5 here: a biased rounding would sit near 1
 
 
-def test_quant_bf16_range_rounds_outward():
-    x = torch.tensor([0.3, -0.3, 1e-9, -7e8, 123.456])
-    down, up = _bf16_value(_bf16_outward(x, True)), _bf16_value(_bf16_outward(x, False))
-    assert (down <= x).all() and (up >= x).all()
-    assert ((up - down) <= x.abs() * 2 ** -7).all()
-
-
-@pytest.mark.parametrize("scale", (1e-9, 1e6))
-def test_quant_handles_tiny_gradients_and_large_values(scale):
-    x = torch.randn(10, 16) * scale
-    y = _roundtrip(QuantCodec(8), x, [10])
-    assert torch.isfinite(y).all()
-    assert (y - x).abs().max() <= (x.amax(1) - x.amin(1)).max() / 255 * 1.05
-
-
-def test_quant_constant_rows():
-    x = torch.full((3, 5), 0.3)
-    assert torch.allclose(_roundtrip(QuantCodec(2), x, [3]), x, atol=1e-3)
-    assert torch.equal(_roundtrip(QuantCodec(2), torch.zeros(3, 5), [3]), torch.zeros(3, 5))
-
-
-def test_sample_keeps_rows_scaled_and_is_unbiased():
-    x = torch.randn(10, 4)
-    y = _roundtrip(SampleCodec(0.3), x, [10], keys=[5])
-    kept = y.abs().sum(1) > 0
-    assert kept.sum() == kept_rows(10, 0.3) == 3
-    assert torch.allclose(y[kept], x[kept] * 10 / 3)
-    est = sum(_roundtrip(SampleCodec(0.3), x, [10], keys=[k]) for k in range(3000)) / 3000
-    assert (est - x).abs().max() < 0.25
-
-
-def test_composite_truncate_quant():
-    x = torch.randn(12, 64)
-    codec = TruncateCodec(16, QuantCodec(4))
-    assert codec.byte_counts([12], 64) == [12 * (4 + 8)]
+def test_composite_truncate_quant(dev):
+    x = torch.randn(12, 64, device=dev)
+    codec = WireCodec(channels="truncate", k=16, bits=4)
+    assert codec.byte_counts([12], 64) == [12 * (6 + 8)]
     y = _roundtrip(codec, x, [12])
-    assert not y[:, 16:].any() and (y[:, :16] - x[:, :16]).abs().max() < 1.0
+    assert not y[:, 16:].any()
+    want = ref_quant(x[:, :16].cpu().numpy(), 4, 7)
+    assert np.array_equal(y[:, :16].cpu().numpy(), want)
 
 
-def test_learned_wire_is_truncate_and_pair_starts_as_identity():
-    x = torch.randn(5, 8)
-    assert torch.equal(_roundtrip(LearnedCodec(2), x, [5]), _roundtrip(TruncateCodec(2), x, [5]))
+# -- the backward codec is the adjoint of the forward ----------------------------------------
+
+@pytest.mark.parametrize("codec", [WireCodec(keep=0.4), WireCodec(channels="random", k=3),
+                                   WireCodec(channels="truncate", k=2),
+                                   WireCodec(keep=0.5, channels="random", k=5)], ids=repr)
+def test_backward_is_the_adjoint_of_the_forward(codec, dev):
+    """<F x, g> == <x, F* g> for the fp32 forward F and its backward codec F* (same keys)."""
+    counts = [6, 0, 9, 4]
+    keys = _keys(4, base=11, device=dev)
+    x = torch.randn(19, 8, device=dev, dtype=torch.float32)
+    g = torch.randn(19, 8, device=dev, dtype=torch.float32)
+    fx = _roundtrip(codec, x, counts, keys)
+    adj = backward_codec(codec, IDENTITY)
+    assert adj.adjoint and adj.byte_counts(counts, 8) == codec.byte_counts(counts, 8)
+    ag = _roundtrip(adj, g, counts, keys)
+    assert torch.allclose((fx * g).sum(), (x * ag).sum(), rtol=1e-5)
+    sent = fx != 0                                          # the entries the forward sent
+    assert not ag[~sent].any()                             # nothing flows back for the others
+
+
+def test_backward_takes_the_backward_value_stage():
+    fwd = WireCodec(channels="random", k=4, bits=1)
+    bwd = backward_codec(fwd, WireCodec(bits=8))
+    assert (bwd.channels, bwd.k, bwd.bits, bwd.adjoint) == ("random", 4, 8, True)
+    assert backward_codec(WireCodec(bits=2), WireCodec(bits=4)) == WireCodec(bits=4)
+    assert backward_codec(WireCodec(keep=0.5), IDENTITY).bits == 32
+
+
+def test_learned_wire_is_truncate_and_pair_starts_as_identity(dev):
+    x = torch.randn(5, 8, device=dev)
+    assert torch.equal(_roundtrip(WireCodec(channels="learned", k=2), x, [5]),
+                       _roundtrip(WireCodec(channels="truncate", k=2), x, [5]))
     enc, dec = learned_pair(8)
-    assert torch.allclose(dec(enc(x)), x)
+    assert torch.allclose(dec(enc(x.cpu())), x.cpu())
 
 
 def test_bits_for_ratio():

@@ -48,28 +48,33 @@ def test_exchange_on_ranks(ranks, shards):
 # -- the worker (runs on every rank) --------------------------------------------------------
 
 def _half_codec():
+    from dataclasses import dataclass
+
     from hpcgnn.codecs.base import WireCodec
 
+    @dataclass(frozen=True)
     class HalfWithKey(WireCodec):
-        """fp16 rows, each non-empty block led by its 8-byte key (checked on decode)."""
+        """fp16 rows, each non-empty block led by its 8-byte block key (checked on decode)."""
 
-        name = "half-with-key"
+        @property
+        def name(self):
+            return "half-with-key"
 
         def block_bytes(self, rows, width):
             return 8 + rows * width * 2
 
-        def encode(self, x, counts, keys):
+        def encode(self, x, blocks, keys, noise_key=0):
             out, start = [], 0
-            for c, k in zip(counts, keys):
+            for c, k in zip(blocks.counts, keys.tolist()):
                 if c:
                     out += [torch.tensor([k], dtype=torch.int64).view(torch.uint8),
                             x[start:start + c].to(torch.float16).contiguous().view(torch.uint8).reshape(-1)]
                 start += c
             return torch.cat(out) if out else torch.zeros(0, dtype=torch.uint8)
 
-        def decode(self, buf, counts, width, keys):
+        def decode(self, buf, blocks, width, keys):
             rows, pos = [], 0
-            for c, k in zip(counts, keys):
+            for c, k in zip(blocks.counts, keys.tolist()):
                 if c:
                     assert int(buf[pos:pos + 8].clone().view(torch.int64)) == k, "block keys disagree"
                     n = c * width * 2

@@ -64,7 +64,40 @@ def _worker(shard_dir: str) -> None:
         sent = torch.zeros(shard.n_owned, device=ctx.device)
         sent.index_add_(0, plan.send_index, torch.ones(plan.n_send, device=ctx.device))
         assert torch.equal(x.grad[:, 0], sent)          # one per peer the row was sent to
+    _codecs_on_gpu_equal_cpu(ctx, shard)
+    from mpi4py import MPI
+    # autograd runs a CUDA backward on its device thread: MPI must allow calls from it
+    assert MPI.Query_thread() >= MPI.THREAD_SERIALIZED
     print(f"rank {ctx.rank}: gpu exchange ok", flush=True)
+
+
+def _codecs_on_gpu_equal_cpu(ctx, shard) -> None:
+    """Every codec through the exchange on the GPU gives the CPU's halo rows and gradients
+    (the CPU path is checked against an independent computation in test_exchange_exact)."""
+    from dataclasses import replace
+
+    from hpcgnn.codecs import WireCodec
+    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+    from hpcgnn.comm.plan import HaloPlan
+    cpu_ctx = replace(ctx, device=torch.device("cpu"), cuda_aware=False)
+    codecs = [(WireCodec(keep=0.5), WireCodec()), (WireCodec(channels="random", k=3), WireCodec(bits=4)),
+              (WireCodec(channels="truncate", k=2, bits=1), WireCodec(bits=2)),
+              (WireCodec(keep=0.4, channels="random", k=5, bits=8), WireCodec(bits=1)),
+              (WireCodec(bits=2), WireCodec(bits=2))]
+    out = {}
+    for c in (ctx, cpu_ctx):
+        plan = HaloPlan.from_shard(shard, c.device)
+        for i, (fwd, bwd) in enumerate(codecs):
+            exch = HaloExchanger(c, plan, layer=1, seed=3, stats=ExchangeStats())
+            exch.configure(7, fwd, bwd)
+            x = torch.as_tensor(shard.global_id, dtype=torch.float32, device=c.device)[:, None]
+            x = (x.repeat(1, 8) * torch.arange(1, 9, device=c.device) % 13).requires_grad_(True)
+            halo = exch.exchange(x)
+            (halo * torch.arange(halo.numel(), device=c.device).reshape(halo.shape).sin()).sum().backward()
+            out.setdefault(i, []).append((halo.detach().cpu(), x.grad.cpu()))
+    for i, ((h_gpu, g_gpu), (h_cpu, g_cpu)) in out.items():
+        assert torch.allclose(h_gpu, h_cpu, atol=1e-6), (i, codecs[i])
+        assert torch.allclose(g_gpu, g_cpu, atol=1e-5, rtol=1e-5), (i, codecs[i])
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ VARCO's claim — a fixed heavy ratio loses accuracy that the variable schedule 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -49,6 +50,17 @@ ratio = 2.0
 """
 
 
+def backward_block_bytes(fwd, bwd, rows: int, width: int) -> int:
+    """Bytes of one backward block, by hand: the gradients of the rows and channels the forward
+    sent, in the backward's value stage (or the backward codec as it is when the forward sends
+    every entry)."""
+    if fwd.keep == 1.0 and fwd.channels == "all":
+        return bwd.block_bytes(rows, width)
+    kept = 0 if rows == 0 else min(rows, max(1, math.ceil(rows * fwd.keep - 1e-9)))
+    w = width if fwd.channels == "all" else fwd.k
+    return kept * (4 * w if bwd.bits == 32 else 6 + math.ceil(w * bwd.bits / 8))
+
+
 def expected_bytes(shard_dir: Path, schedule: Path, epoch: int) -> tuple[int, int]:
     """(bytes_sent, bytes_full) of one epoch from the shards' counts and the policy alone."""
     parts = read_meta(shard_dir)["num_parts"]
@@ -60,7 +72,8 @@ def expected_bytes(shard_dir: Path, schedule: Path, epoch: int) -> tuple[int, in
             fwd = policy.forward_codec(epoch, layer, len(WIDTHS), width)
             bwd = policy.backward_codec(epoch, layer, len(WIDTHS), width)
             sent += sum(fwd.byte_counts(shard.send_counts.tolist(), width))
-            sent += sum(bwd.byte_counts(shard.recv_counts.tolist(), width))  # gradients go back
+            sent += sum(backward_block_bytes(fwd, bwd, c, width)            # gradients go back
+                        for c in shard.recv_counts.tolist())
             full += 4 * width * int(shard.send_counts.sum() + shard.recv_counts.sum())
     return sent, full
 

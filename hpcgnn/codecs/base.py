@@ -1,47 +1,190 @@
 """The seam between the halo exchange and the compressors.
 
-A ``WireCodec`` turns the rows that one rank sends to its peers into bytes and back. It is pure
-torch (no MPI): the exchange asks it how many bytes each peer's block takes, hands it the packed
-send buffer, and ships the bytes with one ``Alltoallv``. Because ``block_bytes`` depends only on
-the row count, the width and the codec's own settings, every rank derives every peer's byte
-count from the plan and the schedule alone — no size handshake.
+A ``WireCodec`` turns the rows that one rank sends to its peers into bytes and back, in three
+stages that always nest in this order:
 
-Shapes: ``x`` is the send buffer ``(sum(counts), width)``, rows grouped by peer in rank order;
-``counts[p]`` is the number of rows of peer ``p``'s block. ``keys[p]`` is a seed shared by the
-sender and the receiver of that block (for codecs that draw random numbers); both sides derive
-it from (run seed, epoch, layer, direction, src, dst).
+1. **rows** (BNS-GCN ``sample``): keep ``kept_rows(rows, keep)`` rows of each peer block, the
+   rows of smallest ``rng.row_scores`` (drawn from the block's key: both ends agree);
+2. **channels** (VARCO): ``all``, the first ``k`` (``truncate``; ``learned`` is the same on the
+   wire, after the learned encoder), or ``k`` drawn per block from its key (``random``);
+3. **values**: fp32 (``bits = 32``) or ``b``-bit stochastic rounding (``quant``).
+
+The receiver undoes the stages: the values are decoded, the channels and rows that did not
+travel are zeros, and the kept rows of a sampled block are scaled by ``rows / kept``.
+
+**The backward exchange is the adjoint of the forward.** The forward computes
+``y = S^T V(S x)`` (S: the selection of stages 1-2 with its scale; V: the value stage, whose
+gradient is taken as the identity since it is an unbiased estimate). Its gradient is
+``S^T S g``: the halo gradients of exactly the rows and channels the forward sent, scaled the
+same way, and nothing for the rest. ``backward_codec(forward, backward)`` is that codec: the
+forward's selection (same keys), with the scale applied by the sender, and the backward
+schedule's value stage on top. Where the forward selects nothing (identity, quant), the
+backward codec is used as it is.
+
+Every call is batched over all peer blocks on the input's device (``rng.Blocks`` holds the
+layout). ``block_bytes`` depends only on the row count, the width and the codec, so every rank
+derives every peer's byte count from the plan and the schedule alone — no size handshake.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
+from hpcgnn.codecs.quant import FP32, decode_values, encode_values, row_bytes
+from hpcgnn.codecs.rng import Blocks, channel_scores, row_scores
 
+CHANNEL_MODES = ("all", "truncate", "learned", "random")
+MIN_KEEP = 0.125
+"""The smallest kept fraction of the sample stage: a kept row is scaled by at most 8, which
+bounds the variance the scaling adds to a neighbour sum (BNS-GCN's own runs keep >= 0.1)."""
+
+
+def kept_rows(rows: int, keep: float) -> int:
+    """Rows of a block of ``rows`` that are sent at keep fraction ``keep`` (0 stays 0)."""
+    if rows <= 0:
+        return 0
+    return min(rows, max(1, math.ceil(round(rows * keep, 9))))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which entries of an ``(R, F)`` buffer travel: rows ``index`` (None: all) with their
+    ``scale`` (None: 1), channels ``chan`` per kept row (None: all, or the first ``k``)."""
+
+    index: torch.Tensor | None
+    scale: torch.Tensor | None
+    chan: torch.Tensor | None
+    rows: int
+
+
+@dataclass(frozen=True)
 class WireCodec:
-    """Identity codec: fp32 rows as they are. Subclasses override the three methods."""
+    """One exchange's codec; ``WireCodec()`` is the identity (fp32 rows as they are)."""
 
-    name = "none"
+    keep: float = 1.0          # rows stage: fraction of each block sent
+    channels: str = "all"      # channels stage: all | truncate | learned | random
+    k: int = 0                 # channels sent when channels != "all"
+    bits: int = FP32           # values stage: 32 (fp32) or 1, 2, 4, 8 (quant)
+    adjoint: bool = False      # the backward of a selecting forward: the sender scales
+
+    def __post_init__(self):
+        if not 0.0 < self.keep <= 1.0:
+            raise ValueError(f"sample: keep fraction must be in (0, 1], got {self.keep}")
+        if self.channels not in CHANNEL_MODES:
+            raise ValueError(f"channels must be one of {CHANNEL_MODES}, got {self.channels!r}")
+        if self.channels != "all" and self.k < 1:
+            raise ValueError(f"{self.channels}: k must be >= 1 channel, got {self.k}")
+        if self.bits not in (1, 2, 4, 8, FP32):
+            raise ValueError(f"quant: bits must be one of (1, 2, 4, 8), got {self.bits}")
+
+    @property
+    def name(self) -> str:
+        parts = ([f"sample({self.keep:g})"] if self.keep < 1 else []) + \
+                ([f"{self.channels}(k={self.k})"] if self.channels != "all" else []) + \
+                ([f"quant({self.bits})"] if self.bits != FP32 else [])
+        return ("adjoint:" if self.adjoint else "") + ("+".join(parts) or "none")
+
+    def __repr__(self) -> str:
+        return self.name
+
+    @property
+    def selects(self) -> bool:
+        return self.keep < 1.0 or self.channels != "all"
+
+    def width_sent(self, width: int) -> int:
+        if self.channels == "all":
+            return width
+        if self.k > width:
+            raise ValueError(f"{self.channels}: k={self.k} channels exceed the row width {width}")
+        return self.k
 
     def block_bytes(self, rows: int, width: int) -> int:
         """Exact bytes on the wire for one peer block of ``rows`` rows of ``width`` channels."""
-        return rows * width * 4
-
-    def encode(self, x: torch.Tensor, counts: Sequence[int], keys: Sequence[int]) -> torch.Tensor:
-        """``(sum(counts), width)`` float -> uint8 ``[sum(block_bytes(c, width))]``, blocks in order."""
-        return x.detach().to(torch.float32).contiguous().view(torch.uint8).reshape(-1)
-
-    def decode(self, buf: torch.Tensor, counts: Sequence[int], width: int,
-               keys: Sequence[int]) -> torch.Tensor:
-        """uint8 blocks -> ``(sum(counts), width)`` float32, the inverse (or estimate) of encode."""
-        return buf.view(torch.float32).reshape(-1, width)
+        return kept_rows(rows, self.keep) * row_bytes(self.width_sent(width), self.bits)
 
     def byte_counts(self, counts: Sequence[int], width: int) -> list[int]:
         """Per-peer byte counts for the Alltoallv."""
         return [self.block_bytes(int(c), width) if c else 0 for c in counts]
 
+    # -- the selection (stages 1 and 2), batched over blocks -----------------------------
+    def select(self, blocks: Blocks, keys: torch.Tensor, width: int) -> Selection:
+        index = scale = chan = None
+        rows, block = blocks.rows, blocks.block_of_row
+        if self.keep < 1.0:
+            index, kept = _sample(blocks, keys, self.keep)
+            scale = (blocks.counts_t.to(torch.float32) / kept.clamp(min=1).to(torch.float32))[block[index]]
+            block, rows = block[index], int(index.shape[0])
+        if self.channels == "random":
+            chan = _random_channels(keys, width, self.width_sent(width))[block]
+        return Selection(index, scale, chan, rows)
+
+    def _gather(self, x: torch.Tensor, sel: Selection) -> torch.Tensor:
+        y = x if sel.index is None else x.index_select(0, sel.index)
+        if self.adjoint and sel.scale is not None:
+            y = y * sel.scale[:, None]
+        if self.channels in ("truncate", "learned"):
+            return y[:, : self.width_sent(x.shape[1])]
+        return y if sel.chan is None else y.gather(1, sel.chan)
+
+    def _place(self, y: torch.Tensor, sel: Selection, rows: int, width: int) -> torch.Tensor:
+        if sel.chan is not None:
+            y = torch.zeros(y.shape[0], width, device=y.device).scatter_(1, sel.chan, y)
+        elif y.shape[1] != width:
+            y = torch.nn.functional.pad(y, (0, width - y.shape[1]))
+        if sel.index is None:
+            return y
+        if not self.adjoint:
+            y = y * sel.scale[:, None]
+        return torch.zeros(rows, width, device=y.device).index_copy_(0, sel.index, y)
+
+    # -- the wire --------------------------------------------------------------------------
+    def encode(self, x: torch.Tensor, blocks: Blocks, keys: torch.Tensor, noise_key: int = 0) -> torch.Tensor:
+        """``(R, F)`` float -> uint8 ``[sum(block_bytes)]``, blocks in order, on ``x``'s device.
+        ``keys``: ``(P,)`` block keys (both ends); ``noise_key``: the sender's rounding key."""
+        if not self.selects and self.bits == FP32:
+            return x.detach().to(torch.float32).contiguous().view(torch.uint8).reshape(-1)
+        sel = self.select(blocks, keys, x.shape[1])
+        return encode_values(self._gather(x.detach(), sel), self.bits, noise_key).reshape(-1)
+
+    def decode(self, buf: torch.Tensor, blocks: Blocks, width: int, keys: torch.Tensor) -> torch.Tensor:
+        """uint8 blocks -> ``(R, width)`` float32: the inverse (or estimate) of ``encode``."""
+        if not self.selects and self.bits == FP32:
+            return buf.view(torch.float32).reshape(-1, width)
+        sel = self.select(blocks, keys, width)
+        w = self.width_sent(width)
+        y = decode_values(buf.reshape(sel.rows, row_bytes(w, self.bits)), w, self.bits)
+        return self._place(y, sel, blocks.rows, width)
+
 
 IDENTITY = WireCodec()
+
+
+def backward_codec(forward: WireCodec, backward: WireCodec) -> WireCodec:
+    """The codec of the backward exchange: the adjoint of ``forward``'s selection with
+    ``backward``'s value stage, or ``backward`` itself when ``forward`` selects nothing."""
+    if not forward.selects:
+        return backward
+    return replace(forward, bits=backward.bits, adjoint=True)
+
+
+def _sample(blocks: Blocks, keys: torch.Tensor, keep: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted indices of the kept rows, kept count per block): the ``kept_rows`` rows of
+    smallest score in each block."""
+    kept = torch.tensor([kept_rows(c, keep) for c in blocks.counts], dtype=torch.int64,
+                        device=blocks.device)
+    order = torch.sort((blocks.block_of_row << 32) | row_scores(blocks, keys), stable=True).indices
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.shape[0], device=order.device) - blocks.starts_t[blocks.block_of_row[order]]
+    return torch.nonzero(rank < kept[blocks.block_of_row]).reshape(-1), kept
+
+
+def _random_channels(keys: torch.Tensor, width: int, k: int) -> torch.Tensor:
+    """``(P, k)`` sorted channels of every block: the ``k`` of smallest score."""
+    score = channel_scores(keys, width) * width + torch.arange(width, device=keys.device)
+    return torch.topk(score, k, dim=1, largest=False).values.remainder(width).sort(dim=1).values
 
 
 class CompressionPolicy:
@@ -75,7 +218,8 @@ class CompressionPolicy:
         return IDENTITY
 
     def backward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
-        """Codec of the backward (halo-gradient) exchange."""
+        """Codec the schedule gives the backward (halo-gradient) exchange; the exchange sends
+        ``base.backward_codec(forward, this)``, its adjoint-exact form."""
         return IDENTITY
 
     def layer_modules(self, layer: int, width: int) -> tuple[torch.nn.Module | None,

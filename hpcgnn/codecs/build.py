@@ -3,21 +3,22 @@
 Stages always nest in one order, whatever order the name lists them in: ``sample`` (rows) ->
 one channel stage (``truncate`` | ``learned`` | ``random``) -> ``quant`` (values; fp32 without it).
 The schedule's ratio ``r`` drives exactly one stage, the *rate stage*: the channel stage if there
-is one (``k = floor(F / r)``), else ``sample`` (keep ``1 / r`` of the rows), else ``quant`` (the
-fewest bits ``b`` with ``32 / b <= r``, fp32 below ``r = 4``). The other stages use their fixed
-setting (``bits``, ``keep``). ``r = 1`` of a channel or sample rate stage sends every channel
-or row.
+is one (``k = floor(F / r)``), else ``sample`` (keep ``max(1 / r, MIN_KEEP)`` of the rows: a
+kept row is never scaled by more than 8), else ``quant`` (the fewest bits ``b`` with
+``32 / b <= r``, fp32 below ``r = 4``). The other stages use their fixed setting (``bits``,
+``keep``). ``r = 1`` of a channel or sample rate stage sends every channel or row.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcgnn.codecs.base import IDENTITY, WireCodec
-from hpcgnn.codecs.channels import LearnedCodec, RandomChannelCodec, TruncateCodec, channels_for
-from hpcgnn.codecs.quant import BITS, QuantCodec
-from hpcgnn.codecs.sample import SampleCodec
+from dataclasses import replace
 
-CHANNEL_STAGES = {"truncate": TruncateCodec, "learned": LearnedCodec, "random": RandomChannelCodec}
+from hpcgnn.codecs.base import IDENTITY, MIN_KEEP, WireCodec
+from hpcgnn.codecs.channels import channels_for
+from hpcgnn.codecs.quant import BITS
+
+CHANNEL_STAGES = ("truncate", "learned", "random")
 STAGES = ("none", "sample", *CHANNEL_STAGES, "quant")
 
 
@@ -74,13 +75,13 @@ def build_codec(spec: CodecSpec, ratio: float, width: int) -> WireCodec:
     codec = IDENTITY
     bits = bits_for(ratio) if rate == "quant" else spec.bits
     if spec.quant and bits is not None:
-        codec = QuantCodec(bits)
+        codec = replace(codec, bits=bits)
     if spec.channels:
         k = channels_for(width, ratio)
         if k < width:
-            codec = CHANNEL_STAGES[spec.channels](k, codec)
+            codec = replace(codec, channels=spec.channels, k=k)
     if spec.sample:
-        keep = 1.0 / ratio if rate == "sample" else spec.keep
+        keep = max(1.0 / ratio, MIN_KEEP) if rate == "sample" else max(spec.keep, MIN_KEEP)
         if keep < 1.0:
-            codec = SampleCodec(keep, codec)
+            codec = replace(codec, keep=keep)
     return codec

@@ -1,44 +1,117 @@
-"""Shared randomness for codecs: one ``torch.Generator`` per peer block, seeded by its key.
+"""Counter-based randomness for the codecs: every random number is a hash of integers, drawn
+in one batched call on the tensor's device — no generator objects, no loop over peers.
 
-The exchange hands every codec one key per peer block, equal on the sender and the receiver.
-A composite codec gives each stage its own sub-key (``subkeys(keys, salt)``) so that, say, the
-rows a ``sample`` stage keeps and the noise a ``quant`` stage rounds with are independent.
+``hash32`` is lowbias32 (C. Wellons) on int64 tensors holding values in ``[0, 2^32)``. The
+codecs use it three ways (all keys are 32-bit):
+
+- **Block keys** ``(P,)``: one per peer block of one exchange, equal on the sender and the
+  receiver: ``hash32(pair ^ hash32(epoch))``, ``pair = mix(seed, layer, src, dst)`` made once
+  per exchanger (``pair_keys``). The row sample and the random channels of a block are drawn
+  from its key, so both ends agree on them without communicating.
+- **Row scores** (``row_scores``): ``hash32(block_key[b] ^ salt ^ hash32(i))`` for row ``i`` of
+  block ``b`` — the sample stage keeps the rows of smallest score in each block.
+- **Rounding noise** (``noise_u16``): sender-side only. Element ``(r, c)`` of an ``(R, F)``
+  buffer gets the 16-bit half ``c % 2`` of ``hash32(hash32(key ^ hash32(r)) ^ col(c // 2))``,
+  ``col(g) = hash32((g * 0x9E3779B1 + 0x7F4A7C15) mod 2^32)``. The C kernel
+  (``hpcgnn/codecs/_native.c``) computes the same numbers.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-_MASK63 = (1 << 63) - 1
+M32 = 0xFFFFFFFF
+SALT_ROWS = 0x5A17E5
+SALT_CHANNELS = 0xC4A22E
 
 
-def subkey(key: int, salt: int) -> int:
-    """A key for one stage, derived from the block key (splitmix64-style mixing)."""
-    z = (int(key) + 0x9E3779B97F4A7C15 * (salt + 1)) & ((1 << 64) - 1)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
-    return (z ^ (z >> 31)) & _MASK63
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 of int64 values in ``[0, 2^32)``; a new tensor (the products wrap modulo 2^64,
+    whose low 32 bits are exact)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & M32
+    return x ^ (x >> 16)
 
 
-def subkeys(keys: Sequence[int], salt: int) -> list[int]:
-    """``subkey`` of every block key."""
-    return [subkey(k, salt) for k in keys]
+def hash32_int(v: int) -> int:
+    """``hash32`` of one Python int (taken modulo 2^32)."""
+    x = int(v) & M32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & M32
+    return x ^ (x >> 16)
 
 
-def generator(key: int) -> torch.Generator:
-    """A CPU generator seeded with ``key`` (the same stream on both sides of a block)."""
-    g = torch.Generator()
-    g.manual_seed(int(key) & _MASK63)
-    return g
+def pair_keys(seed: int, layer: int, src: int | None, dst: int | None, parts: int,
+              device: torch.device) -> torch.Tensor:
+    """``(parts,)`` 32-bit keys of the pairs (src -> p) when ``dst`` is None, or (p -> dst)."""
+    from hpcgnn.comm.keys import mix  # noqa: PLC0415  (keys is a leaf module)
+    vals = [mix(seed, layer, src if src is not None else p, dst if dst is not None else p) & M32
+            for p in range(parts)]
+    return torch.tensor(vals, dtype=torch.int64, device=device)
 
 
-def blocks(counts: Sequence[int]) -> list[tuple[int, int, int]]:
-    """``(peer, start_row, rows)`` of every non-empty block, in peer order."""
-    out, start = [], 0
-    for peer, c in enumerate(counts):
-        c = int(c)
-        if c:
-            out.append((peer, start, c))
-        start += c
-    return out
+def epoch_keys(pairs: torch.Tensor, epoch: int) -> torch.Tensor:
+    """The block keys of one exchange: ``hash32(pair ^ hash32(epoch))``."""
+    return hash32(pairs ^ hash32_int(epoch))
+
+
+def col_seeds(groups: int, device: torch.device) -> torch.Tensor:
+    g = torch.arange(groups, dtype=torch.int64, device=device)
+    return hash32((g * 0x9E3779B1 + 0x7F4A7C15) & M32)
+
+
+def noise_u16(rows: int, width: int, key: int, device: torch.device) -> torch.Tensor:
+    """``(rows, width)`` int64 in ``[0, 2^16)``: the rounding noise of a sender's buffer."""
+    r = torch.arange(rows, dtype=torch.int64, device=device)
+    row = hash32(hash32(r) ^ (int(key) & M32))
+    h = hash32(row[:, None] ^ col_seeds(-(-width // 2), device)[None, :])
+    return torch.stack([h & 0xFFFF, h >> 16], dim=2).reshape(rows, -1)[:, :width]
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The layout of a packed buffer: rows grouped by peer, ``counts[p]`` rows for peer ``p``.
+
+    Made once per plan and direction; every tensor is on ``device``.
+    """
+
+    counts: tuple[int, ...]
+    counts_t: torch.Tensor        # int64 (P,)
+    starts_t: torch.Tensor        # int64 (P,) first row of each block
+    block_of_row: torch.Tensor    # int64 (R,)
+    row_in_block: torch.Tensor    # int64 (R,)
+
+    @classmethod
+    def of(cls, counts: Sequence[int], device: torch.device | str = "cpu") -> "Blocks":
+        counts = tuple(int(c) for c in counts)
+        counts_t = torch.tensor(counts, dtype=torch.int64, device=device)
+        starts = torch.cumsum(counts_t, 0) - counts_t
+        rows = sum(counts)
+        block = torch.repeat_interleave(torch.arange(len(counts), device=device), counts_t,
+                                        output_size=rows)
+        in_block = torch.arange(rows, dtype=torch.int64, device=device) - starts[block]
+        return cls(counts, counts_t, starts, block, in_block)
+
+    @property
+    def rows(self) -> int:
+        return int(self.block_of_row.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.counts_t.device
+
+
+def row_scores(blocks: Blocks, keys: torch.Tensor) -> torch.Tensor:
+    """``(R,)`` 32-bit score of every row, from its block's key and its index in the block."""
+    return hash32((keys[blocks.block_of_row] ^ SALT_ROWS) ^ hash32(blocks.row_in_block))
+
+
+def channel_scores(keys: torch.Tensor, width: int) -> torch.Tensor:
+    """``(P, width)`` 32-bit score of every channel of every block."""
+    return hash32((keys[:, None] ^ SALT_CHANNELS) ^ col_seeds(width, keys.device)[None, :])

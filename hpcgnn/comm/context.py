@@ -23,6 +23,8 @@ class CommContext:
     local_size: int
     device: torch.device
     cuda_aware: bool        # device buffers may be handed to MPI directly
+    thread_level: int = 0   # MPI.Query_thread(): CUDA autograd calls the backward exchange
+                            # from its device thread, which needs THREAD_SERIALIZED or more
 
     @classmethod
     def from_world(cls, device: str = "auto") -> "CommContext":
@@ -34,8 +36,15 @@ class CommContext:
         node.Free()
         dev = gpu.pick_device(local_rank, device)
         aware = dev.type == "cuda" and gpu.mpi_is_cuda_aware()
+        level = MPI.Query_thread()
+        if dev.type == "cuda" and level < MPI.THREAD_SERIALIZED:
+            raise RuntimeError(
+                f"MPI granted thread level {level} (< MPI_THREAD_SERIALIZED); on a GPU, autograd "
+                f"runs the backward halo exchange on its device thread. Launch with "
+                f"MPI4PY_RC_THREAD_LEVEL=multiple (or serialized), or use --device cpu")
         return cls(comm=world, rank=world.Get_rank(), size=world.Get_size(),
-                   local_rank=local_rank, local_size=local_size, device=dev, cuda_aware=aware)
+                   local_rank=local_rank, local_size=local_size, device=dev, cuda_aware=aware,
+                   thread_level=level)
 
     @property
     def is_root(self) -> bool:

@@ -11,21 +11,35 @@ decode), two autograd functions, so a layer aggregates its owned rows while the 
 on the wire; in backward, ``finish``'s backward posts the reverse exchange and ``start``'s
 backward waits for it, with the owned-row aggregation's backward in between.
 
+Codecs: the forward uses the epoch's forward codec; the backward sends the *adjoint* of the
+forward's selection (``codecs.base.backward_codec``: the gradients of exactly the rows and
+channels the forward sent) with the backward codec's value stage. Both ends derive the block
+keys of an exchange from pair keys made once per exchanger and the epoch (``codecs.rng``), in
+one device op; byte counts and displacements are cached per (codec, width, direction), so an
+exchange does no per-peer Python work after its first use.
+
 Volume per exchange: ``sum(codec.byte_counts(send_counts, width))`` bytes sent by this rank
 (identity codec: ``sum(send_counts) * width * 4``).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from hpcgnn.codecs.base import IDENTITY, WireCodec
+from hpcgnn.codecs.base import IDENTITY, WireCodec, backward_codec
+from hpcgnn.codecs.rng import Blocks, epoch_keys, pair_keys
 from hpcgnn.comm import gpu
 from hpcgnn.comm.context import CommContext
-from hpcgnn.comm.keys import BACKWARD, FORWARD, block_key
+from hpcgnn.comm.keys import BACKWARD, FORWARD, mix
 from hpcgnn.comm.plan import HaloPlan, displacements
+
+
+NO_EXCHANGE_ENV = "HPCGNN_BENCH_NO_EXCHANGE"
+"""Benchmarks only (``bench/network.py``'s no-communication floor): when set to 1, exchanges
+send nothing and the halo rows are zeros — the same compute without the wire. Wrong results."""
 
 
 class CodecError(RuntimeError):
@@ -54,10 +68,10 @@ class Pending:
     request: object | None
     recv: torch.Tensor
     keep: tuple
-    counts: list[int]
+    blocks: Blocks
     width: int
     codec: WireCodec
-    keys: list[int]
+    keys: torch.Tensor
 
 
 @dataclass
@@ -92,6 +106,16 @@ class HaloExchanger:
     forward_codec: WireCodec = IDENTITY
     backward_codec: WireCodec = IDENTITY
     _pinned: dict = field(default_factory=dict)
+    _counts: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        dev, me, parts = self.ctx.device, self.ctx.rank, self.plan.num_parts
+        # layouts of the packed buffers and the pair keys (forward direction), made once
+        self._send_blocks = Blocks.of(self.plan.send_counts, dev)
+        self._recv_blocks = Blocks.of(self.plan.recv_counts, dev)
+        self._pairs_out = pair_keys(self.seed, self.layer, me, None, parts, dev)   # me -> p
+        self._pairs_in = pair_keys(self.seed, self.layer, None, me, parts, dev)    # p -> me
+        self._skip_wire = os.environ.get(NO_EXCHANGE_ENV) == "1"
 
     def configure(self, epoch: int, forward_codec: WireCodec = IDENTITY,
                   backward_codec: WireCodec = IDENTITY) -> None:
@@ -121,27 +145,39 @@ class HaloExchanger:
     def post(self, rows: torch.Tensor, direction: int) -> Pending:
         """Encode ``rows`` (packed, grouped by peer) and post the Alltoallv of ``direction``."""
         fwd = direction == FORWARD
-        scounts = list(self.plan.send_counts if fwd else self.plan.recv_counts)
-        rcounts = list(self.plan.recv_counts if fwd else self.plan.send_counts)
-        codec = self.forward_codec if fwd else self.backward_codec
+        sblocks, rblocks = ((self._send_blocks, self._recv_blocks) if fwd
+                            else (self._recv_blocks, self._send_blocks))
+        codec = self.forward_codec if fwd else backward_codec(self.forward_codec, self.backward_codec)
         width = int(rows.shape[1])
-        me, parts = self.ctx.rank, self.plan.num_parts
-        skeys = [block_key(self.seed, self.epoch, self.layer, direction, me, p) for p in range(parts)]
-        rkeys = [block_key(self.seed, self.epoch, self.layer, direction, p, me) for p in range(parts)]
+        # block keys: the forward pair's in both directions (the backward is the forward's adjoint)
+        skeys = epoch_keys(self._pairs_out if fwd else self._pairs_in, self.epoch)
+        rkeys = epoch_keys(self._pairs_in if fwd else self._pairs_out, self.epoch)
+        noise = mix(self.seed, self.epoch, self.layer, direction, self.ctx.rank)
         t0 = time.perf_counter()
-        sbytes, rbytes = codec.byte_counts(scounts, width), codec.byte_counts(rcounts, width)
-        buf = codec.encode(rows.detach(), scounts, skeys).reshape(-1)
-        if buf.numel() != sum(sbytes):
+        sbytes, rbytes, full = self._byte_counts(codec, width, fwd)
+        buf = codec.encode(rows.detach(), sblocks, skeys, noise).reshape(-1)
+        if buf.numel() != sbytes[2]:
             raise CodecError(f"codec {codec.name!r} encoded {buf.numel()} bytes, its byte_counts "
-                             f"say {sum(sbytes)} (layer {self.layer}); fix the codec")
+                             f"say {sbytes[2]} (layer {self.layer}); fix the codec")
         t1 = time.perf_counter()
         request, recv, keep = self._alltoallv(buf, sbytes, rbytes, slot=str(direction))
         self.stats.codec_s += t1 - t0
         self.stats.comm_s += time.perf_counter() - t1
-        self.stats.bytes_sent += sum(sbytes)
-        self.stats.bytes_full += sum(scounts) * width * 4
+        self.stats.bytes_sent += sbytes[2]
+        self.stats.bytes_full += full
         self.stats.exchanges += 1
-        return Pending(request, recv, keep, rcounts, width, codec, rkeys)
+        return Pending(request, recv, keep, rblocks, width, codec, rkeys)
+
+    def _byte_counts(self, codec: WireCodec, width: int, fwd: bool):
+        """((send counts, displs, total), (recv counts, displs, total), fp32 bytes), cached."""
+        key = (codec, width, fwd)
+        if key not in self._counts:
+            scounts = self.plan.send_counts if fwd else self.plan.recv_counts
+            rcounts = self.plan.recv_counts if fwd else self.plan.send_counts
+            s, r = codec.byte_counts(scounts, width), codec.byte_counts(rcounts, width)
+            self._counts[key] = ((s, displacements(s), sum(s)), (r, displacements(r), sum(r)),
+                                 sum(scounts) * width * 4)
+        return self._counts[key]
 
     def complete(self, pending: Pending) -> torch.Tensor:
         """Wait for ``pending`` and decode: ``(sum(counts), width)`` float32 on the device."""
@@ -150,21 +186,25 @@ class HaloExchanger:
             pending.request.Wait()
         recv = gpu.from_mpi(pending.recv, self.ctx.device)
         t1 = time.perf_counter()
-        rows = pending.codec.decode(recv, pending.counts, pending.width, pending.keys)
+        rows = pending.codec.decode(recv, pending.blocks, pending.width, pending.keys)
         self.stats.comm_s += t1 - t0
         self.stats.codec_s += time.perf_counter() - t1
         return rows.reshape(-1, pending.width)
 
-    def _alltoallv(self, buf: torch.Tensor, sbytes: list[int], rbytes: list[int], slot: str):
-        """One (I)Alltoallv of uint8 blocks; returns (request or None, recv tensor, keep-alive)."""
+    def _alltoallv(self, buf: torch.Tensor, sbytes: tuple, rbytes: tuple, slot: str):
+        """One (I)Alltoallv of uint8 blocks; ``sbytes``/``rbytes``: (counts, displacements,
+        total). Returns (request or None, recv tensor, keep-alive)."""
         aware, dev = self.ctx.cuda_aware, self.ctx.device
-        recv, recvbuf = gpu.recv_buffer(sum(rbytes), torch.uint8, dev, aware, self._pinned, "r" + slot)
+        recv, recvbuf = gpu.recv_buffer(rbytes[2], torch.uint8, dev, aware, self._pinned, "r" + slot)
         if self.ctx.size == 1:
+            return None, recv, ()
+        if self._skip_wire:                          # the no-communication floor (benchmarks)
+            recv.zero_()
             return None, recv, ()
         sendbuf = gpu.to_mpi(buf, aware, self._pinned, "s" + slot)
         from mpi4py import MPI
-        smsg = [sendbuf, (sbytes, displacements(sbytes)), MPI.BYTE]
-        rmsg = [recvbuf, (rbytes, displacements(rbytes)), MPI.BYTE]
+        smsg = [sendbuf, (sbytes[0], sbytes[1]), MPI.BYTE]
+        rmsg = [recvbuf, (rbytes[0], rbytes[1]), MPI.BYTE]
         if not self.overlap:
             self.ctx.comm.Alltoallv(smsg, rmsg)      # one Alltoallv: sum(sbytes) bytes out
             return None, recv, ()

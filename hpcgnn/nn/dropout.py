@@ -16,7 +16,9 @@ import torch
 from hpcgnn.comm.keys import mix
 
 _M32 = 0xFFFFFFFF
-_CHUNK_ELEMS = 1 << 18
+_CHUNK_ELEMS = 1 << 18          # CPU: a chunk's int64 temporaries stay in cache
+_CHUNK_ELEMS_GPU = 1 << 26      # GPU: few launches (a chunk per 256k elements cost 2,500
+                                # kernel launches per layer, 5x PyG's epoch on an H100)
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +49,8 @@ def keep_mask(global_id: torch.Tensor, width: int, p: float, seed: int, epoch: i
     """bool ``(len(global_id), width)``: True where the element is kept (probability 1 - p)."""
     rows, cols = _row_col_hashes(global_id, width, seed, epoch, layer)
     out = torch.empty(rows.shape[0], width, dtype=torch.bool, device=global_id.device)
-    step = max(1, _CHUNK_ELEMS // max(width, 1))
+    chunk = _CHUNK_ELEMS_GPU if global_id.device.type == "cuda" else _CHUNK_ELEMS
+    step = max(1, chunk // max(width, 1))
     for a in range(0, rows.shape[0], step):
         out[a:a + step] = _keep(rows[a:a + step, None], cols[None, :], p)
     return out

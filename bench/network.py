@@ -1,0 +1,238 @@
+"""The cluster-network benchmark: real training runs whose bytes cost time as on a cluster link.
+
+Each run is ``mpiexec -n R python -m mpi4py -m hpcgnn train`` inside a private network
+namespace (``unshare -n``, root) whose loopback is rate-limited by a token bucket
+(``tc qdisc add dev lo root tbf rate RATE burst 1mb latency 100ms``), with Open MPI forced onto
+TCP over that loopback (``OMPI_MCA_btl=self,tcp``, ``pml=ob1``). ``none`` runs the same TCP path
+without the limit; ``shm`` is a plain launch (shared memory). ``floor`` is full communication
+with the exchange skipped (``HPCGNN_BENCH_NO_EXCHANGE=1``): the same compute, no halo wire.
+
+    python bench/network.py [--ranks 4 8] [--rates 1 shm] [--schedules full quant2-all ...]
+                            [--epochs 100] [--out bench/results/network] [--plot]
+
+Per run: median epoch time (training step only), comm and codec share, bytes relative to fp32,
+test accuracy at the best validation epoch, and **time to accuracy**: the training time (sum of
+epoch times) until validation accuracy first reaches full communication's best validation
+accuracy at the same rank count and link, less 0.5 pt. Results: ``OUT.json``, ``OUT.md`` and,
+with ``--plot``, ``OUT-tta.png`` (accuracy against training time) and ``OUT-speedup.png``.
+Run it on an otherwise idle machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SPEC = "csbm:nodes=20000,classes=8,degree=10,homophily=0.7,features=128,signal=0.8,seed=11"
+SCHEDULES = ("full", "varco", "varco-quant2-all", "quant4-all", "quant2-all", "quant1-all",
+             "sample-all", "sample-quant2-all")
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1",
+           "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMP_NUM_THREADS": "1"}
+TCP_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl_tcp_if_include": "lo",
+           "OMPI_MCA_oob_tcp_if_include": "lo", "PRTE_MCA_oob_tcp_if_include": "lo"}
+RUN_TOML = """[model]
+arch = "gcn"
+hidden = 64
+layers = 2
+dropout = 0.5
+[train]
+epochs = {epochs}
+lr = 0.01
+weight_decay = 5e-4
+seed = {seed}
+eval_every = 1
+"""
+
+
+def shard_set(spec: str, parts: int, root: Path) -> Path:
+    out = root / f"shards-{parts}"
+    if not (out / "meta.json").is_file():
+        subprocess.run([sys.executable, "-m", "preprocess", "--dataset", spec, "--parts", str(parts),
+                        "--partitioner", "random", "--out", str(out), "--force", "-q"], check=True, cwd=REPO)
+    return out
+
+
+def launch(ranks: int, shards: Path, schedule: str, rate: str, run_dir: Path, config: Path,
+           timeout: float) -> None:
+    """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm')."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    sched = [] if schedule in ("full", "floor") else ["--schedule", str(REPO / "configs" / "schedules" / f"{schedule}.toml")]
+    train = [str(mpiexec), "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "mpi4py",
+             "-m", "hpcgnn", "train", "--shards", str(shards), "--config", str(config),
+             "--out", str(run_dir), "--device", "cpu", *sched]
+    env = {**os.environ, **MPI_ENV}
+    if schedule == "floor":
+        env["HPCGNN_BENCH_NO_EXCHANGE"] = "1"
+    if rate == "shm":
+        cmd = train
+    else:
+        env.update(TCP_ENV)
+        shape = "" if rate == "none" else (f"tc qdisc add dev lo root tbf rate {rate}gbit "
+                                           f"burst 1mb latency 100ms && ")
+        cmd = ["unshare", "-n", "bash", "-c",
+               f"ip link set lo up && {shape}exec {' '.join(shlex.quote(a) for a in train)}"]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run {run_dir} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def summarise(run_dir: Path) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    times = [r["epoch_s"] for r in rows]
+    timed = times[1:] or times
+    return {"epoch_s": statistics.median(timed),
+            "comm_share": statistics.median(r["comm_s"] / r["epoch_s"] for r in rows[1:] or rows),
+            "codec_share": statistics.median(r["codec_s"] / r["epoch_s"] for r in rows[1:] or rows),
+            "bytes_ratio": summary["bytes_sent"] / max(summary["bytes_full"], 1),
+            "bytes_sent": summary["bytes_sent"], "test_acc": summary["test_acc"],
+            "best_val": summary["best_val_acc"], "train_s": sum(times),
+            "curve": [(sum(times[:i + 1]), r.get("val_acc"), r.get("test_acc")) for i, r in enumerate(rows)]}
+
+
+def time_to(curve: list, target: float) -> float | None:
+    """Training time until validation accuracy first reaches ``target``; None if never."""
+    return next((t for t, val, _ in curve if val is not None and val >= target), None)
+
+
+def run_all(args) -> dict:
+    root = Path(args.work)
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / "run.toml"
+    config.write_text(RUN_TOML.format(epochs=args.epochs, seed=args.seed))
+    results: dict = {}
+    for ranks in args.ranks:
+        shards = shard_set(args.dataset, ranks, root)
+        for rate in args.rates:
+            for schedule in args.schedules:
+                run_dir = root / f"r{ranks}-{rate}-{schedule}"
+                t0 = time.perf_counter()
+                launch(ranks, shards, schedule, rate, run_dir, config, args.timeout)
+                res = summarise(run_dir)
+                res["wall_s"] = time.perf_counter() - t0
+                results[f"{ranks}|{rate}|{schedule}"] = res
+                print(f"ranks {ranks} link {rate} {schedule}: epoch {1e3 * res['epoch_s']:.1f} ms, "
+                      f"test {res['test_acc']:.4f}, bytes {100 * res['bytes_ratio']:.1f} %", flush=True)
+    return results
+
+
+def add_time_to_accuracy(results: dict) -> None:
+    for key, res in results.items():
+        ranks, rate, _ = key.split("|")
+        full = results.get(f"{ranks}|{rate}|full")
+        if full is None:
+            continue
+        res["target_val"] = full["best_val"] - 0.005
+        res["tta_s"] = time_to(res["curve"], res["target_val"])
+        base = time_to(full["curve"], res["target_val"])
+        res["tta_speedup"] = base / res["tta_s"] if res["tta_s"] and base else None
+        res["epoch_speedup"] = full["epoch_s"] / res["epoch_s"]
+
+
+def to_markdown(results: dict, args) -> str:
+    lines = [f"`{args.dataset}`, GCN 2 layers, 64 hidden, {args.epochs} epochs, random parts, "
+             f"CPU ranks (one thread each) on {os.cpu_count()} cores; link: token-bucket "
+             f"rate-limited loopback in a network namespace (Open MPI over TCP), `none` = the same "
+             f"TCP path unlimited, `shm` = shared memory. Time to accuracy: training time until "
+             f"validation accuracy reaches full communication's best - 0.5 pt (— = never).", "",
+             "| ranks | link (Gbit/s) | schedule | epoch (ms) | vs full | comm | codec | bytes vs fp32 | "
+             "test acc | time to acc (s) | vs full |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, r in results.items():
+        ranks, rate, sched = key.split("|")
+        tta = "—" if r.get("tta_s") is None else f"{r['tta_s']:.2f}"
+        sent = "none" if sched == "floor" else f"{100 * r['bytes_ratio']:.1f} %"
+        spd = "—" if r.get("tta_speedup") is None else f"{r['tta_speedup']:.2f}x"
+        lines.append(f"| {ranks} | {rate} | {sched} | {1e3 * r['epoch_s']:.1f} | "
+                     f"{r.get('epoch_speedup', 1):.2f}x | {100 * r['comm_share']:.0f} % | "
+                     f"{100 * r['codec_share']:.1f} % | {sent} | "
+                     f"{r['test_acc']:.4f} | {tta} | {spd} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    keys = [k for k in results if k.split("|")[1] == "1"] or list(results)
+    ranks = sorted({k.split("|")[0] for k in keys}, key=int)
+    fig, axes = plt.subplots(1, len(ranks), figsize=(6 * len(ranks), 4.2), squeeze=False)
+    for ax, rk in zip(axes[0], ranks):
+        for k in keys:
+            r_, rate, sched = k.split("|")
+            if r_ != rk:
+                continue
+            t = [c[0] for c in results[k]["curve"]]
+            v = [c[1] for c in results[k]["curve"]]
+            ax.plot(t, v, label=sched, lw=1.3)
+        ax.set_title(f"{rk} ranks, link {rate} Gbit/s")
+        ax.set_xlabel("training time (s)")
+        ax.set_ylabel("validation accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out.with_name(out.name + "-tta.png"), dpi=110)
+    plt.close(fig)
+    rates = [r for r in dict.fromkeys(k.split("|")[1] for k in results) if r not in ("shm",)]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for rk in sorted({k.split("|")[0] for k in results}, key=int):
+        for sched in dict.fromkeys(k.split("|")[2] for k in results):
+            if sched == "full":
+                continue
+            ys = [results.get(f"{rk}|{rate}|{sched}", {}).get("epoch_speedup") for rate in rates]
+            if any(y is not None for y in ys):
+                ax.plot(range(len(rates)), ys, marker="o", label=f"{sched}, {rk} ranks", lw=1)
+    ax.set_xticks(range(len(rates)), [f"{r}" for r in rates])
+    ax.set_xlabel("link (Gbit/s; none = unlimited TCP)")
+    ax.set_ylabel("epoch speed-up over full communication")
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out.with_name(out.name + "-speedup.png"), dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default=DEFAULT_SPEC)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--rates", nargs="+", default=["0.5", "1", "10", "none", "shm"],
+                    help="link rates in Gbit/s, 'none' (TCP, unlimited) or 'shm' (shared memory)")
+    ap.add_argument("--schedules", nargs="+", default=["floor", *SCHEDULES],
+                    help="schedule names in configs/schedules, 'full', or 'floor'")
+    ap.add_argument("--epochs", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--work", default=str(REPO / "runs" / "network"))
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "network"))
+    ap.add_argument("--plot", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0 and any(r != "shm" for r in args.rates):
+        sys.exit("bench/network.py: the link emulation needs root (unshare -n, tc); use --rates shm")
+    if "full" not in args.schedules:
+        args.schedules.insert(0, "full")
+    results = run_all(args)
+    add_time_to_accuracy(results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = to_markdown(results, args)
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
+                                                   "load_average": os.getloadavg()[0],
+                                                   "results": results}, indent=1))
+    print(table)
+    if args.plot:
+        plot(results, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+/* Quantisation kernels for CPU ranks: one pass over the rows, the same numbers as the torch
+ * path in quant.py (built with -ffp-contract=off so no multiply-add is fused differently).
+ *
+ * Row layout (row_bytes = 6 + ceil(width * bits / 8)):
+ *   lo   float32  the row minimum, exact
+ *   step bfloat16 (max - lo) / (2^bits - 1) rounded up to bfloat16 (0 for a constant row)
+ *   codes, 8 / bits per byte, code j at bit (j % (8 / bits)) * bits of byte j / (8 / bits)
+ * q = min(levels, floor((x - lo) * (1 / step) + u)), u = (u16 + 0.5) / 2^16, with u16 the
+ * 16-bit half (c % 2) of h(r, c / 2) = hash32(hash32(key ^ hash32(r)) ^ col(c / 2)).
+ */
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t hash32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    x ^= x >> 16;
+    return x;
+}
+
+static inline uint32_t col_seed(uint32_t g) { return hash32(g * 0x9E3779B1u + 0x7F4A7C15u); }
+
+static inline float bf16_up(float v) {           /* round a positive float up to bfloat16 */
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    if (b & 0xFFFFu) b = (b & 0xFFFF0000u) + 0x10000u;
+    else b &= 0xFFFF0000u;
+    memcpy(&v, &b, 4);
+    return v;
+}
+
+int64_t hpcgnn_quant_row_bytes(int64_t width, int bits) { return 6 + (width * bits + 7) / 8; }
+
+/* one row: codes[c] in [0, levels] from x, lo, inv and the row's noise (u16 per value) */
+static void row_codes(const float *xr, int64_t width, float lo, float inv, float levels,
+                      uint32_t row, const uint32_t *cols, uint32_t *noise, uint8_t *codes) {
+    const int64_t groups = (width + 1) / 2;
+    for (int64_t g = 0; g < groups; g++) noise[g] = hash32(row ^ cols[g]);
+    const uint16_t *n16 = (const uint16_t *)noise;     /* little endian: half c % 2 of group c / 2 */
+    for (int64_t c = 0; c < width; c++) {
+        float u = ((float)n16[c] + 0.5f) * (1.0f / 65536.0f);
+        float t = (xr[c] - lo) * inv;
+        float v = t + u;
+        v = v < levels ? v : levels;
+        codes[c] = (uint8_t)(int)v;
+    }
+}
+
+#define PACK(BITS)                                                                         \
+    static void pack##BITS(const uint8_t *codes, int64_t width, uint8_t *out) {            \
+        enum { PER = 8 / BITS };                                                           \
+        const int64_t full = width / PER;                                                  \
+        for (int64_t j = 0; j < full; j++) {                                               \
+            uint8_t byte = 0;                                                              \
+            for (int i = 0; i < PER; i++) byte |= (uint8_t)(codes[j * PER + i] << (i * BITS)); \
+            out[j] = byte;                                                                 \
+        }                                                                                  \
+        if (full * PER < width) {                                                          \
+            uint8_t byte = 0;                                                              \
+            for (int64_t c = full * PER; c < width; c++)                                   \
+                byte |= (uint8_t)(codes[c] << ((c - full * PER) * BITS));                  \
+            out[full] = byte;                                                              \
+        }                                                                                  \
+    }                                                                                      \
+    static void unpack##BITS(const uint8_t *packed, int64_t width, float lo, float step,  \
+                             float *o) {                                                   \
+        enum { PER = 8 / BITS, MASK = (1 << BITS) - 1 };                                   \
+        const int64_t full = width / PER;                                                  \
+        for (int64_t j = 0; j < full; j++) {                                               \
+            const uint8_t b = packed[j];                                                   \
+            for (int i = 0; i < PER; i++) {                                                \
+                float p = (float)((b >> (i * BITS)) & MASK) * step;                        \
+                o[j * PER + i] = p + lo;                                                   \
+            }                                                                              \
+        }                                                                                  \
+        for (int64_t c = full * PER; c < width; c++) {                                     \
+            float p = (float)((packed[full] >> ((c - full * PER) * BITS)) & MASK) * step;  \
+            o[c] = p + lo;                                                                 \
+        }                                                                                  \
+    }
+PACK(1)
+PACK(2)
+PACK(4)
+PACK(8)
+
+void hpcgnn_quant_encode(const float *x, int64_t rows, int64_t width, int bits, uint32_t key,
+                         const uint32_t *cols, uint8_t *out) {
+    const int64_t rb = hpcgnn_quant_row_bytes(width, bits);
+    const float levels = (float)((1 << bits) - 1);
+    uint8_t codes[width + 8];
+    uint32_t noise[(width + 1) / 2 + 1];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * width;
+        uint8_t *o = out + r * rb;
+        float lo = xr[0], hi = xr[0];
+        for (int64_t c = 1; c < width; c++) {
+            lo = xr[c] < lo ? xr[c] : lo;
+            hi = xr[c] > hi ? xr[c] : hi;
+        }
+        float step = hi > lo ? bf16_up((hi - lo) / levels) : 0.0f;
+        float inv = step > 0.0f ? 1.0f / step : 0.0f;
+        uint32_t sbits;
+        memcpy(&sbits, &step, 4);
+        uint16_t s16 = (uint16_t)(sbits >> 16);
+        memcpy(o, &lo, 4);
+        memcpy(o + 4, &s16, 2);
+        row_codes(xr, width, lo, inv, levels, hash32(hash32((uint32_t)r) ^ key), cols, noise, codes);
+        switch (bits) {
+            case 1: pack1(codes, width, o + 6); break;
+            case 2: pack2(codes, width, o + 6); break;
+            case 4: pack4(codes, width, o + 6); break;
+            default: pack8(codes, width, o + 6); break;
+        }
+    }
+}
+
+void hpcgnn_quant_decode(const uint8_t *buf, int64_t rows, int64_t width, int bits, float *out) {
+    const int64_t rb = hpcgnn_quant_row_bytes(width, bits);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = buf + r * rb;
+        float lo, step;
+        uint16_t s16;
+        memcpy(&lo, row, 4);
+        memcpy(&s16, row + 4, 2);
+        uint32_t sbits = (uint32_t)s16 << 16;
+        memcpy(&step, &sbits, 4);
+        float *o = out + r * width;
+        switch (bits) {
+            case 1: unpack1(row + 6, width, lo, step, o); break;
+            case 2: unpack2(row + 6, width, lo, step, o); break;
+            case 4: unpack4(row + 6, width, lo, step, o); break;
+            default: unpack8(row + 6, width, lo, step, o); break;
+        }
+    }
+}
