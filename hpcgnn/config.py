@@ -65,9 +65,20 @@ class TrainConfig:
     default: on CPU ranks over shared memory it cost 18 % of the epoch (bench/epoch.py), since
     Open MPI progresses the exchange only inside MPI calls; try it where the network or the
     MPI has asynchronous progress"""
+    staleness: int = 0
+    """0 = synchronous. s >= 1 (PipeGCN, Sylvie): the halo rows and halo gradients used at
+    epoch t were exchanged at epoch t - s (non-blocking, while epochs t-s..t compute); the
+    first s epochs exchange synchronously (a warm-up instead of PipeGCN's zeros)"""
+    smoothing: float = 0.0
+    """PipeGCN's correction of stale rows and gradients: avg <- m * avg + (1 - m) * received
+    (0 = off; PipeGCN uses 0.95)"""
 
     def check(self, where: str) -> None:
         _need(self.epochs >= 1, where, "train.epochs", self.epochs, "use an integer >= 1")
+        _need(self.staleness >= 0, where, "train.staleness", self.staleness,
+              "use 0 (synchronous) or an integer >= 1 (epochs of staleness)")
+        _need(0.0 <= self.smoothing < 1.0, where, "train.smoothing", self.smoothing,
+              "use a momentum in [0, 1) (0 = off, PipeGCN: 0.95)")
         _need(self.lr > 0, where, "train.lr", self.lr, "use a positive learning rate")
         _need(self.weight_decay >= 0, where, "train.weight_decay", self.weight_decay, "use >= 0")
         _need(0 <= self.seed < 2**31, where, "train.seed", self.seed, "use an integer in [0, 2^31)")

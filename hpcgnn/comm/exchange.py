@@ -142,16 +142,22 @@ class HaloExchanger:
         return self.finish(self.start(x_owned))
 
     # -- the two directions -------------------------------------------------------------
-    def post(self, rows: torch.Tensor, direction: int) -> Pending:
-        """Encode ``rows`` (packed, grouped by peer) and post the Alltoallv of ``direction``."""
+    def post(self, rows: torch.Tensor, direction: int, of: tuple[int, WireCodec] | None = None,
+             nonblocking: bool | None = None, slot: str = "") -> Pending:
+        """Encode ``rows`` (packed, grouped by peer) and post the Alltoallv of ``direction``.
+
+        ``of``: (epoch, forward codec) of the forward exchange this one belongs to — its keys
+        and, for the backward, its selection (default: this epoch's). ``nonblocking``: post an
+        ``Ialltoallv`` (default: ``overlap``); ``slot`` names its staging buffers."""
         fwd = direction == FORWARD
         sblocks, rblocks = ((self._send_blocks, self._recv_blocks) if fwd
                             else (self._recv_blocks, self._send_blocks))
-        codec = self.forward_codec if fwd else backward_codec(self.forward_codec, self.backward_codec)
+        epoch, fcodec = of if of is not None else (self.epoch, self.forward_codec)
+        codec = fcodec if fwd else backward_codec(fcodec, self.backward_codec)
         width = int(rows.shape[1])
         # block keys: the forward pair's in both directions (the backward is the forward's adjoint)
-        skeys = epoch_keys(self._pairs_out if fwd else self._pairs_in, self.epoch)
-        rkeys = epoch_keys(self._pairs_in if fwd else self._pairs_out, self.epoch)
+        skeys = epoch_keys(self._pairs_out if fwd else self._pairs_in, epoch)
+        rkeys = epoch_keys(self._pairs_in if fwd else self._pairs_out, epoch)
         noise = mix(self.seed, self.epoch, self.layer, direction, self.ctx.rank)
         t0 = time.perf_counter()
         sbytes, rbytes, full = self._byte_counts(codec, width, fwd)
@@ -160,7 +166,8 @@ class HaloExchanger:
             raise CodecError(f"codec {codec.name!r} encoded {buf.numel()} bytes, its byte_counts "
                              f"say {sbytes[2]} (layer {self.layer}); fix the codec")
         t1 = time.perf_counter()
-        request, recv, keep = self._alltoallv(buf, sbytes, rbytes, slot=str(direction))
+        nb = self.overlap if nonblocking is None else nonblocking
+        request, recv, keep = self._alltoallv(buf, sbytes, rbytes, f"{direction}{slot}", nb)
         self.stats.codec_s += t1 - t0
         self.stats.comm_s += time.perf_counter() - t1
         self.stats.bytes_sent += sbytes[2]
@@ -191,7 +198,8 @@ class HaloExchanger:
         self.stats.codec_s += time.perf_counter() - t1
         return rows.reshape(-1, pending.width)
 
-    def _alltoallv(self, buf: torch.Tensor, sbytes: tuple, rbytes: tuple, slot: str):
+    def _alltoallv(self, buf: torch.Tensor, sbytes: tuple, rbytes: tuple, slot: str,
+                   nonblocking: bool):
         """One (I)Alltoallv of uint8 blocks; ``sbytes``/``rbytes``: (counts, displacements,
         total). Returns (request or None, recv tensor, keep-alive)."""
         aware, dev = self.ctx.cuda_aware, self.ctx.device
@@ -205,7 +213,7 @@ class HaloExchanger:
         from mpi4py import MPI
         smsg = [sendbuf, (sbytes[0], sbytes[1]), MPI.BYTE]
         rmsg = [recvbuf, (rbytes[0], rbytes[1]), MPI.BYTE]
-        if not self.overlap:
+        if not nonblocking:
             self.ctx.comm.Alltoallv(smsg, rmsg)      # one Alltoallv: sum(sbytes) bytes out
             return None, recv, ()
         request = self.ctx.comm.Ialltoallv(smsg, rmsg)  # completes in complete()

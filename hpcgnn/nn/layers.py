@@ -46,9 +46,13 @@ class HaloLayer(nn.Module):
         super().__init__()
         self.graph, self.exchanger, self.width = graph, exchanger, width
         self.encoder, self.decoder = codec_modules
+        self.stale = None        # a StaleExchange when train.staleness >= 1 (hpcgnn.comm.stale)
 
     def propagate(self, src: torch.Tensor) -> torch.Tensor:
         """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
+        if self.stale is not None and self.training and self.exchanger.ctx.size > 1:
+            halo = self.stale.exchange(src)                   # rows posted s epochs ago
+            return (self.graph.owned @ src) + (self.graph.halo @ halo)
         handle = self.exchanger.start(src, self.encoder)      # (I)Alltoallv posted
         local = self.graph.owned @ src                        # no communication needed
         halo = self.exchanger.finish(handle, self.decoder)    # wait, decode

@@ -12,6 +12,7 @@ from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
 from hpcgnn.comm.plan import HaloPlan
+from hpcgnn.comm.stale import StaleExchange
 from hpcgnn.config import ModelConfig
 from hpcgnn.nn.dropout import counter_dropout
 from hpcgnn.nn.graph import LocalGraph
@@ -36,7 +37,8 @@ class GNN(nn.Module):
 
     def __init__(self, cfg: ModelConfig, in_dim: int, num_classes: int, graph: LocalGraph,
                  plan: HaloPlan, ctx: CommContext, global_id: torch.Tensor, seed: int,
-                 overlap: bool = False, policy: CompressionPolicy = FULL_PRECISION):
+                 overlap: bool = False, policy: CompressionPolicy = FULL_PRECISION,
+                 staleness: int = 0, smoothing: float = 0.0):
         super().__init__()
         self.cfg, self.seed, self.global_id = cfg, seed, global_id
         self.stats = ExchangeStats()
@@ -47,10 +49,26 @@ class GNN(nn.Module):
             _, width = choose_order(a, b, needs_grad)
             self.layers.append(LAYERS[cfg.arch](a, b, graph, exch, policy.layer_modules(i, width),
                                                 input_needs_grad=needs_grad))
+            if staleness:
+                if self.layers[-1].encoder is not None:
+                    raise ValueError("train.staleness >= 1 does not combine with the 'learned' "
+                                     "codec (its encoder would train on rows of another epoch); "
+                                     "use truncate, random, quant or sample, or staleness = 0")
+                self.layers[-1].stale = StaleExchange(exch, staleness, smoothing)
 
     @property
     def exchangers(self) -> list[HaloExchanger]:
         return [layer.exchanger for layer in self.layers]
+
+    def stale_state(self) -> list[dict] | None:
+        """Every layer's stale-exchange state (None without staleness); completes what is in flight."""
+        if self.layers[0].stale is None:
+            return None
+        return [layer.stale.state_dict() for layer in self.layers]
+
+    def load_stale_state(self, states: list[dict]) -> None:
+        for layer, state in zip(self.layers, states):
+            layer.stale.load_state_dict(state)
 
     def input_nonzeros(self, x: torch.Tensor):
         """Non-zeros of the (constant) input features when they are sparse, cached; else None."""

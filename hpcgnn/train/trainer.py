@@ -64,7 +64,8 @@ class Trainer:
         graph = LocalGraph.from_shard(shard, cfg.model.arch, ctx.device)
         torch.manual_seed(cfg.train.seed)            # same initial parameters on every rank
         self.model = GNN(cfg.model, shard.feature_dim, int(meta["num_classes"]), graph, self.plan,
-                         ctx, self.data.global_id, cfg.train.seed, cfg.train.overlap, self.policy)
+                         ctx, self.data.global_id, cfg.train.seed, cfg.train.overlap, self.policy,
+                         cfg.train.staleness, cfg.train.smoothing)
         self.model.to(ctx.device)
         self.params = list(self.model.parameters())
         self.opt = torch.optim.Adam(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -112,6 +113,8 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.progress = Progress(**state["progress"])
+        if state.get("stale") is not None:               # every rank's own stale buffers
+            self.model.load_stale_state(state["stale"][self.ctx.rank])
         if self.ctx.is_root:
             clear_marker(self.run_dir)
         log.info("resumed from %s after epoch %d", self.run_dir / ckpt.CHECKPOINT_NAME,
@@ -229,9 +232,14 @@ class Trainer:
 
     # -- outputs ------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
+        stale = self.model.stale_state()                 # per rank: gathered to rank 0
+        if stale is not None and self.ctx.size > 1:
+            stale = self.ctx.comm.gather(stale, root=0)
+        elif stale is not None:
+            stale = [stale]
         if not self.ctx.is_root:
             return
-        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "stale": stale,
                  "torch_rng": torch.get_rng_state(), "schedule_epoch": self.progress.epochs_done,
                  "progress": vars(self.progress).copy(), "model_config": self.cfg.to_dict()["model"]}
         ckpt.save_checkpoint(self.run_dir, state)

@@ -1,0 +1,146 @@
+"""Bounded staleness on the halo exchange (PipeGCN; Sylvie's Bounded Staleness Adaptor).
+
+With staleness ``s``, training epoch ``t`` of a layer
+  forward:  posts its boundary rows (``Ialltoallv``) and uses the halo rows *posted at t - s*,
+            so the wire overlaps s epochs of computation;
+  backward: posts the gradients of the halo rows it used (to their owners, through the adjoint
+            of the codec those rows were sent with) and adds into its boundary rows the halo
+            gradients its peers *posted at t - s*.
+Weight gradients are never stale (the trainer's Allreduce is synchronous). Epochs ``t < s``
+exchange synchronously (exact; PipeGCN starts from zeros instead, which makes the first
+steps' halo terms zero) and also post their rows for ``t + s``; a stale gradient posted at an
+epoch below ``s`` does not exist (the synchronous backward delivered it), so nothing is added.
+
+Smoothing ``m`` (PipeGCN's ``--feat-corr/--grad-corr``): ``avg <- m * avg + (1 - m) * recv``
+for received rows and gradients, and ``avg`` is used. ``avg`` starts at the first received
+value (PipeGCN starts it at zero, which scales the first stale rows by ``1 - m``).
+
+Progress: Open MPI advances a non-blocking collective only inside MPI calls, so every layer's
+stale step calls ``MPI_Testall`` on what is in flight (``poke``); the trainer's Allreduce and
+the other layers' posts advance it too.
+
+Memory per rank and layer: ``s`` received halo blocks ``(n_halo, w)`` and ``s`` received
+gradient blocks ``(n_send, w)`` in fp32 (plus the wire buffers in flight), and one of each for
+smoothing. ``state_dict`` completes what is in flight and stores the received tensors, so a
+checkpoint resumes exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from hpcgnn.codecs.base import WireCodec
+from hpcgnn.comm.exchange import HaloExchanger, Pending
+from hpcgnn.comm.keys import BACKWARD, FORWARD
+
+
+@dataclass
+class Entry:
+    """One exchange of one epoch: in flight (``pending``) or received (``rows``)."""
+
+    epoch: int                  # the epoch that posted it
+    codec: WireCodec            # the forward codec of the rows (the backward's adjoint uses it)
+    pending: Pending | None = None
+    rows: torch.Tensor | None = None
+
+
+class StaleExchange:
+    """The stale halo exchange of one layer: its entries in flight and its smoothing state."""
+
+    def __init__(self, exchanger: HaloExchanger, staleness: int, smoothing: float = 0.0):
+        if staleness < 1:
+            raise ValueError(f"staleness must be >= 1 for a stale exchange, got {staleness}")
+        self.ex, self.s, self.m = exchanger, int(staleness), float(smoothing)
+        self.fwd: dict[int, Entry] = {}
+        self.bwd: dict[int, Entry] = {}
+        self.avg: dict[int, torch.Tensor | None] = {FORWARD: None, BACKWARD: None}
+
+    # -- what a layer calls ---------------------------------------------------------------
+    def exchange(self, src: torch.Tensor) -> torch.Tensor:
+        """The halo rows ``(n_halo, w)`` this epoch uses for ``src`` ``(n_owned, w)``."""
+        t = self.ex.epoch
+        self.poke()
+        if t < self.s:                                    # warm-up: synchronous and exact
+            halo = self.ex.exchange(src)
+            self._post_rows(src.detach(), t)
+            return halo
+        return _Stale.apply(src, self)
+
+    def poke(self) -> None:
+        """Let MPI progress the exchanges in flight (``MPI_Testall``)."""
+        reqs = [e.pending.request for e in (*self.fwd.values(), *self.bwd.values())
+                if e.pending is not None and e.pending.request is not None]
+        if reqs:
+            from mpi4py import MPI
+            MPI.Request.Testall(reqs)
+
+    # -- the two directions ---------------------------------------------------------------
+    def _post_rows(self, src: torch.Tensor, t: int) -> None:
+        rows = src.index_select(0, self.ex.plan.send_index)
+        codec = self.ex.forward_codec
+        self.fwd[t] = Entry(t, codec, self.ex.post(rows, FORWARD, of=(t, codec), nonblocking=True,
+                                                   slot=f"f{t % (self.s + 1)}"))
+
+    def _post_grads(self, grad_halo: torch.Tensor, used: Entry) -> None:
+        t = self.ex.epoch
+        pending = self.ex.post(grad_halo.contiguous(), BACKWARD, of=(used.epoch, used.codec),
+                               nonblocking=True, slot=f"b{t % (self.s + 1)}")
+        self.bwd[t] = Entry(t, used.codec, pending)
+
+    def _take(self, table: dict[int, Entry], epoch: int, direction: int) -> torch.Tensor | None:
+        entry = table.pop(epoch, None)
+        if entry is None:
+            return None
+        rows = entry.rows if entry.pending is None else self.ex.complete(entry.pending)
+        if self.m == 0.0:
+            return rows
+        avg = self.avg[direction]
+        self.avg[direction] = rows.clone() if avg is None else avg.mul_(self.m).add_(rows, alpha=1 - self.m)
+        return self.avg[direction]
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything in flight, received, plus the smoothing state (tensors on the CPU)."""
+        def entries(table):
+            return [{"epoch": e.epoch, "codec": asdict(e.codec),
+                     "rows": (e.rows if e.pending is None else self.ex.complete(e.pending)).cpu()}
+                    for e in table.values()]
+        state = {"fwd": entries(self.fwd), "bwd": entries(self.bwd),
+                 "avg": {str(k): (None if v is None else v.cpu()) for k, v in self.avg.items()}}
+        self.load_state_dict(state)                       # what was in flight is now received
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        dev = self.ex.ctx.device
+
+        def entries(items):
+            return {int(i["epoch"]): Entry(int(i["epoch"]), WireCodec(**i["codec"]), None,
+                                           i["rows"].to(dev)) for i in items}
+        self.fwd, self.bwd = entries(state["fwd"]), entries(state["bwd"])
+        self.avg = {int(k): (None if v is None else v.to(dev)) for k, v in state["avg"].items()}
+
+
+class _Stale(torch.autograd.Function):
+    """Forward: post this epoch's rows, return those posted at t - s. Backward: post the
+    halo gradients, return the owned-row gradients posted by the peers at t - s."""
+
+    @staticmethod
+    def forward(ctx, src, stale: StaleExchange):
+        t = stale.ex.epoch
+        used = stale.fwd[t - stale.s]
+        halo = stale._take(stale.fwd, t - stale.s, FORWARD)
+        stale._post_rows(src.detach(), t)
+        ctx.stale, ctx.used, ctx.shape = stale, Entry(used.epoch, used.codec), src.shape
+        return halo
+
+    @staticmethod
+    def backward(ctx, grad_halo):
+        stale = ctx.stale
+        stale.poke()
+        stale._post_grads(grad_halo, ctx.used)
+        got = stale._take(stale.bwd, stale.ex.epoch - stale.s, BACKWARD)
+        grad = grad_halo.new_zeros(ctx.shape)
+        if got is not None:
+            grad.index_add_(0, stale.ex.plan.send_index, got.to(grad.dtype))
+        return grad, None
