@@ -37,10 +37,19 @@ def test_plan_from_shard(shards):
         assert set(plan.boundary_rows()) <= set(range(s.n_owned))
 
 
+TRANSPORTS = {"default": {}, "neighbor": {"HPCGNN_EXCHANGE": "neighbor"},
+              "rounds": {"HPCGNN_MAX_MESSAGE": "700"},            # blocks of ~233 bytes a round
+              "neighbor-rounds": {"HPCGNN_EXCHANGE": "neighbor", "HPCGNN_MAX_MESSAGE": "4000"}}
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_exchange_on_ranks(ranks, shards):
-    proc = run_mpi(ranks, [__file__, str(shards(CSBM, ranks, "random"))], timeout=120)
+@pytest.mark.parametrize("ranks,transport", [(2, "default"), (3, "default"), (3, "neighbor"),
+                                             (3, "rounds"), (4, "neighbor-rounds")])
+def test_exchange_on_ranks(ranks, transport, shards):
+    """Every transport (all-to-all, neighbourhood collective, rounds under a lowered message
+    limit) delivers the same rows and gradients."""
+    proc = run_mpi(ranks, [__file__, str(shards(CSBM, ranks, "random"))], timeout=120,
+                   env=TRANSPORTS[transport])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("exchange ok") == ranks
 
@@ -125,6 +134,7 @@ def _check(ctx, shard, plan, codec, overlap: bool) -> None:
 
 def _worker(shard_dir: str) -> None:
     from hpcgnn.codecs.base import IDENTITY
+    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
     from hpcgnn.comm.context import CommContext
     from hpcgnn.comm.plan import HaloPlan
     from hpcgnn.train.inputs import load_part
@@ -134,6 +144,14 @@ def _worker(shard_dir: str) -> None:
     for codec in (IDENTITY, _half_codec()):
         for overlap in (True, False):
             _check(ctx, shard, plan, codec, overlap)
+    import os
+    exch = HaloExchanger(ctx, plan, layer=0, seed=0, stats=ExchangeStats())
+    want_mode = "neighbor" if os.environ.get("HPCGNN_EXCHANGE") == "neighbor" else "alltoallv"
+    assert exch._transport.mode == want_mode
+    if "HPCGNN_MAX_MESSAGE" in os.environ:
+        lay, _ = exch._layout(IDENTITY, WIDTH, True)
+        chunk = int(os.environ["HPCGNN_MAX_MESSAGE"]) // ctx.size     # bytes of a block per round
+        assert lay.rounds > 1 and lay.rounds * chunk >= max(lay.s_counts + lay.r_counts)
     print(f"rank {ctx.rank}: exchange ok", flush=True)
 
 

@@ -34,7 +34,8 @@ from hpcgnn.codecs.rng import Blocks, epoch_keys, pair_keys
 from hpcgnn.comm import gpu
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.keys import BACKWARD, FORWARD, mix
-from hpcgnn.comm.plan import HaloPlan, displacements
+from hpcgnn.comm.plan import HaloPlan
+from hpcgnn.comm.transport import Layout, Transport
 
 
 NO_EXCHANGE_ENV = "HPCGNN_BENCH_NO_EXCHANGE"
@@ -116,6 +117,7 @@ class HaloExchanger:
         self._pairs_out = pair_keys(self.seed, self.layer, me, None, parts, dev)   # me -> p
         self._pairs_in = pair_keys(self.seed, self.layer, None, me, parts, dev)    # p -> me
         self._skip_wire = os.environ.get(NO_EXCHANGE_ENV) == "1"
+        self._transport = Transport(self.ctx, self.plan)      # collective: same order everywhere
 
     def configure(self, epoch: int, forward_codec: WireCodec = IDENTITY,
                   backward_codec: WireCodec = IDENTITY) -> None:
@@ -160,30 +162,31 @@ class HaloExchanger:
         rkeys = epoch_keys(self._pairs_in if fwd else self._pairs_out, epoch)
         noise = mix(self.seed, self.epoch, self.layer, direction, self.ctx.rank)
         t0 = time.perf_counter()
-        sbytes, rbytes, full = self._byte_counts(codec, width, fwd)
+        lay, full = self._layout(codec, width, fwd)
         buf = codec.encode(rows.detach(), sblocks, skeys, noise).reshape(-1)
-        if buf.numel() != sbytes[2]:
+        if buf.numel() != lay.send_total:
             raise CodecError(f"codec {codec.name!r} encoded {buf.numel()} bytes, its byte_counts "
-                             f"say {sbytes[2]} (layer {self.layer}); fix the codec")
+                             f"say {lay.send_total} (layer {self.layer}); fix the codec")
         t1 = time.perf_counter()
         nb = self.overlap if nonblocking is None else nonblocking
-        request, recv, keep = self._alltoallv(buf, sbytes, rbytes, f"{direction}{slot}", nb)
+        request, recv, keep = self._alltoallv(buf, lay, f"{direction}{slot}", nb)
         self.stats.codec_s += t1 - t0
         self.stats.comm_s += time.perf_counter() - t1
-        self.stats.bytes_sent += sbytes[2]
+        self.stats.bytes_sent += lay.send_total
         self.stats.bytes_full += full
         self.stats.exchanges += 1
         return Pending(request, recv, keep, rblocks, width, codec, rkeys)
 
-    def _byte_counts(self, codec: WireCodec, width: int, fwd: bool):
-        """((send counts, displs, total), (recv counts, displs, total), fp32 bytes), cached."""
+    def _layout(self, codec: WireCodec, width: int, fwd: bool) -> tuple[Layout, int]:
+        """(byte layout of the exchange, fp32 bytes of the same rows), cached per (codec, width,
+        direction); the first use of a key is collective (``Transport.layout``)."""
         key = (codec, width, fwd)
         if key not in self._counts:
             scounts = self.plan.send_counts if fwd else self.plan.recv_counts
             rcounts = self.plan.recv_counts if fwd else self.plan.send_counts
-            s, r = codec.byte_counts(scounts, width), codec.byte_counts(rcounts, width)
-            self._counts[key] = ((s, displacements(s), sum(s)), (r, displacements(r), sum(r)),
-                                 sum(scounts) * width * 4)
+            lay = self._transport.layout(codec.byte_counts(scounts, width),
+                                         codec.byte_counts(rcounts, width))
+            self._counts[key] = (lay, sum(scounts) * width * 4)
         return self._counts[key]
 
     def complete(self, pending: Pending) -> torch.Tensor:
@@ -198,26 +201,18 @@ class HaloExchanger:
         self.stats.codec_s += time.perf_counter() - t1
         return rows.reshape(-1, pending.width)
 
-    def _alltoallv(self, buf: torch.Tensor, sbytes: tuple, rbytes: tuple, slot: str,
-                   nonblocking: bool):
-        """One (I)Alltoallv of uint8 blocks; ``sbytes``/``rbytes``: (counts, displacements,
-        total). Returns (request or None, recv tensor, keep-alive)."""
+    def _alltoallv(self, buf: torch.Tensor, lay: Layout, slot: str, nonblocking: bool):
+        """One (I)Alltoallv (or neighbourhood collective, or rounds: ``Transport``) of uint8
+        blocks. Returns (request or None, recv tensor, keep-alive)."""
         aware, dev = self.ctx.cuda_aware, self.ctx.device
-        recv, recvbuf = gpu.recv_buffer(rbytes[2], torch.uint8, dev, aware, self._pinned, "r" + slot)
+        recv, recvbuf = gpu.recv_buffer(lay.recv_total, torch.uint8, dev, aware, self._pinned, "r" + slot)
         if self.ctx.size == 1:
             return None, recv, ()
         if self._skip_wire:                          # the no-communication floor (benchmarks)
             recv.zero_()
             return None, recv, ()
-        sendbuf = gpu.to_mpi(buf, aware, self._pinned, "s" + slot)
-        from mpi4py import MPI
-        smsg = [sendbuf, (sbytes[0], sbytes[1]), MPI.BYTE]
-        rmsg = [recvbuf, (rbytes[0], rbytes[1]), MPI.BYTE]
-        if not nonblocking:
-            self.ctx.comm.Alltoallv(smsg, rmsg)      # one Alltoallv: sum(sbytes) bytes out
-            return None, recv, ()
-        request = self.ctx.comm.Ialltoallv(smsg, rmsg)  # completes in complete()
-        return request, recv, (buf, sendbuf, recvbuf)
+        request, keep = self._transport.post(buf, lay, recv, recvbuf, self._pinned, slot, nonblocking)
+        return request, recv, keep
 
 
 class _Start(torch.autograd.Function):
