@@ -40,6 +40,10 @@ for s in configs/schedules/*.toml; do
     name=$(basename "$s" .toml)
     step "Cora, 2 ranks, cuda, schedule $name" train 2 shards/gpu-cora-2 cuda "cora-cuda-2-$name" --schedule "$s"
 done
+step "Cora, 2 ranks, cuda, Sylvie (staleness 1 + 1-bit)" train 2 shards/gpu-cora-2 cuda cora-cuda-2-sylvie \
+    --schedule configs/schedules/quant1-all.toml --set train.staleness=1
+step "Cora, 2 ranks, cpu, Sylvie (staleness 1 + 1-bit)" train 2 shards/gpu-cora-2 cpu cora-cpu-2-sylvie \
+    --schedule configs/schedules/quant1-all.toml --set train.staleness=1
 step "losses: cuda against cpu" $PY - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -48,12 +52,15 @@ def losses(run):
     return [json.loads(l)["loss"] for l in (out / run / "metrics.jsonl").read_text().splitlines()]
 ref = losses("cora-cpu-1")
 worst = 0.0
-for run in ("cora-cuda-1", "cora-cuda-2-staged", "cora-cuda-2"):
+for run in ("cora-cuda-1", "cora-cuda-2-staged", "cora-cuda-2", "cora-cuda-2-sylvie"):
+    if run.endswith("sylvie"):
+        ref = losses("cora-cpu-2-sylvie")
     got = losses(run)
     rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, ref))
-    worst = max(worst, rel)
+    if not run.endswith("sylvie"):     # 1-bit codes may flip on fp32 differences: reported only
+        worst = max(worst, rel)
     print(f"{run}: {len(got)} epochs, max relative loss difference to the cpu run {rel:.2e}")
-sys.exit(0 if worst < 1e-3 else 1)
+sys.exit(0 if worst < 1e-4 else 1)
 EOF
 step "codec throughput, cuda" $PY bench/codecs.py --device cuda --out "$out/codecs-cuda"
 step "epoch benchmark, cuda (hpcgnn 1 and 2 ranks, PyG)" $PY bench/epoch.py --device cuda --dataset "$spec" \

@@ -8,7 +8,10 @@ without the limit; ``shm`` is a plain launch (shared memory). ``floor`` is full 
 with the exchange skipped (``HPCGNN_BENCH_NO_EXCHANGE=1``): the same compute, no halo wire.
 
     python bench/network.py [--ranks 4 8] [--rates 1 shm] [--schedules full quant2-all ...]
-                            [--epochs 100] [--out bench/results/network] [--plot]
+                            [--epochs 100] [--out bench/results/network] [--plot] [--append]
+
+A schedule name may carry a training method: ``quant1-all@s1`` is that schedule with
+``train.staleness = 1``, ``full@s1m`` adds PipeGCN's smoothing (0.95).
 
 Per run: median epoch time (training step only), comm and codec share, bytes relative to fp32,
 test accuracy at the best validation epoch, and **time to accuracy**: the training time (sum of
@@ -48,7 +51,7 @@ epochs = {epochs}
 lr = 0.01
 weight_decay = 5e-4
 seed = {seed}
-eval_every = 1
+eval_every = {eval_every}
 """
 
 
@@ -60,14 +63,27 @@ def shard_set(spec: str, parts: int, root: Path) -> Path:
     return out
 
 
-def launch(ranks: int, shards: Path, schedule: str, rate: str, run_dir: Path, config: Path,
+def method(name: str) -> tuple[str, list[str]]:
+    """``SCHEDULE[@sN[m]]`` -> (schedule, --set overrides): ``@s1`` = staleness 1, ``@s1m`` =
+    staleness 1 with PipeGCN's smoothing (0.95)."""
+    sched, _, stale = name.partition("@")
+    sets = []
+    if stale:
+        smooth = stale.endswith("m")
+        sets = ["--set", f"train.staleness={int(stale[1:].rstrip('m'))}",
+                "--set", f"train.smoothing={0.95 if smooth else 0.0}"]
+    return sched, sets
+
+
+def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config: Path,
            timeout: float) -> None:
     """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm')."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
+    schedule, sets = method(name)
     sched = [] if schedule in ("full", "floor") else ["--schedule", str(REPO / "configs" / "schedules" / f"{schedule}.toml")]
     train = [str(mpiexec), "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "mpi4py",
              "-m", "hpcgnn", "train", "--shards", str(shards), "--config", str(config),
-             "--out", str(run_dir), "--device", "cpu", *sched]
+             "--out", str(run_dir), "--device", "cpu", *sched, *sets]
     env = {**os.environ, **MPI_ENV}
     if schedule == "floor":
         env["HPCGNN_BENCH_NO_EXCHANGE"] = "1"
@@ -108,7 +124,7 @@ def run_all(args) -> dict:
     root = Path(args.work)
     root.mkdir(parents=True, exist_ok=True)
     config = root / "run.toml"
-    config.write_text(RUN_TOML.format(epochs=args.epochs, seed=args.seed))
+    config.write_text(RUN_TOML.format(epochs=args.epochs, seed=args.seed, eval_every=args.eval_every))
     results: dict = {}
     for ranks in args.ranks:
         shards = shard_set(args.dataset, ranks, root)
@@ -211,18 +227,22 @@ def main() -> None:
                     help="schedule names in configs/schedules, 'full', or 'floor'")
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--work", default=str(REPO / "runs" / "network"))
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "network"))
     ap.add_argument("--plot", action="store_true")
+    ap.add_argument("--append", action="store_true", help="merge into an existing OUT.json")
     args = ap.parse_args()
     if os.geteuid() != 0 and any(r != "shm" for r in args.rates):
         sys.exit("bench/network.py: the link emulation needs root (unshare -n, tc); use --rates shm")
     if "full" not in args.schedules:
         args.schedules.insert(0, "full")
-    results = run_all(args)
-    add_time_to_accuracy(results)
     out = Path(args.out)
+    results = run_all(args)
+    if args.append and out.with_suffix(".json").is_file():      # merge with an earlier sweep
+        results = {**json.loads(out.with_suffix(".json").read_text())["results"], **results}
+    add_time_to_accuracy(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = to_markdown(results, args)
     out.with_suffix(".md").write_text(table)

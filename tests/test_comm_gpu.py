@@ -32,15 +32,19 @@ def test_cpu_device_without_cuda_request():
 @pytest.mark.gpu
 @pytest.mark.mpi
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("aware", ["0", "1"])
-def test_exchange_on_gpus(aware, shards):
+@pytest.mark.parametrize("aware,transport", [("0", {}), ("1", {}),
+                                             ("0", {"HPCGNN_MAX_MESSAGE": "900"}),
+                                             ("0", {"HPCGNN_EXCHANGE": "neighbor"})],
+                         ids=["staged", "cuda-aware", "staged-rounds", "staged-neighbor"])
+def test_exchange_on_gpus(aware, transport, shards):
     """Staged through pinned host buffers (0) and device buffers handed to MPI (1, only
-    meaningful with a CUDA-aware MPI: skipped when the library says it is not)."""
+    meaningful with a CUDA-aware MPI: skipped when the library says it is not), in one
+    collective, in rounds, and as a neighbourhood collective."""
     from hpcgnn.comm import gpu
     if aware == "1" and not gpu.mpi_is_cuda_aware():
         pytest.skip("this MPI library is not CUDA-aware")
     proc = run_mpi(2, [__file__, str(shards(CSBM, 2, "random"))], timeout=180,
-                   env={gpu.ENV_CUDA_AWARE: aware})
+                   env={gpu.ENV_CUDA_AWARE: aware, **transport})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("gpu exchange ok") == 2
 
