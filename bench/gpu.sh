@@ -44,6 +44,8 @@ step "Cora, 2 ranks, cuda, Sylvie (staleness 1 + 1-bit)" train 2 shards/gpu-cora
     --schedule configs/schedules/quant1-all.toml --set train.staleness=1
 step "Cora, 2 ranks, cpu, Sylvie (staleness 1 + 1-bit)" train 2 shards/gpu-cora-2 cpu cora-cpu-2-sylvie \
     --schedule configs/schedules/quant1-all.toml --set train.staleness=1
+step "Cora, 2 ranks, cuda, CAGNET 1.5D (c = 1)" train 2 shards/gpu-cora-2 cuda cora-cuda-2-15d \
+    --set parallel.algorithm=1.5d
 step "losses: cuda against cpu" $PY - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -52,7 +54,7 @@ def losses(run):
     return [json.loads(l)["loss"] for l in (out / run / "metrics.jsonl").read_text().splitlines()]
 ref = losses("cora-cpu-1")
 worst = 0.0
-for run in ("cora-cuda-1", "cora-cuda-2-staged", "cora-cuda-2", "cora-cuda-2-sylvie"):
+for run in ("cora-cuda-1", "cora-cuda-2-staged", "cora-cuda-2", "cora-cuda-2-15d", "cora-cuda-2-sylvie"):
     if run.endswith("sylvie"):
         ref = losses("cora-cpu-2-sylvie")
     got = losses(run)

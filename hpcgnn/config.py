@@ -86,6 +86,23 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    algorithm: str = "halo"
+    """halo (vertex partition, Alltoallv of boundary rows) | 1.5d (CAGNET: block rows
+    replicated on `replication` ranks; the job has K * replication ranks for a K-part set)"""
+    replication: int = 1
+    """1.5d: c, the ranks that hold each block row (the rank count must divide by c^2)"""
+
+    def check(self, where: str) -> None:
+        _need(self.algorithm in ("halo", "1.5d"), where, "parallel.algorithm", self.algorithm,
+              "use 'halo' or '1.5d'")
+        _need(self.replication >= 1, where, "parallel.replication", self.replication,
+              "use an integer >= 1")
+        _need(self.algorithm == "1.5d" or self.replication == 1, where, "parallel.replication",
+              self.replication, "replication applies to parallel.algorithm = '1.5d' only")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     out: str = "runs/latest"
     """run directory: metrics.jsonl, summary.json, checkpoint.pt"""
@@ -103,13 +120,15 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-_SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "run": RunConfig}
+_SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
+                  "parallel": ParallelConfig, "run": RunConfig}
 
 
 def _need(ok: bool, where: str, key: str, value: Any, fix: str) -> None:

@@ -32,6 +32,13 @@ class HaloPlan:
                    send_index=torch.as_tensor(shard.send_index, dtype=torch.long).to(device),
                    n_owned=shard.n_owned, n_halo=shard.n_halo)
 
+    @classmethod
+    def empty(cls, parts: int, n_owned: int, device: torch.device | str = "cpu") -> "HaloPlan":
+        """A plan that exchanges nothing (algorithms without a halo exchange)."""
+        return cls(send_counts=(0,) * parts, recv_counts=(0,) * parts,
+                   send_index=torch.zeros(0, dtype=torch.long, device=device), n_owned=n_owned,
+                   n_halo=0)
+
     @property
     def num_parts(self) -> int:
         return len(self.send_counts)

@@ -251,3 +251,14 @@ def _fsync(path: Path) -> None:
 def shard_field_names() -> list[str]:
     """Names of the array fields of ``Shard`` (for tests and tools)."""
     return [f.name for f in fields(Shard) if f.name not in ("part_id", "num_parts")]
+
+
+def read_global_ids(directory: str | os.PathLike, part_id: PartId) -> np.ndarray:
+    """``nodes/global_id`` of one part of a shard set (ascending), read alone."""
+    path = Path(directory) / part_name(part_id)
+    try:
+        with h5py.File(path, "r") as f:
+            return np.asarray(f["nodes/global_id"][...], dtype=np.int64)
+    except (OSError, KeyError) as exc:
+        raise ShardFormatError(f"{path}: cannot read nodes/global_id ({exc}); re-run "
+                               f"`python -m preprocess` to rewrite the shard set") from exc

@@ -47,9 +47,12 @@ class HaloLayer(nn.Module):
         self.graph, self.exchanger, self.width = graph, exchanger, width
         self.encoder, self.decoder = codec_modules
         self.stale = None        # a StaleExchange when train.staleness >= 1 (hpcgnn.comm.stale)
+        self.spmm = None         # a Spmm15D with parallel.algorithm = '1.5d' (hpcgnn.comm.cagnet)
 
     def propagate(self, src: torch.Tensor) -> torch.Tensor:
         """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
+        if self.spmm is not None:                             # CAGNET 1.5D: A[i, :] @ H
+            return self.spmm(src)
         if self.stale is not None and self.training and self.exchanger.ctx.size > 1:
             halo = self.stale.exchange(src)                   # rows posted s epochs ago
             return (self.graph.owned @ src) + (self.graph.halo @ halo)

@@ -38,7 +38,7 @@ class GNN(nn.Module):
     def __init__(self, cfg: ModelConfig, in_dim: int, num_classes: int, graph: LocalGraph,
                  plan: HaloPlan, ctx: CommContext, global_id: torch.Tensor, seed: int,
                  overlap: bool = False, policy: CompressionPolicy = FULL_PRECISION,
-                 staleness: int = 0, smoothing: float = 0.0):
+                 staleness: int = 0, smoothing: float = 0.0, spmm=None):
         super().__init__()
         self.cfg, self.seed, self.global_id = cfg, seed, global_id
         self.stats = ExchangeStats()
@@ -55,6 +55,7 @@ class GNN(nn.Module):
                                      "codec (its encoder would train on rows of another epoch); "
                                      "use truncate, random, quant or sample, or staleness = 0")
                 self.layers[-1].stale = StaleExchange(exch, staleness, smoothing)
+            self.layers[-1].spmm = spmm
 
     @property
     def exchangers(self) -> list[HaloExchanger]:

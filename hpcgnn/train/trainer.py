@@ -29,6 +29,7 @@ from hpcgnn.nn.graph import LocalGraph
 from hpcgnn.nn.model import GNN, Step
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.inputs import load_part, part_tensors
+from hpcgnn.train.parallel import load_15d
 from hpcgnn.train.metrics import MetricsSink
 from hpcgnn.train.preempt import PreemptFlag, clear_marker, write_marker
 
@@ -55,17 +56,21 @@ class Trainer:
 
     def __init__(self, ctx: CommContext, cfg: Config, run_dir: Path, meta: dict, shard,
                  policy: CompressionPolicy = FULL_PRECISION, resume_bytes: bytes | None = None,
-                 resume: bool = False):
-        """Local set-up only (no collectives), so every rank can fail here cleanly."""
+                 resume: bool = False, spmm=None):
+        """Local set-up only (no collectives), so every rank can fail here cleanly.
+        ``spmm``: the 1.5D operator (``parallel.algorithm = '1.5d'``), else None (halo)."""
         self.ctx, self.cfg, self.run_dir, self.meta = ctx, cfg, Path(run_dir), meta
         self.policy = policy.bind(cfg.train.epochs, cfg.model.layers)
         self.data = part_tensors(shard, cfg.data.normalize_features, ctx.device)
-        self.plan = HaloPlan.from_shard(shard, ctx.device)
+        self.plan = HaloPlan.from_shard(shard, ctx.device) if spmm is None else HaloPlan.empty(
+            ctx.size, shard.n_owned, ctx.device)      # 1.5D: no halo exchange
         graph = LocalGraph.from_shard(shard, cfg.model.arch, ctx.device)
         torch.manual_seed(cfg.train.seed)            # same initial parameters on every rank
         self.model = GNN(cfg.model, shard.feature_dim, int(meta["num_classes"]), graph, self.plan,
                          ctx, self.data.global_id, cfg.train.seed, cfg.train.overlap, self.policy,
-                         cfg.train.staleness, cfg.train.smoothing)
+                         cfg.train.staleness, cfg.train.smoothing, spmm)
+        if spmm is not None:
+            spmm.stats = self.model.stats
         self.model.to(ctx.device)
         self.params = list(self.model.parameters())
         self.opt = torch.optim.Adam(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -81,10 +86,14 @@ class Trainer:
     def prepare(cls, ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
                 policy: CompressionPolicy = FULL_PRECISION, resume: bool = False) -> "Trainer":
         """Read this rank's shard (and, on rank 0, the checkpoint) and build the trainer."""
-        meta, shard = load_part(shards, ctx.rank, ctx.size)
+        spmm = None
+        if cfg.parallel.algorithm == "1.5d":
+            meta, shard, spmm = load_15d(ctx, cfg, shards, policy)
+        else:
+            meta, shard = load_part(shards, ctx.rank, ctx.size)
         run_dir = Path(run_dir)
         data = ckpt.read_checkpoint_bytes(run_dir) if (resume and ctx.is_root) else None
-        return cls(ctx, cfg, run_dir, meta, shard, policy, data, resume)
+        return cls(ctx, cfg, run_dir, meta, shard, policy, data, resume, spmm)
 
     # -- start-up (collectives) ---------------------------------------------------------
     def start(self) -> None:
