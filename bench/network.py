@@ -55,31 +55,35 @@ eval_every = {eval_every}
 """
 
 
-def shard_set(spec: str, parts: int, root: Path) -> Path:
-    out = root / f"shards-{parts}"
+def shard_set(spec: str, parts: int, root: Path, partitioner: str = "random") -> Path:
+    out = root / f"shards-{partitioner}-{parts}"
     if not (out / "meta.json").is_file():
         subprocess.run([sys.executable, "-m", "preprocess", "--dataset", spec, "--parts", str(parts),
-                        "--partitioner", "random", "--out", str(out), "--force", "-q"], check=True, cwd=REPO)
+                        "--partitioner", partitioner, "--out", str(out), "--force", "-q"], check=True, cwd=REPO)
     return out
 
 
-def method(name: str) -> tuple[str, list[str]]:
-    """``SCHEDULE[@sN[m]]`` -> (schedule, --set overrides): ``@s1`` = staleness 1, ``@s1m`` =
-    staleness 1 with PipeGCN's smoothing (0.95)."""
-    sched, _, stale = name.partition("@")
-    sets = []
-    if stale:
-        smooth = stale.endswith("m")
-        sets = ["--set", f"train.staleness={int(stale[1:].rstrip('m'))}",
-                "--set", f"train.smoothing={0.95 if smooth else 0.0}"]
-    return sched, sets
+def method(name: str) -> tuple[str, list[str], int]:
+    """``SCHEDULE[@opt,...]`` -> (schedule, --set overrides, replication c). Options: ``sN``
+    (staleness N), ``sNm`` (and PipeGCN's smoothing 0.95), ``1.5d-cN`` (CAGNET 1.5D, c = N)."""
+    sched, _, opts = name.partition("@")
+    sets, c = [], 1
+    for opt in filter(None, opts.split(",")):
+        if opt.startswith("1.5d-c"):
+            c = int(opt[len("1.5d-c"):])
+            sets += ["--set", "parallel.algorithm=1.5d", "--set", f"parallel.replication={c}"]
+        else:
+            smooth = opt.endswith("m")
+            sets += ["--set", f"train.staleness={int(opt[1:].rstrip('m'))}",
+                     "--set", f"train.smoothing={0.95 if smooth else 0.0}"]
+    return sched, sets, c
 
 
 def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config: Path,
            timeout: float) -> None:
     """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm')."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    schedule, sets = method(name)
+    schedule, sets, _ = method(name)
     sched = [] if schedule in ("full", "floor") else ["--schedule", str(REPO / "configs" / "schedules" / f"{schedule}.toml")]
     train = [str(mpiexec), "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "mpi4py",
              "-m", "hpcgnn", "train", "--shards", str(shards), "--config", str(config),
@@ -111,6 +115,7 @@ def summarise(run_dir: Path) -> dict:
             "codec_share": statistics.median(r["codec_s"] / r["epoch_s"] for r in rows[1:] or rows),
             "bytes_ratio": summary["bytes_sent"] / max(summary["bytes_full"], 1),
             "bytes_sent": summary["bytes_sent"], "test_acc": summary["test_acc"],
+            "bytes_per_epoch": statistics.median(r["bytes_sent"] for r in rows),
             "best_val": summary["best_val_acc"], "train_s": sum(times),
             "curve": [(sum(times[:i + 1]), r.get("val_acc"), r.get("test_acc")) for i, r in enumerate(rows)]}
 
@@ -127,9 +132,12 @@ def run_all(args) -> dict:
     config.write_text(RUN_TOML.format(epochs=args.epochs, seed=args.seed, eval_every=args.eval_every))
     results: dict = {}
     for ranks in args.ranks:
-        shards = shard_set(args.dataset, ranks, root)
         for rate in args.rates:
             for schedule in args.schedules:
+                c = method(schedule)[2]
+                if ranks % (c * c):
+                    continue                                  # 1.5D needs P divisible by c^2
+                shards = shard_set(args.dataset, ranks // c, root, args.partitioner)
                 run_dir = root / f"r{ranks}-{rate}-{schedule}"
                 t0 = time.perf_counter()
                 launch(ranks, shards, schedule, rate, run_dir, config, args.timeout)
@@ -155,21 +163,22 @@ def add_time_to_accuracy(results: dict) -> None:
 
 
 def to_markdown(results: dict, args) -> str:
-    lines = [f"`{args.dataset}`, GCN 2 layers, 64 hidden, {args.epochs} epochs, random parts, "
+    lines = [f"`{args.dataset}`, GCN 2 layers, 64 hidden, {args.epochs} epochs, {args.partitioner} parts, "
              f"CPU ranks (one thread each) on {os.cpu_count()} cores; link: token-bucket "
              f"rate-limited loopback in a network namespace (Open MPI over TCP), `none` = the same "
              f"TCP path unlimited, `shm` = shared memory. Time to accuracy: training time until "
              f"validation accuracy reaches full communication's best - 0.5 pt (— = never).", "",
              "| ranks | link (Gbit/s) | schedule | epoch (ms) | vs full | comm | codec | bytes vs fp32 | "
-             "test acc | time to acc (s) | vs full |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "MB / epoch | test acc | time to acc (s) | vs full |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, r in results.items():
         ranks, rate, sched = key.split("|")
         tta = "—" if r.get("tta_s") is None else f"{r['tta_s']:.2f}"
-        sent = "none" if sched == "floor" else f"{100 * r['bytes_ratio']:.1f} %"
+        sent = "none" if sched == "floor" else ("—" if "1.5d" in sched else f"{100 * r['bytes_ratio']:.1f} %")
         spd = "—" if r.get("tta_speedup") is None else f"{r['tta_speedup']:.2f}x"
         lines.append(f"| {ranks} | {rate} | {sched} | {1e3 * r['epoch_s']:.1f} | "
                      f"{r.get('epoch_speedup', 1):.2f}x | {100 * r['comm_share']:.0f} % | "
-                     f"{100 * r['codec_share']:.1f} % | {sent} | "
+                     f"{100 * r['codec_share']:.1f} % | {sent} | {r['bytes_per_epoch'] / 1e6:.2f} | "
                      f"{r['test_acc']:.4f} | {tta} | {spd} |")
     return "\n".join(lines) + "\n"
 
@@ -226,6 +235,7 @@ def main() -> None:
     ap.add_argument("--schedules", nargs="+", default=["floor", *SCHEDULES],
                     help="schedule names in configs/schedules, 'full', or 'floor'")
     ap.add_argument("--epochs", type=int, default=100)
+    ap.add_argument("--partitioner", default="random", choices=("random", "metis"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1800)
