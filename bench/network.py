@@ -195,10 +195,13 @@ def plot(results: dict, out: Path) -> None:
             r_, rate, sched = k.split("|")
             if r_ != rk:
                 continue
-            t = [c[0] for c in results[k]["curve"]]
-            v = [c[1] for c in results[k]["curve"]]
-            ax.plot(t, v, label=sched, lw=1.3)
+            pts = [(c[0], c[1]) for c in results[k]["curve"] if c[1] is not None]
+            if sched == "floor" or not pts:
+                continue                        # the floor's accuracy means nothing
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=sched, lw=1.2,
+                    ls="--" if "@" in sched else "-")
         ax.set_title(f"{rk} ranks, link {rate} Gbit/s")
+        ax.set_ylim(0.5, 0.9)
         ax.set_xlabel("training time (s)")
         ax.set_ylabel("validation accuracy")
         ax.grid(alpha=0.3)
@@ -243,12 +246,16 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "network"))
     ap.add_argument("--plot", action="store_true")
     ap.add_argument("--append", action="store_true", help="merge into an existing OUT.json")
+    ap.add_argument("--replot", action="store_true", help="only redraw the plots from OUT.json")
     args = ap.parse_args()
     if os.geteuid() != 0 and any(r != "shm" for r in args.rates):
         sys.exit("bench/network.py: the link emulation needs root (unshare -n, tc); use --rates shm")
     if "full" not in args.schedules:
         args.schedules.insert(0, "full")
     out = Path(args.out)
+    if args.replot:
+        plot(json.loads(out.with_suffix(".json").read_text())["results"], out)
+        return
     results = run_all(args)
     if args.append and out.with_suffix(".json").is_file():      # merge with an earlier sweep
         results = {**json.loads(out.with_suffix(".json").read_text())["results"], **results}

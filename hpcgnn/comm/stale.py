@@ -15,9 +15,9 @@ Smoothing ``m`` (PipeGCN's ``--feat-corr/--grad-corr``): ``avg <- m * avg + (1 -
 for received rows and gradients, and ``avg`` is used. ``avg`` starts at the first received
 value (PipeGCN starts it at zero, which scales the first stale rows by ``1 - m``).
 
-Progress: Open MPI advances a non-blocking collective only inside MPI calls, so every layer's
-stale step calls ``MPI_Testall`` on what is in flight (``poke``); the trainer's Allreduce and
-the other layers' posts advance it too.
+Progress: Open MPI advances a non-blocking collective only inside MPI calls. A progress thread
+tests what is in flight while the rank computes, where MPI granted ``MPI_THREAD_MULTIPLE``;
+otherwise every layer's stale step tests it (``hpcgnn.comm.progress``).
 
 Memory per rank and layer: ``s`` received halo blocks ``(n_halo, w)`` and ``s`` received
 gradient blocks ``(n_send, w)`` in fp32 (plus the wire buffers in flight), and one of each for
@@ -33,6 +33,7 @@ import torch
 from hpcgnn.codecs.base import WireCodec
 from hpcgnn.comm.exchange import HaloExchanger, Pending
 from hpcgnn.comm.keys import BACKWARD, FORWARD
+from hpcgnn.comm.progress import Progress
 
 
 @dataclass
@@ -48,10 +49,12 @@ class Entry:
 class StaleExchange:
     """The stale halo exchange of one layer: its entries in flight and its smoothing state."""
 
-    def __init__(self, exchanger: HaloExchanger, staleness: int, smoothing: float = 0.0):
+    def __init__(self, exchanger: HaloExchanger, staleness: int, smoothing: float = 0.0,
+                 progress: Progress | None = None):
         if staleness < 1:
             raise ValueError(f"staleness must be >= 1 for a stale exchange, got {staleness}")
         self.ex, self.s, self.m = exchanger, int(staleness), float(smoothing)
+        self.progress = progress if progress is not None else Progress(exchanger.ctx)
         self.fwd: dict[int, Entry] = {}
         self.bwd: dict[int, Entry] = {}
         self.avg: dict[int, torch.Tensor | None] = {FORWARD: None, BACKWARD: None}
@@ -68,47 +71,50 @@ class StaleExchange:
         return _Stale.apply(src, self)
 
     def poke(self) -> None:
-        """Let MPI progress the exchanges in flight (``MPI_Testall``)."""
-        reqs = [e.pending.request for e in (*self.fwd.values(), *self.bwd.values())
-                if e.pending is not None and e.pending.request is not None]
-        if reqs:
-            from mpi4py import MPI
-            MPI.Request.Testall(reqs)
+        """Let MPI progress the exchanges in flight (without a progress thread)."""
+        self.progress.poke()
 
     # -- the two directions ---------------------------------------------------------------
     def _post_rows(self, src: torch.Tensor, t: int) -> None:
         rows = src.index_select(0, self.ex.plan.send_index)
         codec = self.ex.forward_codec
-        self.fwd[t] = Entry(t, codec, self.ex.post(rows, FORWARD, of=(t, codec), nonblocking=True,
-                                                   slot=f"f{t % (self.s + 1)}"))
+        pending = self.ex.post(rows, FORWARD, of=(t, codec), nonblocking=True, slot=f"f{t % (self.s + 1)}")
+        self.progress.add(pending.request)
+        self.fwd[t] = Entry(t, codec, pending)
 
     def _post_grads(self, grad_halo: torch.Tensor, used: Entry) -> None:
         t = self.ex.epoch
         pending = self.ex.post(grad_halo.contiguous(), BACKWARD, of=(used.epoch, used.codec),
                                nonblocking=True, slot=f"b{t % (self.s + 1)}")
+        self.progress.add(pending.request)
         self.bwd[t] = Entry(t, used.codec, pending)
 
     def _take(self, table: dict[int, Entry], epoch: int, direction: int) -> torch.Tensor | None:
         entry = table.pop(epoch, None)
         if entry is None:
             return None
-        rows = entry.rows if entry.pending is None else self.ex.complete(entry.pending)
+        rows = entry.rows if entry.pending is None else self._complete(entry.pending)
         if self.m == 0.0:
             return rows
         avg = self.avg[direction]
         self.avg[direction] = rows.clone() if avg is None else avg.mul_(self.m).add_(rows, alpha=1 - self.m)
         return self.avg[direction]
 
+    def _complete(self, pending: Pending) -> torch.Tensor:
+        self.progress.release(pending.request)
+        return self.ex.complete(pending)
+
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything in flight, received, plus the smoothing state (tensors on the CPU)."""
         def entries(table):
             return [{"epoch": e.epoch, "codec": asdict(e.codec),
-                     "rows": (e.rows if e.pending is None else self.ex.complete(e.pending)).cpu()}
+                     "rows": (e.rows if e.pending is None else self._complete(e.pending)).cpu()}
                     for e in table.values()]
         state = {"fwd": entries(self.fwd), "bwd": entries(self.bwd),
                  "avg": {str(k): (None if v is None else v.cpu()) for k, v in self.avg.items()}}
         self.load_state_dict(state)                       # what was in flight is now received
+        self.progress.drain()
         return state
 
     def load_state_dict(self, state: dict) -> None:

@@ -12,6 +12,7 @@ from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
 from hpcgnn.comm.plan import HaloPlan
+from hpcgnn.comm.progress import Progress
 from hpcgnn.comm.stale import StaleExchange
 from hpcgnn.config import ModelConfig
 from hpcgnn.nn.dropout import counter_dropout
@@ -43,6 +44,7 @@ class GNN(nn.Module):
         self.cfg, self.seed, self.global_id = cfg, seed, global_id
         self.stats = ExchangeStats()
         self.layers = nn.ModuleList()
+        progress = Progress(ctx) if staleness else None      # one for all layers' exchanges
         for i, (a, b) in enumerate(layer_dims(in_dim, cfg.hidden, num_classes, cfg.layers)):
             exch = HaloExchanger(ctx, plan, layer=i, seed=seed, stats=self.stats, overlap=overlap)
             needs_grad = i > 0                   # the input features need no gradient
@@ -54,7 +56,7 @@ class GNN(nn.Module):
                     raise ValueError("train.staleness >= 1 does not combine with the 'learned' "
                                      "codec (its encoder would train on rows of another epoch); "
                                      "use truncate, random, quant or sample, or staleness = 0")
-                self.layers[-1].stale = StaleExchange(exch, staleness, smoothing)
+                self.layers[-1].stale = StaleExchange(exch, staleness, smoothing, progress)
             self.layers[-1].spmm = spmm
 
     @property

@@ -1,0 +1,78 @@
+"""Progress for non-blocking exchanges while the rank computes.
+
+Open MPI moves the bytes of an ``Ialltoallv`` only inside MPI calls: over TCP, the socket
+buffers fill and the transfer stalls until the next call, so a posted exchange does not overlap
+computation by itself. Where MPI granted ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it), a
+daemon thread calls ``MPI_Testall`` on the requests in flight every ``interval`` seconds while
+there are any, and exits when there are none; elsewhere (or with ``HPCGNN_PROGRESS=test``),
+``poke`` tests them at layer boundaries. A request is handed back (``release``) before anyone
+waits on it: MPI forbids two threads completing one request at once.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from hpcgnn.comm.context import CommContext
+
+ENV = "HPCGNN_PROGRESS"
+
+
+class Progress:
+    """The requests in flight of one model's non-blocking exchanges, and who progresses them."""
+
+    def __init__(self, ctx: CommContext, interval: float = 2e-4):
+        from mpi4py import MPI
+        self.threaded = (ctx.thread_level >= MPI.THREAD_MULTIPLE
+                         and os.environ.get(ENV, "thread") != "test")
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._active: dict[int, object] = {}
+        self._thread: threading.Thread | None = None
+
+    @property
+    def mode(self) -> str:
+        return "thread" if self.threaded else "test"
+
+    def add(self, request) -> None:
+        if request is None:
+            return
+        with self._lock:
+            self._active[id(request)] = request
+            start = self.threaded and (self._thread is None or not self._thread.is_alive())
+            if start:
+                self._thread = threading.Thread(target=self._run, name="hpcgnn-progress", daemon=True)
+                self._thread.start()
+
+    def release(self, request) -> None:
+        """Stop progressing ``request`` (call before waiting on it)."""
+        with self._lock:
+            self._active.pop(id(request), None)
+
+    def poke(self) -> None:
+        """Without the thread: test what is in flight (an MPI call that progresses it)."""
+        if self.threaded:
+            return
+        with self._lock:
+            reqs = list(self._active.values())
+            if reqs:
+                from mpi4py import MPI
+                MPI.Request.Testall(reqs)
+
+    def drain(self) -> None:
+        """Wait until the thread has nothing left and exits."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        from mpi4py import MPI
+        while True:
+            with self._lock:
+                reqs = list(self._active.values())
+                if not reqs:
+                    self._thread = None
+                    return
+                MPI.Request.Testall(reqs)
+            time.sleep(self.interval)
