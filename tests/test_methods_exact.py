@@ -82,11 +82,14 @@ def _parts(shard_dir, ranks: int) -> np.ndarray:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks,s,m", [(2, 1, 0.0), (3, 2, 0.0), (3, 1, 0.5)])
-def test_stale_training_equals_single_process_computation(ranks, s, m, shards, init_params, tmp_path):
+@pytest.mark.parametrize("ranks,s,m,progress", [(2, 1, 0.0, "test"), (2, 1, 0.0, "thread"),
+                                                (3, 2, 0.0, "thread"), (3, 1, 0.5, "thread")])
+def test_stale_training_equals_single_process_computation(ranks, s, m, progress, shards, init_params,
+                                                          tmp_path):
+    """Both ways of progressing the exchange in flight (a thread, or tests between layers)."""
     shard_dir = shards(CSBM, ranks, "random")
     proc = train(ranks, shard_dir, tmp_path / "run", *SETS, f"train.staleness={s}",
-                 f"train.smoothing={m}", timeout=180)
+                 f"train.smoothing={m}", timeout=180, env={"HPCGNN_PROGRESS": progress})
     check_ok(proc)
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
     want = stale_reference(_parts(shard_dir, ranks), init_params, s, m)

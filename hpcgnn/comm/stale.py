@@ -114,7 +114,6 @@ class StaleExchange:
         state = {"fwd": entries(self.fwd), "bwd": entries(self.bwd),
                  "avg": {str(k): (None if v is None else v.cpu()) for k, v in self.avg.items()}}
         self.load_state_dict(state)                       # what was in flight is now received
-        self.progress.drain()
         return state
 
     def load_state_dict(self, state: dict) -> None:

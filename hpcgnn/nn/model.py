@@ -67,7 +67,9 @@ class GNN(nn.Module):
         """Every layer's stale-exchange state (None without staleness); completes what is in flight."""
         if self.layers[0].stale is None:
             return None
-        return [layer.stale.state_dict() for layer in self.layers]
+        states = [layer.stale.state_dict() for layer in self.layers]
+        self.layers[0].stale.progress.drain()            # nothing is left in flight: the thread ends
+        return states
 
     def load_stale_state(self, states: list[dict]) -> None:
         for layer, state in zip(self.layers, states):
