@@ -2,11 +2,14 @@
 
 Open MPI moves the bytes of an ``Ialltoallv`` only inside MPI calls: over TCP, the socket
 buffers fill and the transfer stalls until the next call, so a posted exchange does not overlap
-computation by itself. Where MPI granted ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it), a
-daemon thread calls ``MPI_Testall`` on the requests in flight every ``interval`` seconds while
-there are any, and exits when there are none; elsewhere (or with ``HPCGNN_PROGRESS=test``),
-``poke`` tests them at layer boundaries. A request is handed back (``release``) before anyone
-waits on it: MPI forbids two threads completing one request at once.
+computation by itself. By default ``poke`` tests the requests in flight at every layer boundary
+of the forward and backward passes (``HPCGNN_PROGRESS=test``). With ``HPCGNN_PROGRESS=thread``,
+where MPI granted ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it), a daemon thread calls
+``MPI_Testall`` on them every ``interval`` seconds while there are any, and exits when there
+are none. Measured on 4 ranks over 2 cores (``bench/results/network-progress.md``), the thread
+made no epoch shorter at 1 Gbit/s and made them up to 30 % longer (it takes CPU from the
+ranks), so tests are the default; a node with idle cores may differ. A request is handed back
+(``release``) before anyone waits on it: MPI forbids two threads completing one request at once.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ class Progress:
     def __init__(self, ctx: CommContext, interval: float = 2e-4):
         from mpi4py import MPI
         self.threaded = (ctx.thread_level >= MPI.THREAD_MULTIPLE
-                         and os.environ.get(ENV, "thread") != "test")
+                         and os.environ.get(ENV, "test") == "thread")
         self.interval = interval
         self._lock = threading.Lock()
         self._active: dict[int, object] = {}

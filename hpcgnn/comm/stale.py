@@ -15,9 +15,9 @@ Smoothing ``m`` (PipeGCN's ``--feat-corr/--grad-corr``): ``avg <- m * avg + (1 -
 for received rows and gradients, and ``avg`` is used. ``avg`` starts at the first received
 value (PipeGCN starts it at zero, which scales the first stale rows by ``1 - m``).
 
-Progress: Open MPI advances a non-blocking collective only inside MPI calls. A progress thread
-tests what is in flight while the rank computes, where MPI granted ``MPI_THREAD_MULTIPLE``;
-otherwise every layer's stale step tests it (``hpcgnn.comm.progress``).
+Progress: Open MPI advances a non-blocking collective only inside MPI calls, so every layer's
+stale step tests what is in flight; ``HPCGNN_PROGRESS=thread`` uses a progress thread instead
+(``hpcgnn.comm.progress``, with the measurement that chose the default).
 
 Memory per rank and layer: ``s`` received halo blocks ``(n_halo, w)`` and ``s`` received
 gradient blocks ``(n_send, w)`` in fp32 (plus the wire buffers in flight), and one of each for
