@@ -124,6 +124,11 @@ class Spmm15D:
         return _Spmm15D.apply(h, self)
 
     # -- collectives on the host-staging layer ------------------------------------------------
+    def _count(self, nbytes: int) -> None:
+        """fp32, uncompressed: what is sent is also the fp32 volume."""
+        self.stats.bytes_sent += nbytes
+        self.stats.bytes_full += nbytes
+
     def _timed(fn):  # noqa: N805  (a decorator over the three collectives: time into comm_s)
         def run(self, *args, **kw):
             t0 = time.perf_counter()
@@ -140,7 +145,7 @@ class Spmm15D:
         buf = gpu.to_mpi(host.contiguous(), aware)
         col.Bcast(buf, root=root)                        # (K - 1) x payload
         if col.Get_rank() == root:
-            self.stats.bytes_sent += (col.Get_size() - 1) * t.numel() * 4
+            self._count((col.Get_size() - 1) * t.numel() * 4)
         return host.to(t.device) if host is not t else t
 
     @_timed
@@ -151,7 +156,7 @@ class Spmm15D:
         out = torch.empty_like(host)
         col.Reduce(gpu.to_mpi(host, aware), gpu.to_mpi(out, aware), op=MPI.SUM, root=root)
         if col.Get_rank() != root:
-            self.stats.bytes_sent += t.numel() * 4            # each non-root sends its payload
+            self._count(t.numel() * 4)                        # each non-root sends its payload
         return out.to(t.device)
 
     @_timed
@@ -164,7 +169,7 @@ class Spmm15D:
         host = t.contiguous().clone() if (t.device.type == "cpu" or aware) else t.cpu()
         row.Allreduce(MPI.IN_PLACE, gpu.to_mpi(host, aware), op=MPI.SUM)
         if row.Get_rank() == 0:                       # 2 (m - 1) x payload, counted once
-            self.stats.bytes_sent += 2 * (m - 1) * t.numel() * 4
+            self._count(2 * (m - 1) * t.numel() * 4)
         return host.to(t.device)
 
 
