@@ -26,7 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", help="run directory (overrides run.out)")
     tr.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override a config key, e.g. --set train.epochs=10 (repeatable)")
-    tr.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+    tr.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt "
+                    "(refused when the config, schedule or shard set differs from the run's)")
+    tr.add_argument("--force", action="store_true",
+                    help="with --resume: continue even though the config/schedule/shards differ")
+    tr.add_argument("--stop-after", type=int, metavar="N",
+                    help="checkpoint and stop once N epochs are done (continue with --resume)")
     tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     sub.add_parser("info", help="print the MPI library, CUDA-awareness, devices and torch")
     sm = sub.add_parser("summary", help="print test accuracy and bytes of a finished run")

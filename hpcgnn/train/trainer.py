@@ -32,6 +32,7 @@ from hpcgnn.train.inputs import load_part, part_tensors
 from hpcgnn.train.parallel import load_15d
 from hpcgnn.train.metrics import MetricsSink
 from hpcgnn.train.preempt import PreemptFlag, clear_marker, write_marker
+from hpcgnn.train.records import RunRecord, check_resume
 
 log = get_logger()
 
@@ -56,10 +57,14 @@ class Trainer:
 
     def __init__(self, ctx: CommContext, cfg: Config, run_dir: Path, meta: dict, shard,
                  policy: CompressionPolicy = FULL_PRECISION, resume_bytes: bytes | None = None,
-                 resume: bool = False, spmm=None):
+                 resume: bool = False, spmm=None, record: RunRecord | None = None,
+                 force: bool = False, stop_after: int | None = None):
         """Local set-up only (no collectives), so every rank can fail here cleanly.
-        ``spmm``: the 1.5D operator (``parallel.algorithm = '1.5d'``), else None (halo)."""
+        ``spmm``: the 1.5D operator (``parallel.algorithm = '1.5d'``), else None (halo).
+        ``record``: how the run was started (written to RUN_DIR, checked on ``--resume`` unless
+        ``force``); ``stop_after``: checkpoint and stop once this many epochs are done."""
         self.ctx, self.cfg, self.run_dir, self.meta = ctx, cfg, Path(run_dir), meta
+        self.record, self.force, self.stop_after = record, force, stop_after
         self.policy = policy.bind(cfg.train.epochs, cfg.model.layers)
         self.data = part_tensors(shard, cfg.data.normalize_features, ctx.device)
         self.plan = HaloPlan.from_shard(shard, ctx.device) if spmm is None else HaloPlan.empty(
@@ -84,7 +89,8 @@ class Trainer:
 
     @classmethod
     def prepare(cls, ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
-                policy: CompressionPolicy = FULL_PRECISION, resume: bool = False) -> "Trainer":
+                policy: CompressionPolicy = FULL_PRECISION, resume: bool = False,
+                force: bool = False, stop_after: int | None = None) -> "Trainer":
         """Read this rank's shard (and, on rank 0, the checkpoint) and build the trainer."""
         spmm = None
         if cfg.parallel.algorithm == "1.5d":
@@ -92,8 +98,10 @@ class Trainer:
         else:
             meta, shard = load_part(shards, ctx.rank, ctx.size)
         run_dir = Path(run_dir)
+        record = RunRecord.make(cfg, getattr(policy, "path", None), shards)
         data = ckpt.read_checkpoint_bytes(run_dir) if (resume and ctx.is_root) else None
-        return cls(ctx, cfg, run_dir, meta, shard, policy, data, resume, spmm)
+        return cls(ctx, cfg, run_dir, meta, shard, policy, data, resume, spmm, record, force,
+                   stop_after)
 
     # -- start-up (collectives) ---------------------------------------------------------
     def start(self) -> None:
@@ -105,6 +113,8 @@ class Trainer:
         if self.resume:
             self._load_resume_state()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.ctx.is_root and self.record is not None:
+            self.record.write(self.run_dir, resumed=self.resume)
         self.sink.start(self.progress.epochs_done)
         self.preempt.install()
         log.info("%d ranks on %s; %s, %d layers, hidden %d; %d training nodes in all",
@@ -130,8 +140,15 @@ class Trainer:
                  self.progress.epochs_done - 1)
 
     def _check_state(self, state: dict) -> None:
-        want = self.cfg.to_dict()["model"]
-        if state.get("model_config") != want:
+        """Rank 0, before any collective: refuse a checkpoint of another config, schedule or
+        shard set (``--force`` turns the refusal into warnings)."""
+        where = self.run_dir / ckpt.CHECKPOINT_NAME
+        if self.record is not None and "record" in state:
+            for diff in check_resume(state["record"], self.record, where, self.force):
+                log.warning("--force: resuming although %s", diff)
+            return
+        want = self.cfg.to_dict()["model"]              # a checkpoint from before run records
+        if state.get("model_config") != want and not self.force:
             raise ckpt.CheckpointError(
                 f"{self.run_dir / ckpt.CHECKPOINT_NAME}: written for model {state.get('model_config')}, "
                 f"the config asks for {want}; use the run's config or another --out directory")
@@ -140,18 +157,23 @@ class Trainer:
     def run(self) -> str:
         """Train to ``train.epochs``; returns 'done' or 'preempted'."""
         epochs, every = self.cfg.train.epochs, self.cfg.run.checkpoint_every
-        for epoch in range(self.progress.epochs_done, epochs):
+        end = epochs if self.stop_after is None else min(epochs, self.stop_after)
+        for epoch in range(self.progress.epochs_done, end):
             record, stop = self.run_epoch(epoch)
             self.sink.write(record)
             self.progress.epochs_done = done = epoch + 1
             self._log_epoch(record)
-            if stop or done == epochs or (every and done % every == 0):
+            if stop or done == end or (every and done % every == 0):
                 self.save_checkpoint()
             if stop and done < epochs:
                 if self.ctx.is_root:
                     write_marker(self.run_dir, epoch, done)
                     log.warning("preempted at epoch %d; resume with --resume", epoch)
                 return "preempted"
+        if end < epochs:
+            log.info("stopped after %d epochs (--stop-after); continue with --resume",
+                     self.progress.epochs_done)
+            return "stopped"
         self.sink.summary(self.summary())
         return "done"
 
@@ -249,8 +271,8 @@ class Trainer:
         if not self.ctx.is_root:
             return
         state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "stale": stale,
-                 "torch_rng": torch.get_rng_state(), "schedule_epoch": self.progress.epochs_done,
-                 "progress": vars(self.progress).copy(), "model_config": self.cfg.to_dict()["model"]}
+                 "torch_rng": torch.get_rng_state(), "progress": vars(self.progress).copy(),
+                 "record": None if self.record is None else self.record.fingerprint()}
         ckpt.save_checkpoint(self.run_dir, state)
 
     def summary(self) -> dict:
