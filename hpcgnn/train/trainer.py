@@ -231,13 +231,15 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:
-        """Uncompressed forward without dropout; accuracies reduced over ranks."""
+        """Uncompressed forward without dropout; accuracies over the LABELLED nodes of each
+        mask (label >= 0), reduced over ranks."""
         for ex in self.model.exchangers:
             ex.configure(epoch, IDENTITY, IDENTITY)
         self.model.eval()
         pred = self.model(self.data.x, Step(epoch, training=False)).argmax(dim=1)
-        local = []
+        local, labelled = [], self.data.y >= 0
         for mask in (self.data.train, self.data.val, self.data.test):
+            mask = mask & labelled
             local += [float((pred[mask] == self.data.y[mask]).sum()), float(mask.sum())]
         tot = sum_float64(self.ctx, local)
         return {f"{name}_acc": tot[2 * i] / max(tot[2 * i + 1], 1.0)
