@@ -31,6 +31,7 @@ from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.inputs import load_part, part_tensors
 from hpcgnn.train.parallel import load_15d
 from hpcgnn.train.metrics import MetricsSink
+from hpcgnn.train.optim import make_optimizer
 from hpcgnn.train.preempt import PreemptFlag, clear_marker, write_marker
 from hpcgnn.train.records import RunRecord, check_resume
 
@@ -78,7 +79,7 @@ class Trainer:
             spmm.stats = self.model.stats
         self.model.to(ctx.device)
         self.params = list(self.model.parameters())
-        self.opt = torch.optim.Adam(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        self.opt = make_optimizer(self.model, cfg.train)        # groups: train.weight_decay_on
         self.progress = Progress()
         self.resume = resume
         self.resume_bytes = resume_bytes
