@@ -1,4 +1,4 @@
-"""``python -m hpcgnn train|info|summary``: the thin command line.
+"""``python -m hpcgnn train|predict|info|summary``: the thin command line.
 
 Launch training with ``mpirun -n K python -m mpi4py -m hpcgnn train ...`` (``-m mpi4py`` turns
 an exception on one rank into an abort of the whole job instead of a hang).
@@ -33,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--stop-after", type=int, metavar="N",
                     help="checkpoint and stop once N epochs are done (continue with --resume)")
     tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    pr = sub.add_parser("predict", help="per-node predictions and embeddings of a trained run "
+                        "(launch with mpirun -n K, K = the shard set's parts)")
+    pr.add_argument("--run", required=True, help="run directory of `hpcgnn train` (checkpoint.pt)")
+    pr.add_argument("--shards", required=True, help="shard directory of the graph to predict on")
+    pr.add_argument("--out", required=True, help="output directory: part-NNNNN.h5 + meta.json")
+    pr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     sub.add_parser("info", help="print the MPI library, CUDA-awareness, devices and torch")
     sm = sub.add_parser("summary", help="print test accuracy and bytes of a finished run")
     sm.add_argument("run_dir")
@@ -45,21 +51,37 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_info()
     if args.cmd == "summary":
         return cmd_summary(Path(args.run_dir))
+    if args.cmd == "predict":
+        return cmd_predict(args)
     return cmd_train(args)
 
 
-def cmd_train(args) -> int:
+def _start(args, build=None):
+    """The MPI context and ``build(ctx, args)`` (the trainer by default), agreed by all ranks;
+    a start-up failure on any rank ends the job cleanly with code 2."""
     from hpcgnn.comm.context import CommContext
-    from hpcgnn.train.launch import prepare_or_report
+    from hpcgnn.train.launch import build_trainer, prepare_or_report
     try:
         ctx = CommContext.from_world(args.device)
     except RuntimeError as exc:                 # e.g. --device cuda without a GPU: every rank
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        sys.exit(EXIT_USER_ERROR)
     setup_logging(ctx.rank, ctx.size)
-    trainer = prepare_or_report(ctx, args)
-    if trainer is None:                       # every rank knows: someone failed at start-up
+    job = prepare_or_report(ctx, args, build or build_trainer)
+    if job is None:                           # every rank knows: someone failed at start-up
         _finalize_and_exit(EXIT_USER_ERROR)
+    return job
+
+
+def cmd_predict(args) -> int:
+    from hpcgnn.predict import build_predictor
+    out = _start(args, build_predictor).run()
+    get_logger().info("predictions in %s (read with hpcgnn.predict.read_predictions)", out)
+    return 0
+
+
+def cmd_train(args) -> int:
+    trainer = _start(args)
     trainer.start()
     outcome = trainer.run()
     get_logger().info("%s; run directory %s", outcome, trainer.run_dir)

@@ -42,12 +42,13 @@ def build_trainer(ctx: CommContext, args) -> Trainer:
                            stop_after=getattr(args, "stop_after", None))
 
 
-def prepare_or_report(ctx: CommContext, args) -> Trainer | None:
-    """The trainer, or None on every rank when any rank failed (after each says why)."""
+def prepare_or_report(ctx: CommContext, args, build=build_trainer):
+    """``build(ctx, args)`` (the trainer, or another start-up such as predict's), or None on
+    every rank when any rank failed (after each says why)."""
     log = get_logger()
     trainer, error = None, None
     try:
-        trainer = build_trainer(ctx, args)
+        trainer = build(ctx, args)
     except USER_ERRORS as exc:
         log.error("%s", exc)
         error = str(exc)

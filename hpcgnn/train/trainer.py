@@ -231,13 +231,19 @@ class Trainer:
         return ratios
 
     @torch.no_grad()
-    def evaluate(self, epoch: int) -> dict:
-        """Uncompressed forward without dropout; accuracies over the LABELLED nodes of each
-        mask (label >= 0), reduced over ranks."""
+    def eval_logits(self, epoch: int) -> torch.Tensor:
+        """Logits ``(n_owned, C)`` of the uncompressed forward without dropout (one exchange
+        per layer, every rank)."""
         for ex in self.model.exchangers:
             ex.configure(epoch, IDENTITY, IDENTITY)
         self.model.eval()
-        pred = self.model(self.data.x, Step(epoch, training=False)).argmax(dim=1)
+        return self.model(self.data.x, Step(epoch, training=False))
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> dict:
+        """Accuracies of ``eval_logits`` over the LABELLED nodes of each mask (label >= 0),
+        reduced over ranks."""
+        pred = self.eval_logits(epoch).argmax(dim=1)
         local, labelled = [], self.data.y >= 0
         for mask in (self.data.train, self.data.val, self.data.test):
             mask = mask & labelled
