@@ -1,4 +1,4 @@
-"""``python -m hpcgnn train|predict|info|summary``: the thin command line.
+"""``python -m hpcgnn train|predict|plot|info|summary``: the thin command line.
 
 Launch training with ``mpirun -n K python -m mpi4py -m hpcgnn train ...`` (``-m mpi4py`` turns
 an exception on one rank into an abort of the whole job instead of a hang).
@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--shards", required=True, help="shard directory of the graph to predict on")
     pr.add_argument("--out", required=True, help="output directory: part-NNNNN.h5 + meta.json")
     pr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    pl = sub.add_parser("plot", help="loss, accuracy and ratio of runs against epoch and bytes (PNG)")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    pl.add_argument("--out", required=True, help="the PNG file to write")
     sub.add_parser("info", help="print the MPI library, CUDA-awareness, devices and torch")
     sm = sub.add_parser("summary", help="print test accuracy and bytes of a finished run")
     sm.add_argument("run_dir")
@@ -53,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_summary(Path(args.run_dir))
     if args.cmd == "predict":
         return cmd_predict(args)
+    if args.cmd == "plot":
+        return cmd_plot(args)
     return cmd_train(args)
 
 
@@ -95,6 +100,17 @@ def _finalize_and_exit(code: int) -> None:
     sys.stderr.flush()
     MPI.Finalize()
     os._exit(code)
+
+
+def cmd_plot(args) -> int:
+    from hpcgnn.plot import PlotError, plot_runs
+    try:
+        out = plot_runs(args.run_dirs, args.out)
+    except (PlotError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(f"wrote {out}")
+    return 0
 
 
 def cmd_info() -> int:
