@@ -30,6 +30,7 @@ from hpcgnn.nn.model import GNN, Step
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.inputs import load_part, part_tensors
 from hpcgnn.train.parallel import load_15d
+from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
 from hpcgnn.train.optim import make_optimizer
 from hpcgnn.train.preempt import PreemptFlag, clear_marker, write_marker
@@ -159,6 +160,7 @@ class Trainer:
         """Train to ``train.epochs``; returns 'done' or 'preempted'."""
         epochs, every = self.cfg.train.epochs, self.cfg.run.checkpoint_every
         end = epochs if self.stop_after is None else min(epochs, self.stop_after)
+        self.reporter = EpochReporter(self.progress.epochs_done, epochs)
         for epoch in range(self.progress.epochs_done, end):
             record, stop = self.run_epoch(epoch)
             self.sink.write(record)
@@ -264,11 +266,14 @@ class Trainer:
             p.best_val_acc, p.test_at_best, p.best_epoch = accs["val_acc"], accs["test_acc"], epoch
 
     def _log_epoch(self, rec: dict) -> None:
-        every = max(1, self.cfg.train.epochs // 20)
-        if (rec["epoch"] + 1) % every == 0 or rec["epoch"] + 1 == self.cfg.train.epochs:
+        """Rank 0's progress line: every 5 % of the epochs or every 5 s, with the ETA."""
+        epoch = rec["epoch"]
+        if self.ctx.is_root and self.reporter.due(epoch):
             accs = " ".join(f"{k} {rec[k]:.4f}" for k in ("train_acc", "val_acc", "test_acc") if k in rec)
-            log.info("epoch %d loss %.5f %s sent %d B (%.1f ms)", rec["epoch"], rec["loss"], accs,
-                     rec["bytes_sent"], 1e3 * rec["epoch_s"])
+            log.info("epoch %d (%d/%d) loss %.5f %s sent %d B (%.1f ms) ETA %s", epoch, epoch + 1,
+                     self.cfg.train.epochs,
+                     rec["loss"], accs, rec["bytes_sent"], 1e3 * rec["epoch_s"],
+                     format_eta(self.reporter.eta_s(epoch)))
 
     # -- outputs ------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
