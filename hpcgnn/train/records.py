@@ -73,7 +73,7 @@ class RunRecord:
 
     def _run_json(self, run_dir: Path, resumed: bool) -> dict:
         old = _read_json(run_dir / RUN_NAME) if resumed else {}
-        command = {"argv": [sys.executable, *sys.argv], "cwd": os.getcwd(),
+        command = {"argv": list(sys.orig_argv), "cwd": os.getcwd(),
                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resumed}
         sched = None if self.schedule_text is None else {
             "path": self.schedule_path, "sha256": _sha256(self.schedule_text.encode())}
