@@ -1,4 +1,4 @@
-"""``python -m hpcgnn train|info|summary``: the thin command line.
+"""``python -m hpcgnn train|predict|plot|info|summary``: the thin command line.
 
 Launch training with ``mpirun -n K python -m mpi4py -m hpcgnn train ...`` (``-m mpi4py`` turns
 an exception on one rank into an abort of the whole job instead of a hang).
@@ -26,8 +26,22 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", help="run directory (overrides run.out)")
     tr.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override a config key, e.g. --set train.epochs=10 (repeatable)")
-    tr.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+    tr.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt "
+                    "(refused when the config, schedule or shard set differs from the run's)")
+    tr.add_argument("--force", action="store_true",
+                    help="with --resume: continue even though the config/schedule/shards differ")
+    tr.add_argument("--stop-after", type=int, metavar="N",
+                    help="checkpoint and stop once N epochs are done (continue with --resume)")
     tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    pr = sub.add_parser("predict", help="per-node predictions and embeddings of a trained run "
+                        "(launch with mpirun -n K, K = the shard set's parts)")
+    pr.add_argument("--run", required=True, help="run directory of `hpcgnn train` (checkpoint.pt)")
+    pr.add_argument("--shards", required=True, help="shard directory of the graph to predict on")
+    pr.add_argument("--out", required=True, help="output directory: part-NNNNN.h5 + meta.json")
+    pr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    pl = sub.add_parser("plot", help="loss, accuracy and ratio of runs against epoch and bytes (PNG)")
+    pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    pl.add_argument("--out", required=True, help="the PNG file to write")
     sub.add_parser("info", help="print the MPI library, CUDA-awareness, devices and torch")
     sm = sub.add_parser("summary", help="print test accuracy and bytes of a finished run")
     sm.add_argument("run_dir")
@@ -40,21 +54,39 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_info()
     if args.cmd == "summary":
         return cmd_summary(Path(args.run_dir))
+    if args.cmd == "predict":
+        return cmd_predict(args)
+    if args.cmd == "plot":
+        return cmd_plot(args)
     return cmd_train(args)
 
 
-def cmd_train(args) -> int:
+def _start(args, build=None):
+    """The MPI context and ``build(ctx, args)`` (the trainer by default), agreed by all ranks;
+    a start-up failure on any rank ends the job cleanly with code 2."""
     from hpcgnn.comm.context import CommContext
-    from hpcgnn.train.launch import prepare_or_report
+    from hpcgnn.train.launch import build_trainer, prepare_or_report
     try:
         ctx = CommContext.from_world(args.device)
     except RuntimeError as exc:                 # e.g. --device cuda without a GPU: every rank
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        sys.exit(EXIT_USER_ERROR)
     setup_logging(ctx.rank, ctx.size)
-    trainer = prepare_or_report(ctx, args)
-    if trainer is None:                       # every rank knows: someone failed at start-up
+    job = prepare_or_report(ctx, args, build or build_trainer)
+    if job is None:                           # every rank knows: someone failed at start-up
         _finalize_and_exit(EXIT_USER_ERROR)
+    return job
+
+
+def cmd_predict(args) -> int:
+    from hpcgnn.predict import build_predictor
+    out = _start(args, build_predictor).run()
+    get_logger().info("predictions in %s (read with hpcgnn.predict.read_predictions)", out)
+    return 0
+
+
+def cmd_train(args) -> int:
+    trainer = _start(args)
     trainer.start()
     outcome = trainer.run()
     get_logger().info("%s; run directory %s", outcome, trainer.run_dir)
@@ -68,6 +100,17 @@ def _finalize_and_exit(code: int) -> None:
     sys.stderr.flush()
     MPI.Finalize()
     os._exit(code)
+
+
+def cmd_plot(args) -> int:
+    from hpcgnn.plot import PlotError, plot_runs
+    try:
+        out = plot_runs(args.run_dirs, args.out)
+    except (PlotError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(f"wrote {out}")
+    return 0
 
 
 def cmd_info() -> int:

@@ -56,6 +56,11 @@ class TrainConfig:
     """Adam learning rate"""
     weight_decay: float = 5e-4
     """Adam (L2) weight decay"""
+    weight_decay_on: str = "all"
+    """which parameters are decayed: all (every model parameter, the default) | first_layer
+    (Kipf & Welling's GCN decays layer 0 only) | weights (weight matrices, no biases)"""
+    weight_decay_codec: bool = False
+    """decay the learned codec's encoder/decoder too (off: they are not model weights)"""
     seed: int = 0
     """seed of the initial parameters and of the dropout masks"""
     eval_every: int = 1
@@ -81,6 +86,8 @@ class TrainConfig:
               "use a momentum in [0, 1) (0 = off, PipeGCN: 0.95)")
         _need(self.lr > 0, where, "train.lr", self.lr, "use a positive learning rate")
         _need(self.weight_decay >= 0, where, "train.weight_decay", self.weight_decay, "use >= 0")
+        _need(self.weight_decay_on in ("all", "first_layer", "weights"), where,
+              "train.weight_decay_on", self.weight_decay_on, "use 'all', 'first_layer' or 'weights'")
         _need(0 <= self.seed < 2**31, where, "train.seed", self.seed, "use an integer in [0, 2^31)")
         _need(self.eval_every >= 1, where, "train.eval_every", self.eval_every, "use an integer >= 1")
 

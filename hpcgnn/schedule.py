@@ -267,7 +267,30 @@ def _fixed_setting(key: str, spec: CodecSpec, table: dict, prefix: str, where: _
 
 
 def _rule(table: dict, prefix: str, where: _Where) -> ExchangeRule:
+    table = _bits_as_rate(table, prefix, where)
     return ExchangeRule(_codec(table, prefix, where), _curve(table, prefix, where))
+
+
+def _bits_as_rate(table: dict, prefix: str, where: _Where) -> dict:
+    """``codec = "quant"`` (quant the rate stage) with ``bits = b`` and no rate keys: a constant
+    ratio ``32 / b`` (which gives ``b`` bits); ``bits`` next to rate keys is a conflict."""
+    try:
+        rate_stage = parse_codec(table.get("codec", DEFAULTS["codec"])).rate_stage
+    except ValueError:
+        return table                                  # _codec reports the bad codec
+    if rate_stage != "quant" or "bits" not in table:
+        return table
+    given = [key for key in RATE_KEYS if key in table]
+    if given:
+        raise where.error(prefix + "bits", f"bits and {', '.join(prefix + k for k in given)} both "
+                          "set the rate of codec 'quant' (ratio 32 / bits)",
+                          "keep bits alone (a constant ratio 32 / bits) or the ratio keys alone")
+    bits = table["bits"]
+    if not _valid_bits(bits):
+        raise where.error(prefix + "bits", f"codec 'quant' needs bits in {BITS}, got {bits!r}",
+                          "e.g. bits = 2")
+    rest = {k: v for k, v in table.items() if k != "bits"}
+    return {**rest, "kind": "constant", "ratio": 32.0 / bits}
 
 
 def _merge(base: dict, override: dict) -> dict:

@@ -88,3 +88,46 @@ def save_npz(path, n=5, **override):
     arrays.update(override)
     np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
     return path
+
+
+def partly_labelled_npz(path, n: int = 80, classes: int = 3, seed: int = 5) -> dict:
+    """An undirected random graph whose val/test splits include unlabelled nodes (-1), with
+    features that carry the class (so a trained model gets some right). Returns the arrays."""
+    rng = np.random.default_rng(seed)
+    cls = rng.integers(0, classes, n)
+    a = np.triu((rng.random((n, n)) < 0.06) | (cls[:, None] == cls[None, :]) & (rng.random((n, n)) < 0.1), 1)
+    a = a | a.T
+    labels = cls.astype(np.int64)
+    order = rng.permutation(n)
+    train, val, test = order[:30], order[30:55], order[55:]
+    labels[val[::3]] = -1                                    # unlabelled nodes inside val/test
+    labels[test[::4]] = -1
+    feats = (np.eye(classes)[cls] + 0.8 * rng.standard_normal((n, classes))).astype(np.float32)
+    indptr = np.r_[0, np.cumsum(a.sum(axis=1))].astype(np.int64)
+    arrays = {"num_nodes": np.int64(n), "adj_indptr": indptr,
+              "adj_indices": np.nonzero(a)[1].astype(np.int64), "features": feats, "labels": labels,
+              "train_idx": np.sort(train), "val_idx": np.sort(val), "test_idx": np.sort(test)}
+    np.savez(path, **arrays)
+    return arrays
+
+
+def dense_gcn(arrays: dict, state: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(last hidden layer's output after ReLU, logits) of a GCN with ``state``'s weights on the
+    whole graph, float64: ``D^-1/2 (A + I) D^-1/2 H W + b`` per layer (Kipf & Welling)."""
+    n = int(arrays["num_nodes"])
+    a = np.zeros((n, n))
+    rows = np.repeat(np.arange(n), np.diff(arrays["adj_indptr"]))
+    a[rows, arrays["adj_indices"]] = 1.0
+    a += np.eye(n)
+    d = 1.0 / np.sqrt(a.sum(axis=1))
+    a_hat = d[:, None] * a * d[None, :]
+    h, hidden, layers = arrays["features"].astype(np.float64), None, 0
+    while f"layers.{layers}.weight" in state:
+        layers += 1
+    for i in range(layers):
+        w, b = (state[f"layers.{i}.{k}"].double().numpy() for k in ("weight", "bias"))
+        h = a_hat @ h @ w + b
+        if i < layers - 1:
+            h = np.maximum(h, 0.0)
+            hidden = h
+    return hidden, h

@@ -58,7 +58,7 @@ def check_ok(proc) -> None:
 
 
 def train_here(shard_dir: Path, out: Path, *sets: str, config: str | None = "configs/cora.toml",
-               resume: bool = False) -> list[dict]:
+               resume: bool = False, stop_after: int | None = None) -> list[dict]:
     """Train on ONE rank inside the pytest process (MPI singleton); returns metrics records.
     The trainer's signal handlers are restored afterwards."""
     import signal
@@ -70,7 +70,8 @@ def train_here(shard_dir: Path, out: Path, *sets: str, config: str | None = "con
     try:
         ctx = CommContext.from_world("cpu")
         assert ctx.size == 1
-        trainer = Trainer.prepare(ctx, load_config(config, list(sets)), shard_dir, out, resume=resume)
+        trainer = Trainer.prepare(ctx, load_config(config, list(sets)), shard_dir, out, resume=resume,
+                                  stop_after=stop_after)
         trainer.start()
         trainer.run()
     finally:

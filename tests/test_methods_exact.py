@@ -107,8 +107,10 @@ def test_resume_with_staleness_is_exact(shards, tmp_path):
                      'compress_last_layer = true\n')
     extra = ("--schedule", str(sched))
     check_ok(train(2, shard_dir, tmp_path / "full", *sets, "train.epochs=8", extra=extra, timeout=180))
-    # 3 epochs, then resume to 8 (the run config's epochs stay 8: the schedule's T is unchanged)
-    check_ok(train(2, shard_dir, tmp_path / "part", *sets, "train.epochs=3", extra=extra, timeout=180))
+    # 3 epochs (checkpoint and stop), then resume to 8 with the same config
+    check_ok(train(2, shard_dir, tmp_path / "part", *sets, "train.epochs=8",
+                   extra=(*extra, "--stop-after", "3"), timeout=180))
+    assert len(read_metrics(tmp_path / "part")) == 3
     check_ok(train(2, shard_dir, tmp_path / "part", *sets, "train.epochs=8",
                    extra=(*extra, "--resume"), timeout=180))
     full = [r["loss"] for r in read_metrics(tmp_path / "full")]

@@ -103,7 +103,10 @@ BAD = [
     ('codec = "zip"\n', "codec", "unknown codec"),
     ('codec = "truncate+quant"\n', "bits", "bits = 4"),
     ('codec = "truncate"\nbits = 4\n', "bits", "no quant stage"),
-    ('codec = "quant"\nbits = 4\n', "bits", "ratio sets the bits"),
+    ('codec = "quant"\nbits = 4\nmax_ratio = 8.0\n', "bits", "bits and max_ratio both set"),
+    ('codec = "quant"\nbits = 2\nkind = "linear"\nslope = 2.0\n', "bits", "kind, slope"),
+    ('[layers.0]\ncodec = "quant"\nbits = 4\nratio = 8.0\n', "layers.0.bits", "layers.0.ratio"),
+    ('codec = "quant"\nbits = 3\n', "bits", "(1, 2, 4, 8)"),
     ('codec = "sample+truncate"\n', "keep", "keep = 0.5"),
     ('compress_backward = "yes"\n', "compress_backward", "true or false"),
     ('[layers.x]\nratio = 2.0\n', "layers.x", "[layers.0]"),
@@ -145,3 +148,13 @@ def test_shipped_schedules_load(path):
 def test_parse_schedule_defaults_are_the_design_example():
     p = parse_schedule({}).bind(200, 2)
     assert p.ratio(0, 0, 2) == 128.0 and p.compress_backward and not p.compress_last_layer
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_quant_bits_alone_set_a_constant_rate(tmp_path, bits):
+    """``codec = "quant"`` with ``bits = b`` and no ratio keys: ratio 32 / b, b bits, every epoch."""
+    p = _policy(f'codec = "quant"\nbits = {bits}\n', tmp_path, epochs=50)
+    for t in (0, 25, 49):
+        assert p.ratio(t, 0, 2) == 32 / bits and p.ratio(t, 1, 2) == 1.0   # last layer: fp32
+        assert repr(p.forward_codec(t, 0, 2, 16)) == f"quant({bits})"
+        assert repr(p.backward_codec(t, 0, 2, 16)) == f"quant({bits})"

@@ -1,6 +1,8 @@
 """Checks every reader runs on the graph it built; an error names the file, the field, the fix."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -8,6 +10,7 @@ from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.graph import Graph
 
 FORMAT_HINT = "see DESIGN.md, 'Input graph', for the npz input format"
+log = logging.getLogger("hpcgnn.data")
 
 
 def _fail(source: str, what: str, fix: str) -> None:
@@ -74,6 +77,11 @@ def check_split(source: str, num_nodes: int, labels: np.ndarray, name: str,
     if name == "train_idx" and idx.size and labels[idx].min() < 0:
         _fail(source, "train_idx holds an unlabelled node (label -1)",
               "train only on labelled nodes: drop it from train_idx or give it a label")
+    unlabelled = int((labels[idx] < 0).sum()) if idx.size else 0
+    if unlabelled:
+        log.warning("%s: %s selects %d unlabelled node(s) (label -1) of %d; accuracy counts "
+                    "labelled nodes only (drop them from %s to silence this)", source, name,
+                    unlabelled, idx.size, name)
 
 
 def check_graph(graph: Graph, source: str, num_classes: int | None = None) -> None:

@@ -2,8 +2,9 @@
 
 Holds the model and optimiser state, the number of finished epochs (which is also the
 schedule position and the dropout-key position), the torch RNG state, the running totals of
-the metrics and the best-validation bookkeeping — everything ``--resume`` needs so that
-5 epochs + resume + 5 epochs equal 10 epochs.
+the metrics, the best-validation bookkeeping and the run record (``hpcgnn.train.records``:
+config, schedule, shard-set hash, checked by ``--resume``) — everything ``--resume`` needs so
+that 5 epochs + resume + 5 epochs equal 10 epochs.
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ with a clear message from every rank that hit it and no rank left waiting in a c
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
@@ -32,22 +33,40 @@ def load_policy(path: str | None) -> CompressionPolicy:
 
 def build_trainer(ctx: CommContext, args) -> Trainer:
     cfg = load_config(args.config, args.set)
+    if args.out:                                   # the resolved config says where the run is
+        cfg = replace(cfg, run=replace(cfg.run, out=str(args.out)))
     policy = load_policy(args.schedule)
-    run_dir = Path(args.out or cfg.run.out)
-    return Trainer.prepare(ctx, cfg, args.shards, run_dir, policy, resume=args.resume)
+    run_dir = Path(cfg.run.out)
+    return Trainer.prepare(ctx, cfg, args.shards, run_dir, policy, resume=args.resume,
+                           force=getattr(args, "force", False),
+                           stop_after=getattr(args, "stop_after", None))
 
 
-def prepare_or_report(ctx: CommContext, args) -> Trainer | None:
-    """The trainer, or None on every rank when any rank failed (after each says why)."""
+def prepare_or_report(ctx: CommContext, args, build=build_trainer):
+    """``build(ctx, args)`` (the trainer, or another start-up such as predict's), or None on
+    every rank when any rank failed (after each says why)."""
     log = get_logger()
-    trainer, failed = None, False
+    trainer, error = None, None
     try:
-        trainer = build_trainer(ctx, args)
+        trainer = build(ctx, args)
     except USER_ERRORS as exc:
         log.error("%s", exc)
-        failed = True
-    if any_true(ctx, failed):
-        if not failed:
-            log.error("stopping: another rank failed at start-up (see its message above)")
+        error = str(exc)
+    failures = first_failure(ctx, error)
+    if failures is None:
+        return trainer
+    if error is None:                   # say why on this rank too: the first failing rank's words
+        log.error("stopping: another rank failed at start-up (rank %d: %s)", *failures)
+    return None
+
+
+def first_failure(ctx: CommContext, error: str | None) -> tuple[int, str] | None:
+    """(rank, message) of the lowest rank whose start-up failed, on every rank; None if none.
+    One tiny Allreduce; the message travels (one Bcast) only when some rank failed."""
+    if not any_true(ctx, error is not None):
         return None
-    return trainer
+    if ctx.size == 1:
+        return 0, error
+    from mpi4py import MPI
+    root = int(ctx.comm.allreduce(ctx.rank if error is not None else ctx.size, op=MPI.MIN))
+    return root, ctx.comm.bcast(error, root=root)

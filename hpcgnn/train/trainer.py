@@ -30,8 +30,11 @@ from hpcgnn.nn.model import GNN, Step
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.inputs import load_part, part_tensors
 from hpcgnn.train.parallel import load_15d
+from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
+from hpcgnn.train.optim import make_optimizer
 from hpcgnn.train.preempt import PreemptFlag, clear_marker, write_marker
+from hpcgnn.train.records import RunRecord, check_resume
 
 log = get_logger()
 
@@ -56,10 +59,14 @@ class Trainer:
 
     def __init__(self, ctx: CommContext, cfg: Config, run_dir: Path, meta: dict, shard,
                  policy: CompressionPolicy = FULL_PRECISION, resume_bytes: bytes | None = None,
-                 resume: bool = False, spmm=None):
+                 resume: bool = False, spmm=None, record: RunRecord | None = None,
+                 force: bool = False, stop_after: int | None = None):
         """Local set-up only (no collectives), so every rank can fail here cleanly.
-        ``spmm``: the 1.5D operator (``parallel.algorithm = '1.5d'``), else None (halo)."""
+        ``spmm``: the 1.5D operator (``parallel.algorithm = '1.5d'``), else None (halo).
+        ``record``: how the run was started (written to RUN_DIR, checked on ``--resume`` unless
+        ``force``); ``stop_after``: checkpoint and stop once this many epochs are done."""
         self.ctx, self.cfg, self.run_dir, self.meta = ctx, cfg, Path(run_dir), meta
+        self.record, self.force, self.stop_after = record, force, stop_after
         self.policy = policy.bind(cfg.train.epochs, cfg.model.layers)
         self.data = part_tensors(shard, cfg.data.normalize_features, ctx.device)
         self.plan = HaloPlan.from_shard(shard, ctx.device) if spmm is None else HaloPlan.empty(
@@ -73,7 +80,7 @@ class Trainer:
             spmm.stats = self.model.stats
         self.model.to(ctx.device)
         self.params = list(self.model.parameters())
-        self.opt = torch.optim.Adam(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        self.opt = make_optimizer(self.model, cfg.train)        # groups: train.weight_decay_on
         self.progress = Progress()
         self.resume = resume
         self.resume_bytes = resume_bytes
@@ -84,7 +91,8 @@ class Trainer:
 
     @classmethod
     def prepare(cls, ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
-                policy: CompressionPolicy = FULL_PRECISION, resume: bool = False) -> "Trainer":
+                policy: CompressionPolicy = FULL_PRECISION, resume: bool = False,
+                force: bool = False, stop_after: int | None = None) -> "Trainer":
         """Read this rank's shard (and, on rank 0, the checkpoint) and build the trainer."""
         spmm = None
         if cfg.parallel.algorithm == "1.5d":
@@ -92,8 +100,10 @@ class Trainer:
         else:
             meta, shard = load_part(shards, ctx.rank, ctx.size)
         run_dir = Path(run_dir)
+        record = RunRecord.make(cfg, getattr(policy, "path", None), shards)
         data = ckpt.read_checkpoint_bytes(run_dir) if (resume and ctx.is_root) else None
-        return cls(ctx, cfg, run_dir, meta, shard, policy, data, resume, spmm)
+        return cls(ctx, cfg, run_dir, meta, shard, policy, data, resume, spmm, record, force,
+                   stop_after)
 
     # -- start-up (collectives) ---------------------------------------------------------
     def start(self) -> None:
@@ -105,6 +115,8 @@ class Trainer:
         if self.resume:
             self._load_resume_state()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.ctx.is_root and self.record is not None:
+            self.record.write(self.run_dir, resumed=self.resume)
         self.sink.start(self.progress.epochs_done)
         self.preempt.install()
         log.info("%d ranks on %s; %s, %d layers, hidden %d; %d training nodes in all",
@@ -130,8 +142,15 @@ class Trainer:
                  self.progress.epochs_done - 1)
 
     def _check_state(self, state: dict) -> None:
-        want = self.cfg.to_dict()["model"]
-        if state.get("model_config") != want:
+        """Rank 0, before any collective: refuse a checkpoint of another config, schedule or
+        shard set (``--force`` turns the refusal into warnings)."""
+        where = self.run_dir / ckpt.CHECKPOINT_NAME
+        if self.record is not None and "record" in state:
+            for diff in check_resume(state["record"], self.record, where, self.force):
+                log.warning("--force: resuming although %s", diff)
+            return
+        want = self.cfg.to_dict()["model"]              # a checkpoint from before run records
+        if state.get("model_config") != want and not self.force:
             raise ckpt.CheckpointError(
                 f"{self.run_dir / ckpt.CHECKPOINT_NAME}: written for model {state.get('model_config')}, "
                 f"the config asks for {want}; use the run's config or another --out directory")
@@ -140,18 +159,24 @@ class Trainer:
     def run(self) -> str:
         """Train to ``train.epochs``; returns 'done' or 'preempted'."""
         epochs, every = self.cfg.train.epochs, self.cfg.run.checkpoint_every
-        for epoch in range(self.progress.epochs_done, epochs):
+        end = epochs if self.stop_after is None else min(epochs, self.stop_after)
+        self.reporter = EpochReporter(self.progress.epochs_done, epochs)
+        for epoch in range(self.progress.epochs_done, end):
             record, stop = self.run_epoch(epoch)
             self.sink.write(record)
             self.progress.epochs_done = done = epoch + 1
             self._log_epoch(record)
-            if stop or done == epochs or (every and done % every == 0):
+            if stop or done == end or (every and done % every == 0):
                 self.save_checkpoint()
             if stop and done < epochs:
                 if self.ctx.is_root:
                     write_marker(self.run_dir, epoch, done)
                     log.warning("preempted at epoch %d; resume with --resume", epoch)
                 return "preempted"
+        if end < epochs:
+            log.info("stopped after %d epochs (--stop-after); continue with --resume",
+                     self.progress.epochs_done)
+            return "stopped"
         self.sink.summary(self.summary())
         return "done"
 
@@ -208,14 +233,22 @@ class Trainer:
         return ratios
 
     @torch.no_grad()
-    def evaluate(self, epoch: int) -> dict:
-        """Uncompressed forward without dropout; accuracies reduced over ranks."""
+    def eval_logits(self, epoch: int) -> torch.Tensor:
+        """Logits ``(n_owned, C)`` of the uncompressed forward without dropout (one exchange
+        per layer, every rank)."""
         for ex in self.model.exchangers:
             ex.configure(epoch, IDENTITY, IDENTITY)
         self.model.eval()
-        pred = self.model(self.data.x, Step(epoch, training=False)).argmax(dim=1)
-        local = []
+        return self.model(self.data.x, Step(epoch, training=False))
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> dict:
+        """Accuracies of ``eval_logits`` over the LABELLED nodes of each mask (label >= 0),
+        reduced over ranks."""
+        pred = self.eval_logits(epoch).argmax(dim=1)
+        local, labelled = [], self.data.y >= 0
         for mask in (self.data.train, self.data.val, self.data.test):
+            mask = mask & labelled
             local += [float((pred[mask] == self.data.y[mask]).sum()), float(mask.sum())]
         tot = sum_float64(self.ctx, local)
         return {f"{name}_acc": tot[2 * i] / max(tot[2 * i + 1], 1.0)
@@ -233,11 +266,14 @@ class Trainer:
             p.best_val_acc, p.test_at_best, p.best_epoch = accs["val_acc"], accs["test_acc"], epoch
 
     def _log_epoch(self, rec: dict) -> None:
-        every = max(1, self.cfg.train.epochs // 20)
-        if (rec["epoch"] + 1) % every == 0 or rec["epoch"] + 1 == self.cfg.train.epochs:
+        """Rank 0's progress line: every 5 % of the epochs or every 5 s, with the ETA."""
+        epoch = rec["epoch"]
+        if self.ctx.is_root and self.reporter.due(epoch):
             accs = " ".join(f"{k} {rec[k]:.4f}" for k in ("train_acc", "val_acc", "test_acc") if k in rec)
-            log.info("epoch %d loss %.5f %s sent %d B (%.1f ms)", rec["epoch"], rec["loss"], accs,
-                     rec["bytes_sent"], 1e3 * rec["epoch_s"])
+            log.info("epoch %d (%d/%d) loss %.5f %s sent %d B (%.1f ms) ETA %s", epoch, epoch + 1,
+                     self.cfg.train.epochs,
+                     rec["loss"], accs, rec["bytes_sent"], 1e3 * rec["epoch_s"],
+                     format_eta(self.reporter.eta_s(epoch)))
 
     # -- outputs ------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
@@ -249,8 +285,8 @@ class Trainer:
         if not self.ctx.is_root:
             return
         state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "stale": stale,
-                 "torch_rng": torch.get_rng_state(), "schedule_epoch": self.progress.epochs_done,
-                 "progress": vars(self.progress).copy(), "model_config": self.cfg.to_dict()["model"]}
+                 "torch_rng": torch.get_rng_state(), "progress": vars(self.progress).copy(),
+                 "record": None if self.record is None else self.record.fingerprint()}
         ckpt.save_checkpoint(self.run_dir, state)
 
     def summary(self) -> dict:

@@ -1,0 +1,108 @@
+"""``hpcgnn plot RUN_DIR [RUN_DIR ...] --out FILE.png``: one figure of one or more runs, overlaid.
+
+Panels (one colour per run, legend = run directory): loss, and accuracy (test solid, validation
+dashed), against the epoch and against the cumulative halo bytes sent (training exchanges, all
+ranks, forward + backward, from ``metrics.jsonl``'s ``bytes_sent``); the compression ratio of
+every layer against the epoch (one line style per layer). Headless (matplotlib's Agg backend);
+matplotlib is the optional extra ``pip install 'hpcgnn[plot]'``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+LAYER_STYLES = ("-", "--", ":", "-.")
+
+
+class PlotError(ValueError):
+    """A run directory or an environment the plot cannot use; names the file and the fix."""
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise PlotError(f"{path}: not found; pass run directories written by `hpcgnn train`")
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except ValueError as exc:
+        raise PlotError(f"{path}: not JSON lines ({exc}); was it written by `hpcgnn train`?") from exc
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise PlotError("hpcgnn plot needs matplotlib, which is not installed; install it with "
+                        "`pip install 'hpcgnn[plot]'` (or `pip install matplotlib`)") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _labels(run_dirs: list[Path]) -> list[str]:
+    """The directory names, or parent/name where names repeat."""
+    names = [p.name for p in run_dirs]
+    return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in run_dirs]
+
+
+def _series(records: list[dict]) -> dict[str, np.ndarray]:
+    """Arrays per key: epoch, loss, cumulative MB; eval epochs and their accuracies."""
+    evals = [r for r in records if "test_acc" in r]
+    mb = np.cumsum([r["bytes_sent"] for r in records]) / 1e6
+    at = {r["epoch"]: i for i, r in enumerate(records)}
+    return {"epoch": np.array([r["epoch"] for r in records]), "loss": np.array([r["loss"] for r in records]),
+            "mb": mb, "ratio": np.array([r["ratio"] for r in records], dtype=float),
+            "eval_epoch": np.array([r["epoch"] for r in evals]),
+            "eval_mb": np.array([mb[at[r["epoch"]]] for r in evals]),
+            "test": np.array([r["test_acc"] for r in evals]), "val": np.array([r["val_acc"] for r in evals])}
+
+
+def _draw(axes, s: dict, label: str, color) -> None:
+    (loss_e, acc_e, ratio_e), (loss_b, acc_b, _) = axes
+    for ax, x in ((loss_e, s["epoch"]), (loss_b, s["mb"])):
+        ax.plot(x, s["loss"], color=color, label=label)
+    for ax, ex in ((acc_e, s["eval_epoch"]), (acc_b, s["eval_mb"])):
+        ax.plot(ex, s["test"], color=color, label=f"{label} test")
+        ax.plot(ex, s["val"], color=color, linestyle="--", label=f"{label} val")
+    for layer in range(s["ratio"].shape[1] if s["ratio"].ndim == 2 else 0):
+        ratio_e.plot(s["epoch"], s["ratio"][:, layer], color=color,
+                     linestyle=LAYER_STYLES[layer % len(LAYER_STYLES)], label=f"{label} layer {layer}")
+
+
+def _decorate(axes) -> None:
+    titles = (("loss", "accuracy (test solid, val dashed)", "compression ratio per layer"),
+              ("loss", "accuracy", ""))
+    for row, xlabel in ((0, "epoch"), (1, "cumulative halo MB sent (all ranks)")):
+        for col, ax in enumerate(axes[row]):
+            if ax.get_visible():
+                ax.set_title(titles[row][col], fontsize=10)
+                ax.set_xlabel(xlabel)
+                ax.grid(alpha=0.3)
+                ax.legend(fontsize=7)
+    axes[0][2].set_yscale("log", base=2)
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
+    """Draw ``run_dirs`` into the PNG ``out`` (written to a temporary name, then renamed)."""
+    run_dirs, out = [Path(p) for p in run_dirs], Path(out)
+    records = [read_metrics(p) for p in run_dirs]           # every error before drawing
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    axes[1][2].set_visible(False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (recs, label) in enumerate(zip(records, _labels(run_dirs))):
+        if recs:
+            _draw(axes, _series(recs), label, colors[i % len(colors)])
+    _decorate(axes)
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        fig.savefig(tmp, format="png", dpi=100)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+        plt.close(fig)
+    return out

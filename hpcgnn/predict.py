@@ -1,0 +1,196 @@
+"""``hpcgnn predict``: per-node predictions and embeddings of a trained run, one HDF5 file per part.
+
+``mpirun -n R python -m mpi4py -m hpcgnn predict --run RUN_DIR --shards DIR --out PRED_DIR``
+(R = the shard set's part count). Reads ``RUN_DIR/config.toml``, ``RUN_DIR/schedule.toml`` (the
+learned codec's modules are part of the checkpoint) and ``RUN_DIR/checkpoint.pt`` and runs the
+trainer's evaluation forward: uncompressed, no dropout, one exchange per layer.
+
+``PRED_DIR/part-NNNNN.h5`` (attributes ``format_version``, ``part_id``, ``num_parts``,
+``epochs_done``), each written to a temporary name and renamed:
+
+| dataset | type, shape | meaning |
+|---|---|---|
+| ``global_id`` | int64 ``[n]`` | the part's owned nodes, ascending |
+| ``pred`` | int64 ``[n]`` | ``argmax`` of the logits |
+| ``logits`` | float32 ``[n, C]`` | the last layer's output |
+| ``embedding`` | float32 ``[n, H]`` | the last layer's input: the last hidden layer's output after ReLU (the features when ``model.layers = 1``) |
+
+``PRED_DIR/meta.json`` is written last, by rank 0, once every part is in place; without it the
+directory is incomplete. ``read_predictions(PRED_DIR)`` gathers the parts in global-id order for
+graphs that fit one process.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from hpcgnn.codecs.base import FULL_PRECISION
+from hpcgnn.comm.context import CommContext
+from hpcgnn.config import ConfigError, ParallelConfig, load_config
+from hpcgnn.data.shard import part_name
+from hpcgnn.log import get_logger
+from hpcgnn.train import checkpoint as ckpt
+from hpcgnn.train.records import CONFIG_NAME, SCHEDULE_NAME
+from hpcgnn.train.trainer import Trainer
+
+PRED_VERSION = 1
+META_NAME = "meta.json"
+FIELDS = ("global_id", "pred", "logits", "embedding")
+log = get_logger()
+
+
+class PredictError(ValueError):
+    """A run, checkpoint or prediction directory that cannot be used; names the file and fix."""
+
+
+@dataclass
+class Predictor:
+    """One rank's predict job: the trainer's model and data, the checkpoint (rank 0 only)."""
+
+    trainer: Trainer
+    out: Path
+    checkpoint: bytes | None
+
+    def run(self) -> Path:
+        """Load the checkpoint everywhere, forward once, write this rank's part, then meta.json."""
+        ctx, tr = self.trainer.ctx, self.trainer
+        if ctx.is_root:
+            (self.out / META_NAME).unlink(missing_ok=True)      # incomplete until rewritten
+        data = ctx.comm.bcast(self.checkpoint, root=0) if ctx.size > 1 else self.checkpoint
+        state = ckpt.decode_checkpoint(data, tr.run_dir)
+        tr.model.load_state_dict(state["model"])
+        logits, embedding = forward_outputs(tr)
+        done = int(state["progress"]["epochs_done"])
+        write_part(self.out, ctx.rank, ctx.size, done, {
+            "global_id": tr.data.global_id, "pred": logits.argmax(dim=1), "logits": logits,
+            "embedding": embedding})
+        if ctx.size > 1:
+            ctx.comm.Barrier()                                    # every part is in place
+        if ctx.is_root:
+            _write_meta(self.out, tr, done)
+        return self.out
+
+
+def forward_outputs(trainer: Trainer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits ``(n, C)``, embedding ``(n, H)``): the evaluation forward, and the input of the
+    last layer captured on its way in (dropout is off in evaluation)."""
+    seen: list[torch.Tensor] = []
+    hook = trainer.model.layers[-1].register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    try:
+        logits = trainer.eval_logits(trainer.progress.epochs_done)
+    finally:
+        hook.remove()
+    return logits, seen[0]
+
+
+def write_part(out: Path, part_id: int, num_parts: int, epochs_done: int, arrays: dict) -> Path:
+    """``out/part-NNNNN.h5`` via a temporary name and a rename (float tensors as float32)."""
+    path = Path(out) / part_name(part_id)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs.update(format_version=PRED_VERSION, part_id=part_id, num_parts=num_parts,
+                           epochs_done=epochs_done)
+            for name in FIELDS:
+                a = arrays[name].detach().cpu().numpy()
+                f.create_dataset(name, data=a.astype(np.float32 if a.dtype.kind == "f" else np.int64))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _write_meta(out: Path, tr: Trainer, epochs_done: int) -> None:
+    meta = {"format_version": PRED_VERSION, "num_parts": tr.ctx.size,
+            "num_nodes": int(tr.meta["num_nodes"]), "num_classes": int(tr.meta["num_classes"]),
+            "dataset": tr.meta.get("dataset"), "run": str(tr.run_dir.resolve()),
+            "epochs_done": epochs_done}
+    tmp = out / f".{META_NAME}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, out / META_NAME)
+
+
+# -- start-up (local only: every rank can fail cleanly) --------------------------------------
+def build_predictor(ctx: CommContext, args) -> Predictor:
+    """Config and schedule from the run directory, this rank's shard, the checkpoint (rank 0)."""
+    run_dir = Path(args.run)
+    cfg = run_config(run_dir)
+    policy = FULL_PRECISION
+    if (run_dir / SCHEDULE_NAME).is_file():
+        from hpcgnn.schedule import load_schedule
+        policy = load_schedule(run_dir / SCHEDULE_NAME)
+    trainer = Trainer.prepare(ctx, cfg, args.shards, run_dir, policy)
+    data = _checked_checkpoint(trainer) if ctx.is_root else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return Predictor(trainer, out, data)
+
+
+def run_config(run_dir: Path):
+    """The run's resolved config, set up for an uncompressed, synchronous halo forward on
+    R = part-count ranks (a 1.5D or stale run's weights are the same GNN's)."""
+    path = run_dir / CONFIG_NAME
+    if not path.is_file():
+        raise ConfigError(f"{path}: not found; --run must be a run directory written by "
+                          f"`hpcgnn train` (it records the resolved config there at start)")
+    cfg = load_config(path)
+    return replace(cfg, parallel=ParallelConfig(), train=replace(cfg.train, staleness=0, smoothing=0.0))
+
+
+def _checked_checkpoint(trainer: Trainer) -> bytes:
+    """Rank 0: the checkpoint's bytes, after checking it loads into this model."""
+    path = trainer.run_dir / ckpt.CHECKPOINT_NAME
+    data = ckpt.read_checkpoint_bytes(trainer.run_dir)
+    if data is None:
+        raise PredictError(f"{path}: not found; the run has not checkpointed yet (train it, or "
+                           f"pass the --run directory that holds checkpoint.pt)")
+    state = ckpt.decode_checkpoint(data, trainer.run_dir)
+    try:
+        trainer.model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise PredictError(f"{path}: does not fit the model built from {CONFIG_NAME} and this shard "
+                           f"set ({str(exc).splitlines()[0]} ...); pass the shard set of the "
+                           f"graph the run trained on") from exc
+    record = state.get("record") or {}
+    if record.get("meta_sha256") not in (None, trainer.record.meta_sha256):
+        log.warning("predicting on shard set %s; the run trained on %s (same shapes, so the "
+                    "weights load)", trainer.record.shards_path, record.get("shards"))
+    return data
+
+
+# -- reading ----------------------------------------------------------------------------------
+def read_predictions(pred_dir: str | Path) -> dict[str, np.ndarray]:
+    """Every part's arrays concatenated in global-id order: ``global_id`` (= 0..N-1), ``pred``
+    ``[N]``, ``logits`` ``[N, C]``, ``embedding`` ``[N, H]``. For graphs that fit one process."""
+    pred_dir = Path(pred_dir)
+    meta_path = pred_dir / META_NAME
+    if not meta_path.is_file():
+        raise PredictError(f"{meta_path}: not found; {pred_dir} is not a finished `hpcgnn "
+                           f"predict` output (run predict again)")
+    meta = json.loads(meta_path.read_text())
+    parts = [_read_part(pred_dir / part_name(i)) for i in range(meta["num_parts"])]
+    out = {name: np.concatenate([p[name] for p in parts]) for name in FIELDS}
+    order = np.argsort(out["global_id"], kind="stable")
+    out = {name: a[order] for name, a in out.items()}
+    if not np.array_equal(out["global_id"], np.arange(meta["num_nodes"])):
+        raise PredictError(f"{pred_dir}: the parts do not hold each of the {meta['num_nodes']} "
+                           f"nodes once; run predict again into an empty directory")
+    return out
+
+
+def _read_part(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format_version") != PRED_VERSION:
+                raise PredictError(f"{path}: format_version {f.attrs.get('format_version')!r}, "
+                                   f"this hpcgnn reads {PRED_VERSION}; run predict again")
+            return {name: f[name][...] for name in FIELDS}
+    except OSError as exc:
+        raise PredictError(f"{path}: unreadable ({exc}); run predict again") from exc

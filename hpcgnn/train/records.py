@@ -1,0 +1,178 @@
+"""Run records: what a run directory remembers of how it was started, and the ``--resume`` check.
+
+Written by rank 0 at start (files replaced atomically):
+  ``RUN_DIR/config.toml``    the resolved config, every key (``--config`` + ``--set`` + defaults)
+  ``RUN_DIR/schedule.toml``  a byte copy of ``--schedule`` (absent without one)
+  ``RUN_DIR/run.json``       package version, command lines (one per start), the shard set's path
+                             and ``meta.json`` sha256, the schedule's path and sha256
+The checkpoint carries the same record (``RunRecord.fingerprint()``), and ``--resume`` refuses to
+continue when any config key (``run.out`` aside: a run directory may move), the schedule or the
+shard set differs — naming each key with both values — unless ``--force``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from hpcgnn.config import Config
+from hpcgnn.train.checkpoint import CheckpointError
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+CONFIG_NAME, SCHEDULE_NAME, RUN_NAME = "config.toml", "schedule.toml", "run.json"
+IGNORED_KEYS = ("run.out",)      # where the run lives is not how it trains
+
+
+class ResumeMismatch(CheckpointError):
+    """``--resume`` of a run started with other settings; names every key that differs."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """How a run was started: resolved config, schedule (parsed and raw), shard set."""
+
+    config: dict
+    schedule_path: str | None
+    schedule_text: str | None
+    shards_path: str
+    meta_sha256: str
+
+    @classmethod
+    def make(cls, cfg: Config, schedule_path: str | None, shards: str | Path) -> "RunRecord":
+        """Reads the schedule file and ``shards/meta.json`` (both small)."""
+        text = Path(schedule_path).read_text() if schedule_path else None
+        meta = Path(shards) / "meta.json"
+        return cls(cfg.to_dict(), str(schedule_path) if schedule_path else None, text,
+                   str(Path(shards).resolve()), _sha256(meta.read_bytes()))
+
+    def fingerprint(self) -> dict:
+        """What the checkpoint stores and ``--resume`` compares."""
+        return {"config": self.config, "schedule": self.schedule_text,
+                "schedule_path": self.schedule_path, "shards": self.shards_path,
+                "meta_sha256": self.meta_sha256}
+
+    def write(self, run_dir: Path, resumed: bool) -> None:
+        """config.toml, schedule.toml (or none) and run.json in ``run_dir`` (rank 0 only)."""
+        run_dir = Path(run_dir)
+        _atomic_write(run_dir / CONFIG_NAME, to_toml(self.config))
+        if self.schedule_text is not None:
+            _atomic_write(run_dir / SCHEDULE_NAME, self.schedule_text)
+        else:
+            (run_dir / SCHEDULE_NAME).unlink(missing_ok=True)
+        _atomic_write(run_dir / RUN_NAME, json.dumps(self._run_json(run_dir, resumed), indent=2) + "\n")
+
+    def _run_json(self, run_dir: Path, resumed: bool) -> dict:
+        old = _read_json(run_dir / RUN_NAME) if resumed else {}
+        command = {"argv": list(sys.orig_argv), "cwd": os.getcwd(),
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resumed}
+        sched = None if self.schedule_text is None else {
+            "path": self.schedule_path, "sha256": _sha256(self.schedule_text.encode())}
+        return {"hpcgnn_version": package_version(), "commands": old.get("commands", []) + [command],
+                "shards": {"path": self.shards_path, "meta_sha256": self.meta_sha256},
+                "schedule": sched}
+
+
+def check_resume(saved: dict | None, now: RunRecord, where: Path, force: bool) -> list[str]:
+    """The differences between a checkpoint's record and this start; raises ``ResumeMismatch``
+    naming them and the fix unless ``force`` (then returns them for a warning)."""
+    if saved is None:
+        return []                     # a checkpoint from before run records: model is checked apart
+    diffs = differences(saved, now.fingerprint())
+    if diffs and not force:
+        raise ResumeMismatch(
+            f"{where}: --resume refused, this run differs from its checkpoint: " + "; ".join(diffs)
+            + f"; fix: resume with the run's own settings ({Path(where).parent / CONFIG_NAME}, "
+            f"its schedule and shard set), use another --out for a new run, or add --force to "
+            f"resume anyway")
+    return diffs
+
+
+def differences(saved: dict, now: dict) -> list[str]:
+    """``key: checkpoint A, now B`` for every config key, schedule key and shard-set hash."""
+    diffs = _diff_flat(_flatten(saved["config"]), _flatten(now["config"]), "")
+    diffs = [d for d in diffs if d.split(":")[0] not in IGNORED_KEYS]
+    old_s, new_s = saved["schedule"], now["schedule"]
+    if (old_s is None) != (new_s is None):
+        diffs.append(f"--schedule: checkpoint {saved['schedule_path'] or 'none'}, "
+                     f"now {now['schedule_path'] or 'none'}")
+    elif old_s is not None:
+        diffs += _diff_flat(_flatten(tomllib.loads(old_s)), _flatten(tomllib.loads(new_s)), "schedule.")
+    if saved["meta_sha256"] != now["meta_sha256"]:
+        diffs.append(f"shard set meta.json sha256: checkpoint {saved['meta_sha256'][:12]}... "
+                     f"({saved['shards']}), now {now['meta_sha256'][:12]}... ({now['shards']})")
+    return diffs
+
+
+def _diff_flat(old: dict, new: dict, prefix: str) -> list[str]:
+    missing = "(absent)"
+    return [f"{prefix}{k}: checkpoint {old.get(k, missing)!r}, now {new.get(k, missing)!r}"
+            for k in sorted(set(old) | set(new)) if old.get(k, missing) != new.get(k, missing)]
+
+
+def _flatten(value, prefix: str = "") -> dict:
+    """Nested tables and arrays of tables -> ``{"a.b": v, "phase[0].ratio": v}``."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+def to_toml(config: dict) -> str:
+    """A config dict of sections of scalars -> TOML text that ``load_config`` reads back."""
+    lines = []
+    for section, table in config.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {_toml_value(v)}" for key, v in table.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))       # a JSON string is a TOML basic string
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("hpcgnn")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,45 @@
+"""``hpcgnn plot``: a real PNG of two real runs (one under a VARCO schedule on 2 ranks), and a
+clear error for a missing run directory or a missing matplotlib."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import check_ok, train, train_here
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _plot(*args):
+    return subprocess.run([sys.executable, "-m", "hpcgnn", "plot", *map(str, args)],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.mpi
+def test_plot_writes_a_png_of_overlaid_runs(shards, tmp_path):
+    mpl_image = pytest.importorskip("matplotlib.image")
+    check_ok(train(2, shards("cora", 2), tmp_path / "varco", "train.epochs=12", config="configs/cora.toml",
+                   extra=("--schedule", "configs/schedules/varco.toml")))
+    train_here(shards("cora", 1), tmp_path / "full", "train.epochs=12", "train.eval_every=3")
+    out = tmp_path / "runs.png"
+    proc = _plot(tmp_path / "varco", tmp_path / "full", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    data = out.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and len(data) > 30_000
+    img = mpl_image.imread(out)
+    assert img.shape[:2] == (900, 1600) and img[..., :3].std() > 0.05    # drawn, not blank
+    assert not list(tmp_path.glob(".runs.png.tmp-*"))
+
+
+def test_plot_errors(tmp_path, monkeypatch):
+    proc = _plot(tmp_path / "nowhere", "--out", tmp_path / "x.png")
+    assert proc.returncode == 2 and "nowhere/metrics.jsonl: not found" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "x.png").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"epoch": 0, "loss": 1.0, "ratio": [1.0], "bytes_sent": 0}\n')
+    from hpcgnn.plot import PlotError, plot_runs
+    monkeypatch.setitem(sys.modules, "matplotlib", None)                # as if not installed
+    with pytest.raises(PlotError, match=r"pip install 'hpcgnn\[plot\]'"):
+        plot_runs([tmp_path / "run"], tmp_path / "x.png")

@@ -1,0 +1,81 @@
+"""``hpcgnn predict`` on real ranks: the files' predictions give exactly the trainer's final
+accuracies, a 2-rank predict equals a 1-rank predict of the same checkpoint, logits and embeddings
+equal a dense whole-graph GCN with the checkpoint's weights, and errors end the job cleanly."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from _graphs import dense_gcn, partly_labelled_npz
+from conftest import check_ok, run_mpi, train
+
+pytestmark = pytest.mark.mpi
+
+
+def predict(nranks, run_dir, shard_dir, out):
+    return run_mpi(nranks, ["-m", "hpcgnn", "predict", "--run", str(run_dir), "--shards",
+                            str(shard_dir), "--out", str(out)], timeout=120)
+
+
+def _accuracy(pred, labels, idx):
+    idx = idx[labels[idx] >= 0]
+    return float((pred[idx] == labels[idx]).sum()) / len(idx)
+
+
+def test_predictions_equal_the_trainers_evaluation(shards, tmp_path):
+    from hpcgnn.data.datasets import load_dataset
+    from hpcgnn.predict import read_predictions
+    run = tmp_path / "run"
+    check_ok(train(2, shards("cora", 2), run, "train.epochs=15", config="configs/cora.toml"))
+    check_ok(predict(2, run, shards("cora", 2), tmp_path / "p2"))
+    check_ok(predict(1, run, shards("cora", 1), tmp_path / "p1"))
+    two, one = read_predictions(tmp_path / "p2"), read_predictions(tmp_path / "p1")
+    graph, summary = load_dataset("cora"), json.loads((run / "summary.json").read_text())
+    last = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert two["logits"].dtype == np.float32 and two["logits"].shape == (graph.num_nodes, 7)
+    assert two["embedding"].shape == (graph.num_nodes, 16) and two["embedding"].min() >= 0
+    assert np.array_equal(two["pred"], two["logits"].argmax(axis=1))
+    assert _accuracy(two["pred"], graph.labels, graph.test_idx) == summary["final_test_acc"]
+    assert _accuracy(two["pred"], graph.labels, graph.val_idx) == last["val_acc"]
+    assert np.array_equal(one["pred"], two["pred"])
+    np.testing.assert_allclose(one["logits"], two["logits"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(one["embedding"], two["embedding"], rtol=1e-5, atol=1e-5)
+
+
+def test_logits_and_embedding_equal_a_dense_gcn(tmp_path):
+    from hpcgnn.data.datasets import load_dataset
+    from hpcgnn.predict import read_predictions
+    from preprocess import partition_graph, write_shards
+    arrays = partly_labelled_npz(tmp_path / "g.npz")
+    graph = load_dataset(f"npz:{tmp_path / 'g.npz'}")
+    write_shards(graph, partition_graph(graph, 2, "random", seed=0), tmp_path / "shards",
+                 partitioner="random", seed=0, force=False, num_parts=2)
+    check_ok(train(2, tmp_path / "shards", tmp_path / "run", "train.epochs=4", "model.layers=3",
+                   "model.hidden=6"))
+    check_ok(predict(2, tmp_path / "run", tmp_path / "shards", tmp_path / "pred"))
+    got = read_predictions(tmp_path / "pred")
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["model"]
+    hidden, logits = dense_gcn(arrays, state)
+    np.testing.assert_allclose(got["logits"], logits, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["embedding"], hidden, rtol=1e-4, atol=1e-5)
+    assert got["embedding"].shape == (80, 6)
+
+
+def test_predict_errors_end_the_job_on_every_rank(shards, tmp_path):
+    from hpcgnn.predict import PredictError, read_predictions
+    run = tmp_path / "run"
+    check_ok(train(2, shards("cora", 2), run, "train.epochs=2", config="configs/cora.toml",
+                   extra=("--stop-after", "0")))                  # records written, no checkpoint
+    proc = predict(2, run, shards("cora", 2), tmp_path / "pred")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "[rank 0/2] ERROR" in proc.stderr and "checkpoint.pt: not found" in proc.stderr
+    assert "[rank 1/2] ERROR stopping: another rank failed at start-up (rank 0:" in proc.stderr
+    shutil.rmtree(run)
+    proc = predict(2, run, shards("cora", 2), tmp_path / "pred")
+    assert proc.returncode == 2 and proc.stderr.count("config.toml: not found") == 2
+    with pytest.raises(PredictError, match="meta.json: not found"):
+        read_predictions(tmp_path / "pred")

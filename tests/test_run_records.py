@@ -1,0 +1,114 @@
+"""Run records and safe resume on 2 real ranks: RUN_DIR/config.toml, schedule.toml and run.json
+are written at start; 5 epochs + ``--resume`` + 5 equal 10 straight epochs bit for bit under a
+linear VARCO schedule with the ``random`` codec; ``--resume`` refuses any other config key,
+schedule or shard set on every rank, naming the key, and ``--force`` overrides."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+
+from conftest import check_ok, read_metrics, train
+
+pytestmark = pytest.mark.mpi
+
+SCHEDULE = """# linear VARCO, random channels: ratio 16 -> 1 over T = 10 epochs (slope 1)
+codec = "random"
+kind = "linear"
+max_ratio = 16.0
+min_ratio = 1.0
+slope = 1.0
+"""
+CONFIG = "configs/cora.toml"
+
+
+def _train(shard_dir, out, schedule, *sets, extra=()):
+    return train(2, shard_dir, out, "train.epochs=10", *sets, config=CONFIG,
+                 extra=(("--schedule", str(schedule)) if schedule else ()) + tuple(extra))
+
+
+@pytest.fixture(scope="module")
+def runs(shards, tmp_path_factory):
+    """(shard_dir, schedule path, straight 10-epoch run, 5 + resume + 5 run)."""
+    root = tmp_path_factory.mktemp("records")
+    schedule = root / "varco-random.toml"
+    schedule.write_text(SCHEDULE)
+    shard_dir = shards("cora", 2, "metis")
+    check_ok(_train(shard_dir, root / "straight", schedule))
+    check_ok(_train(shard_dir, root / "split", schedule, extra=("--stop-after", "5")))
+    assert len(read_metrics(root / "split")) == 5 and not (root / "split" / "summary.json").exists()
+    check_ok(_train(shard_dir, root / "split", schedule, extra=("--resume",)))
+    return shard_dir, schedule, root / "straight", root / "split"
+
+
+def _weights(run_dir) -> dict:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+
+
+def test_resume_with_schedule_is_bit_exact(runs):
+    _, _, straight, split = runs
+    a, b = read_metrics(straight), read_metrics(split)
+    assert [r["epoch"] for r in b] == list(range(10))
+    assert [r["ratio"] for r in a][0][0] == 16.0 and a[-1]["ratio"][0] == 1.0   # the schedule ran
+    for key in ("loss", "ratio", "bytes_sent", "train_acc", "val_acc", "test_acc"):
+        assert [r[key] for r in b] == [r[key] for r in a], key
+    wa, wb = _weights(straight), _weights(split)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert json.loads((split / "summary.json").read_text())["epochs"] == 10
+
+
+def test_run_directory_records(runs):
+    from hpcgnn.config import load_config
+    shard_dir, schedule, _, split = runs
+    cfg = load_config(CONFIG, ["train.epochs=10", f"run.out={split}"])
+    assert load_config(split / "config.toml") == cfg                 # every key, resolved
+    assert (split / "schedule.toml").read_bytes() == schedule.read_bytes()
+    rec = json.loads((split / "run.json").read_text())
+    want = hashlib.sha256((shard_dir / "meta.json").read_bytes()).hexdigest()
+    assert rec["shards"] == {"path": str(shard_dir.resolve()), "meta_sha256": want}
+    assert rec["hpcgnn_version"] == "0.1.0"
+    assert [c["resume"] for c in rec["commands"]] == [False, True]
+    assert "--stop-after" in rec["commands"][0]["argv"] and "--resume" in rec["commands"][1]["argv"]
+    assert "schedule_epoch" not in torch.load(split / "checkpoint.pt", weights_only=True)
+
+
+def _refused(proc, *words):
+    assert proc.returncode != 0, proc.stderr
+    for rank in (0, 1):
+        line = next((ln for ln in proc.stderr.splitlines() if ln.startswith(f"[rank {rank}/2] ERROR")), "")
+        assert all(w in line for w in words), (rank, words, proc.stderr)
+        assert "--force" in line, line
+    assert "Traceback" not in proc.stderr
+
+
+def test_resume_refuses_other_settings_on_every_rank(runs, shards, tmp_path):
+    shard_dir, schedule, _, split = runs
+    run = tmp_path / "run"
+    shutil.copytree(split, run)
+    before = (run / "checkpoint.pt").read_bytes()
+    _refused(_train(shard_dir, run, schedule, "train.epochs=20", extra=("--resume",)),
+             "train.epochs: checkpoint 10, now 20")
+    _refused(_train(shard_dir, run, schedule, "train.lr=0.02", extra=("--resume",)),
+             "train.lr: checkpoint 0.01, now 0.02")
+    other = tmp_path / "other.toml"
+    other.write_text(SCHEDULE.replace("max_ratio = 16.0", "max_ratio = 8.0"))
+    _refused(_train(shard_dir, run, other, extra=("--resume",)),
+             "schedule.max_ratio: checkpoint 16.0, now 8.0")
+    _refused(_train(shard_dir, run, None, extra=("--resume",)), "--schedule: checkpoint", "now none")
+    _refused(_train(shards("cora", 2, "random"), run, schedule, extra=("--resume",)),
+             "shard set meta.json sha256")
+    assert (run / "checkpoint.pt").read_bytes() == before             # nothing was touched
+
+
+def test_force_resumes_anyway(runs, tmp_path):
+    shard_dir, schedule, _, split = runs
+    run = tmp_path / "run"
+    shutil.copytree(split, run)
+    proc = _train(shard_dir, run, schedule, "train.epochs=12", extra=("--resume", "--force"))
+    check_ok(proc)
+    assert "--force: resuming although train.epochs: checkpoint 10, now 12" in proc.stderr
+    assert [r["epoch"] for r in read_metrics(run)] == list(range(12))
+    assert "epochs = 12" in (run / "config.toml").read_text()
