@@ -19,7 +19,7 @@ EXIT_USER_ERROR = 2
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m hpcgnn", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    tr = sub.add_parser("train", help="train on a shard set (launch with mpirun -n K)")
+    tr = sub.add_parser("train", help="train on a K-part shard set (launch with mpirun -n R, R dividing K)")
     tr.add_argument("--shards", required=True, help="shard directory written by `python -m preprocess`")
     tr.add_argument("--config", help="run config TOML (see configs/); defaults if omitted")
     tr.add_argument("--schedule", help="compression schedule TOML (see configs/schedules/)")
@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="checkpoint and stop once N epochs are done (continue with --resume)")
     tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     pr = sub.add_parser("predict", help="per-node predictions and embeddings of a trained run "
-                        "(launch with mpirun -n K, K = the shard set's parts)")
+                        "(launch with mpirun -n R, R dividing the shard set's part count)")
     pr.add_argument("--run", required=True, help="run directory of `hpcgnn train` (checkpoint.pt)")
     pr.add_argument("--shards", required=True, help="shard directory of the graph to predict on")
     pr.add_argument("--out", required=True, help="output directory: part-NNNNN.h5 + meta.json")

@@ -23,7 +23,8 @@ def test_shard_count_differs_from_ranks(shards, tmp_path):
     assert proc.returncode != 0
     for rank in (0, 1):
         assert f"[rank {rank}/2] ERROR" in proc.stderr and "meta.json" in proc.stderr
-    assert "has 3 parts but the job has 2 ranks" in proc.stderr and "mpirun -n 3" in proc.stderr
+    assert "has 3 parts but the job has 2 ranks" in proc.stderr and "mpirun -n R" in proc.stderr
+    assert "R dividing 3 (1, 3)" in proc.stderr
 
 
 def test_corrupt_shard_on_one_rank(shards, tmp_path):

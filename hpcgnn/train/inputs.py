@@ -1,8 +1,9 @@
 """A rank's training inputs: its shard (and only its shard), checked against the job.
 
-``load_part`` reads ``DIR/meta.json`` and ``DIR/part-<rank>.h5`` through
-``hpcgnn.data.shard`` and fails with a message naming the file and the fix when the shard
-set does not fit the job (part count != number of ranks, missing or corrupt file).
+``load_part`` reads ``DIR/meta.json`` and this rank's part(s) through ``hpcgnn.data.shard``
+(one part when the set has as many parts as the job has ranks; K/R consecutive parts merged
+into one when R divides K) and fails with a message naming the file and the fix when the shard
+set does not fit the job (R does not divide K, missing or corrupt file).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hpcgnn.data.merge import member_parts, merge_parts
 from hpcgnn.data.shard import Shard, ShardFormatError, part_name, read_meta, read_shard, sha256_file
 
 
@@ -28,20 +30,30 @@ class PartInputs:
 
 
 def load_part(shards: str | Path, rank: int, size: int, verify_hash: bool = True) -> tuple[dict, Shard]:
-    """(meta, this rank's Shard); raises ShardFormatError naming the file and the fix."""
+    """(meta, this rank's Shard); raises ShardFormatError naming the file and the fix.
+
+    A K-part set runs on any R ranks with R dividing K: rank ``r`` reads the K/R consecutive
+    parts ``hpcgnn.data.merge.member_parts`` and merges them into one part of an R-part set."""
     shards = Path(shards)
     meta = read_meta(shards)
-    if meta["num_parts"] != size:
+    k = int(meta["num_parts"])
+    if size < 1 or k % size:
+        fits = [r for r in range(1, k + 1) if k % r == 0]
         raise ShardFormatError(
-            f"{shards / 'meta.json'}: the shard set has {meta['num_parts']} parts but the job has "
-            f"{size} ranks; launch with `mpirun -n {meta['num_parts']}` or re-run `python -m "
-            f"preprocess --parts {size} --out DIR` for {size} ranks")
-    entry = meta["parts"][rank]
-    path = shards / entry.get("file", part_name(rank))
+            f"{shards / 'meta.json'}: the shard set has {k} parts but the job has {size} ranks; "
+            f"launch with `mpirun -n R` for R dividing {k} ({', '.join(map(str, fits))}), or re-run `python -m preprocess --parts {size} --out DIR` "
+            f"(or a multiple of {size})")
+    members = [_read_part(shards, meta, p, verify_hash) for p in member_parts(rank, size, k)]
+    return meta, members[0] if len(members) == 1 else merge_parts(members, rank, size)
+
+
+def _read_part(shards: Path, meta: dict, part: int, verify_hash: bool) -> Shard:
+    entry = meta["parts"][part]
+    path = shards / entry.get("file", part_name(part))
     if verify_hash and path.is_file() and sha256_file(path) != entry["sha256"]:
         raise ShardFormatError(f"{path}: sha256 differs from meta.json (corrupt or replaced file); "
                                f"re-run `python -m preprocess` to rewrite the shard set")
-    return meta, read_shard(path, part_id=rank, num_parts=size)
+    return read_shard(path, part_id=part, num_parts=int(meta["num_parts"]))
 
 
 def row_normalize(x: np.ndarray) -> np.ndarray:

@@ -23,12 +23,14 @@ hpcgnn_run_dir() {
     fi
 }
 
-# The shard set must have one part per rank; say so before any rank starts.
+# The task count must fit the shard set: a divisor of num_parts (each rank loads num_parts/ntasks
+# parts) or, for parallel.algorithm = 1.5d, num_parts * c; say so before any rank starts (the
+# trainer checks the exact rule again).
 hpcgnn_check_shards() {
     local shards=$1 ntasks=$2 parts
     [[ -f $shards/meta.json ]] || hpcgnn_die "$shards/meta.json not found: preprocess first (jobs/preprocess.sbatch) or fix SHARDS"
     parts=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_parts"])' "$shards/meta.json")
-    [[ $parts == "$ntasks" ]] || hpcgnn_die "$shards has num_parts=$parts but the job has $ntasks tasks: submit with --ntasks=$parts"
+    (( parts % ntasks == 0 || ntasks % parts == 0 )) || hpcgnn_die "$shards has num_parts=$parts but the job has $ntasks tasks: submit with --ntasks=$parts or a divisor of $parts (each rank then loads num_parts/ntasks parts), or num_parts * c for parallel.algorithm = 1.5d"
 }
 
 # A run is resumed when its last segment was preempted and it has not finished since; or when
