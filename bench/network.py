@@ -11,7 +11,9 @@ with the exchange skipped (``HPCGNN_BENCH_NO_EXCHANGE=1``): the same compute, no
                             [--epochs 100] [--out bench/results/network] [--plot] [--append]
 
 A schedule name may carry a training method: ``quant1-all@s1`` is that schedule with
-``train.staleness = 1``, ``full@s1m`` adds PipeGCN's smoothing (0.95).
+``train.staleness = 1``, ``full@s1m`` adds PipeGCN's smoothing (0.95), ``full@retexo`` trains
+with RETEXO's lazy message passing (``train.method = retexo``, ``epochs / 2`` rounds per layer:
+the same total epochs; each layer's input rows cross the link once).
 
 Per run: median epoch time (training step only), comm and codec share, bytes relative to fp32,
 test accuracy at the best validation epoch, and **time to accuracy**: the training time (sum of
@@ -41,10 +43,11 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMP_NUM_THREADS": "1"}
 TCP_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl_tcp_if_include": "lo",
            "OMPI_MCA_oob_tcp_if_include": "lo", "PRTE_MCA_oob_tcp_if_include": "lo"}
+LAYERS = 2
 RUN_TOML = """[model]
 arch = "gcn"
 hidden = 64
-layers = 2
+layers = {layers}
 dropout = 0.5
 [train]
 epochs = {epochs}
@@ -63,13 +66,18 @@ def shard_set(spec: str, parts: int, root: Path, partitioner: str = "random") ->
     return out
 
 
-def method(name: str) -> tuple[str, list[str], int]:
+def method(name: str, epochs: int = 100) -> tuple[str, list[str], int]:
     """``SCHEDULE[@opt,...]`` -> (schedule, --set overrides, replication c). Options: ``sN``
-    (staleness N), ``sNm`` (and PipeGCN's smoothing 0.95), ``1.5d-cN`` (CAGNET 1.5D, c = N)."""
+    (staleness N), ``sNm`` (and PipeGCN's smoothing 0.95), ``1.5d-cN`` (CAGNET 1.5D, c = N),
+    ``retexo`` (RETEXO, ``epochs / LAYERS`` rounds per layer)."""
     sched, _, opts = name.partition("@")
     sets, c = [], 1
     for opt in filter(None, opts.split(",")):
-        if opt.startswith("1.5d-c"):
+        if opt == "retexo":
+            if epochs % LAYERS:
+                raise SystemExit(f"bench/network.py: {name} needs --epochs divisible by {LAYERS}")
+            sets += ["--set", "train.method=retexo", "--set", f"train.rounds_per_layer={epochs // LAYERS}"]
+        elif opt.startswith("1.5d-c"):
             c = int(opt[len("1.5d-c"):])
             sets += ["--set", "parallel.algorithm=1.5d", "--set", f"parallel.replication={c}"]
         else:
@@ -80,10 +88,10 @@ def method(name: str) -> tuple[str, list[str], int]:
 
 
 def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config: Path,
-           timeout: float) -> None:
+           timeout: float, epochs: int = 100) -> None:
     """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm')."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    schedule, sets, _ = method(name)
+    schedule, sets, _ = method(name, epochs)
     sched = [] if schedule in ("full", "floor") else ["--schedule", str(REPO / "configs" / "schedules" / f"{schedule}.toml")]
     train = [str(mpiexec), "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "mpi4py",
              "-m", "hpcgnn", "train", "--shards", str(shards), "--config", str(config),
@@ -115,7 +123,7 @@ def summarise(run_dir: Path) -> dict:
             "codec_share": statistics.median(r["codec_s"] / r["epoch_s"] for r in rows[1:] or rows),
             "bytes_ratio": summary["bytes_sent"] / max(summary["bytes_full"], 1),
             "bytes_sent": summary["bytes_sent"], "test_acc": summary["test_acc"],
-            "bytes_per_epoch": statistics.median(r["bytes_sent"] for r in rows),
+            "bytes_per_epoch": statistics.mean(r["bytes_sent"] for r in rows),
             "best_val": summary["best_val_acc"], "train_s": sum(times),
             "curve": [(sum(times[:i + 1]), r.get("val_acc"), r.get("test_acc")) for i, r in enumerate(rows)]}
 
@@ -129,7 +137,8 @@ def run_all(args) -> dict:
     root = Path(args.work)
     root.mkdir(parents=True, exist_ok=True)
     config = root / "run.toml"
-    config.write_text(RUN_TOML.format(epochs=args.epochs, seed=args.seed, eval_every=args.eval_every))
+    config.write_text(RUN_TOML.format(epochs=args.epochs, seed=args.seed, eval_every=args.eval_every,
+                                      layers=LAYERS))
     results: dict = {}
     for ranks in args.ranks:
         for rate in args.rates:
@@ -140,7 +149,7 @@ def run_all(args) -> dict:
                 shards = shard_set(args.dataset, ranks // c, root, args.partitioner)
                 run_dir = root / f"r{ranks}-{rate}-{schedule}"
                 t0 = time.perf_counter()
-                launch(ranks, shards, schedule, rate, run_dir, config, args.timeout)
+                launch(ranks, shards, schedule, rate, run_dir, config, args.timeout, args.epochs)
                 res = summarise(run_dir)
                 res["wall_s"] = time.perf_counter() - t0
                 results[f"{ranks}|{rate}|{schedule}"] = res
@@ -169,7 +178,7 @@ def to_markdown(results: dict, args) -> str:
              f"TCP path unlimited, `shm` = shared memory. Time to accuracy: training time until "
              f"validation accuracy reaches full communication's best - 0.5 pt (— = never).", "",
              "| ranks | link (Gbit/s) | schedule | epoch (ms) | vs full | comm | codec | bytes vs fp32 | "
-             "MB / epoch | test acc | time to acc (s) | vs full |",
+             "MB / epoch (mean) | test acc | time to acc (s) | vs full |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, r in results.items():
         ranks, rate, sched = key.split("|")

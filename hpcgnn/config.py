@@ -77,6 +77,12 @@ class TrainConfig:
     smoothing: float = 0.0
     """PipeGCN's correction of stale rows and gradients: avg <- m * avg + (1 - m) * received
     (0 = off; PipeGCN uses 0.95)"""
+    method: str = "full"
+    """full (every layer's halo rows exchanged every step) | retexo (RETEXO's lazy message
+    passing: train layer by layer, each layer's input rows exchanged once; hpcgnn.train.retexo)"""
+    rounds_per_layer: int = 200
+    """retexo: rounds (full-batch steps) spent on each layer. ``train.epochs`` counts rounds over
+    all layers, so it must equal ``model.layers * rounds_per_layer``"""
 
     def check(self, where: str) -> None:
         _need(self.epochs >= 1, where, "train.epochs", self.epochs, "use an integer >= 1")
@@ -90,6 +96,10 @@ class TrainConfig:
               "train.weight_decay_on", self.weight_decay_on, "use 'all', 'first_layer' or 'weights'")
         _need(0 <= self.seed < 2**31, where, "train.seed", self.seed, "use an integer in [0, 2^31)")
         _need(self.eval_every >= 1, where, "train.eval_every", self.eval_every, "use an integer >= 1")
+        _need(self.method in METHODS, where, "train.method", self.method,
+              "use 'full' or 'retexo'")
+        _need(self.rounds_per_layer >= 1, where, "train.rounds_per_layer", self.rounds_per_layer,
+              "use an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,33 @@ class Config:
         return asdict(self)
 
 
+METHODS = ("full", "retexo")
+RETEXO_ARCHS = ("gcn", "sage")
+
+
+def check_method(cfg: Config, where: str) -> None:
+    """What ``train.method = 'retexo'`` needs from the other sections (checked before them, so
+    ``arch = 'gat'`` gets this message): GCN or SAGE, the halo algorithm, no staleness, and
+    ``train.epochs = model.layers * train.rounds_per_layer`` (epochs count rounds)."""
+    t, m = cfg.train, cfg.model
+    if t.method != "retexo":
+        return
+    _need(m.arch in RETEXO_ARCHS, where, "model.arch", m.arch,
+          "train.method = 'retexo' supports 'gcn' and 'sage' only (GAT is not built for it); "
+          "use one of those or train.method = 'full'")
+    _need(cfg.parallel.algorithm == "halo", where, "parallel.algorithm", cfg.parallel.algorithm,
+          "train.method = 'retexo' runs on the halo algorithm; use parallel.algorithm = 'halo'")
+    _need(t.staleness == 0, where, "train.staleness", t.staleness,
+          "train.method = 'retexo' exchanges once per layer, so there is nothing to make stale; "
+          "use train.staleness = 0")
+    if isinstance(m.layers, int) and m.layers >= 1 and t.rounds_per_layer >= 1:
+        want = m.layers * t.rounds_per_layer
+        _need(t.epochs == want, where, "train.epochs", t.epochs,
+              f"train.method = 'retexo' trains model.layers = {m.layers} layers for "
+              f"train.rounds_per_layer = {t.rounds_per_layer} rounds each, {want} epochs in all; "
+              f"set train.epochs = {want}, or train.rounds_per_layer = train.epochs / {m.layers}")
+
+
 _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
                   "parallel": ParallelConfig, "run": RunConfig}
 
@@ -165,6 +202,7 @@ def build_config(raw: dict, where: str = "<config>") -> Config:
             raise ConfigError(f"{where}: '{section}' must be a table [{section}]")
         parts[section] = _build_section(_SECTION_TYPES[section], section, table, where)
     cfg = Config(**parts)
+    check_method(cfg, where)
     for section in _SECTION_TYPES:
         getattr(cfg, section).check(where)
     return cfg

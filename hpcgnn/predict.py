@@ -158,6 +158,7 @@ def _checked_checkpoint(trainer: Trainer) -> bytes:
         raise PredictError(f"{path}: does not fit the model built from {CONFIG_NAME} and this shard "
                            f"set ({str(exc).splitlines()[0]} ...); pass the shard set of the "
                            f"graph the run trained on") from exc
+    trainer.check_prediction_state(state)
     record = state.get("record") or {}
     if record.get("meta_sha256") not in (None, trainer.record.meta_sha256):
         log.warning("predicting on shard set %s; the run trained on %s (same shapes, so the "

@@ -80,6 +80,18 @@ class GCNLayer(HaloLayer):
             return self.propagate(x @ self.weight) + self.bias
         return self.propagate(x) @ self.weight + self.bias
 
+    def from_aggregate(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
+        """The layer given ``agg = Â [x; x_halo]`` ``(n_owned, F_in)`` (RETEXO: halo rows fixed,
+        no exchange): ``agg W + b``; ``x`` is unused (Â holds the self-loop)."""
+        return agg @ self.weight + self.bias
+
+    def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor) -> torch.Tensor:
+        """The layer on ``x`` ``(n_owned, F_in)`` and given halo rows ``(n_halo, F_in)``, no
+        exchange; the narrower side is aggregated."""
+        if self.weight.shape[1] < self.weight.shape[0]:
+            return self.graph.aggregate(x @ self.weight, x_halo @ self.weight) + self.bias
+        return self.from_aggregate(x, self.graph.aggregate(x, x_halo))
+
 
 class SAGELayer(HaloLayer):
     """``out_i = W_s x_i + W_n mean_{j->i} x_j + b`` (GraphSAGE-mean), exchanging ``X`` or
@@ -101,6 +113,20 @@ class SAGELayer(HaloLayer):
         if self.transform_first:                  # two GEMMs: no slice copies of (n, 2 F_out)
             return x @ w_self + self.propagate(x @ w_neigh) + self.bias
         return x @ w_self + self.propagate(x) @ w_neigh + self.bias
+
+    def from_aggregate(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
+        """The layer given ``agg = mean_{j->i} x_j`` ``(n_owned, F_in)`` (RETEXO: halo rows
+        fixed, no exchange): ``x W_s + agg W_n + b``."""
+        return x @ self.weight[:, :self.out_dim] + agg @ self.weight[:, self.out_dim:] + self.bias
+
+    def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor) -> torch.Tensor:
+        """The layer on ``x`` ``(n_owned, F_in)`` and given halo rows ``(n_halo, F_in)``, no
+        exchange; the narrower side is aggregated."""
+        if self.out_dim < self.weight.shape[0]:
+            w_neigh = self.weight[:, self.out_dim:]
+            return (x @ self.weight[:, :self.out_dim]
+                    + self.graph.aggregate(x @ w_neigh, x_halo @ w_neigh) + self.bias)
+        return self.from_aggregate(x, self.graph.aggregate(x, x_halo))
 
 
 LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}

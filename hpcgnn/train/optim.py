@@ -32,15 +32,20 @@ def decays(name: str, param: torch.Tensor, cfg: TrainConfig) -> bool:
     return True
 
 
-def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
+def param_groups(model: torch.nn.Module, cfg: TrainConfig, prefixes: tuple[str, ...] = ("",)
+                 ) -> list[dict]:
     """[{params, weight_decay}, ...]: decayed then not decayed, each in model order; empty
-    groups left out (so ``all`` without codec modules is one group, exactly as before)."""
+    groups left out (so ``all`` without codec modules is one group, exactly as before).
+    ``prefixes``: only parameters whose name starts with one of them (RETEXO: one stage's)."""
     on, off = [], []
     for name, p in model.named_parameters():
+        if not name.startswith(prefixes):
+            continue
         (on if decays(name, p, cfg) else off).append(p)
     groups = [{"params": on, "weight_decay": cfg.weight_decay}, {"params": off, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam:
-    return torch.optim.Adam(param_groups(model, cfg), lr=cfg.lr)
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, prefixes: tuple[str, ...] = ("",)
+                   ) -> torch.optim.Adam:
+    return torch.optim.Adam(param_groups(model, cfg, prefixes), lr=cfg.lr)

@@ -73,14 +73,12 @@ class Trainer:
             ctx.size, shard.n_owned, ctx.device)      # 1.5D: no halo exchange
         graph = LocalGraph.from_shard(shard, cfg.model.arch, ctx.device)
         torch.manual_seed(cfg.train.seed)            # same initial parameters on every rank
-        self.model = GNN(cfg.model, shard.feature_dim, int(meta["num_classes"]), graph, self.plan,
-                         ctx, self.data.global_id, cfg.train.seed, cfg.train.overlap, self.policy,
-                         cfg.train.staleness, cfg.train.smoothing, spmm)
+        self.model = self.build_model(shard, meta, graph, spmm)
         if spmm is not None:
             spmm.stats = self.model.stats
         self.model.to(ctx.device)
         self.params = list(self.model.parameters())
-        self.opt = make_optimizer(self.model, cfg.train)        # groups: train.weight_decay_on
+        self.opt = self.make_optimizer()
         self.progress = Progress()
         self.resume = resume
         self.resume_bytes = resume_bytes
@@ -89,11 +87,25 @@ class Trainer:
         self.sink = MetricsSink(self.run_dir, enabled=ctx.is_root)
         self.preempt = PreemptFlag()
 
+    def build_model(self, shard, meta: dict, graph: LocalGraph, spmm) -> torch.nn.Module:
+        """The model this method trains (here: the GNN trained as a whole)."""
+        cfg = self.cfg
+        return GNN(cfg.model, shard.feature_dim, int(meta["num_classes"]), graph, self.plan,
+                   self.ctx, self.data.global_id, cfg.train.seed, cfg.train.overlap, self.policy,
+                   cfg.train.staleness, cfg.train.smoothing, spmm)
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        return make_optimizer(self.model, self.cfg.train)        # groups: train.weight_decay_on
+
     @classmethod
     def prepare(cls, ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
                 policy: CompressionPolicy = FULL_PRECISION, resume: bool = False,
                 force: bool = False, stop_after: int | None = None) -> "Trainer":
-        """Read this rank's shard (and, on rank 0, the checkpoint) and build the trainer."""
+        """Read this rank's shard (and, on rank 0, the checkpoint) and build the trainer of
+        ``train.method`` (``full``: this class; ``retexo``: ``hpcgnn.train.retexo``)."""
+        if cfg.train.method == "retexo" and cls is Trainer:
+            from hpcgnn.train.retexo import RetexoTrainer
+            cls = RetexoTrainer
         spmm = None
         if cfg.parallel.algorithm == "1.5d":
             meta, shard, spmm = load_15d(ctx, cfg, shards, policy)
@@ -129,17 +141,24 @@ class Trainer:
             log.warning("--resume: no %s in %s; starting from epoch 0", ckpt.CHECKPOINT_NAME,
                         self.run_dir)
             return
-        state = ckpt.decode_checkpoint(data, self.run_dir)
+        self.load_state(ckpt.decode_checkpoint(data, self.run_dir))
+        if self.ctx.is_root:
+            clear_marker(self.run_dir)
+        log.info("resumed from %s after epoch %d", self.run_dir / ckpt.CHECKPOINT_NAME,
+                 self.progress.epochs_done - 1)
+
+    def load_state(self, state: dict) -> None:
+        """A decoded checkpoint (``checkpoint_state``'s dict) into this rank's trainer."""
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.progress = Progress(**state["progress"])
         if state.get("stale") is not None:               # every rank's own stale buffers
             self.model.load_stale_state(state["stale"][self.ctx.rank])
-        if self.ctx.is_root:
-            clear_marker(self.run_dir)
-        log.info("resumed from %s after epoch %d", self.run_dir / ckpt.CHECKPOINT_NAME,
-                 self.progress.epochs_done - 1)
+
+    def check_prediction_state(self, state: dict) -> None:
+        """``hpcgnn predict``, rank 0: raise when the checkpoint cannot give predictions (any
+        checkpoint of the whole GNN can)."""
 
     def _check_state(self, state: dict) -> None:
         """Rank 0, before any collective: refuse a checkpoint of another config, schedule or
@@ -205,13 +224,18 @@ class Trainer:
         self.model.train()
         self.opt.zero_grad(set_to_none=False)
         logits = self.model(self.data.x, Step(epoch, training=True))
+        return self.finish_step(logits, self.params, ratios, t0)
+
+    def finish_step(self, logits: torch.Tensor, params: list, ratios: list[float], t0: float) -> dict:
+        """Loss of ``logits`` ``(n_owned, C)`` (sum over owned training nodes / global count),
+        backward, ONE Allreduce of ``params``' gradients + the loss, Adam step."""
         mask = self.data.train
         loss = F.cross_entropy(logits[mask], self.data.y[mask], reduction="sum") / self.n_train
         loss.backward()
-        for p in self.params:                        # a parameter unused this step: zero grad
+        for p in params:                             # a parameter unused this step: zero grad
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self.params]
+        grads = [p.grad for p in params]
         loss_buf = loss.detach().reshape(1).clone()
         t1 = time.perf_counter()
         nbytes = allreduce_sum_(self.ctx, grads + [loss_buf])  # one Allreduce: grads + loss
@@ -284,10 +308,13 @@ class Trainer:
             stale = [stale]
         if not self.ctx.is_root:
             return
-        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "stale": stale,
-                 "torch_rng": torch.get_rng_state(), "progress": vars(self.progress).copy(),
-                 "record": None if self.record is None else self.record.fingerprint()}
-        ckpt.save_checkpoint(self.run_dir, state)
+        ckpt.save_checkpoint(self.run_dir, self.checkpoint_state(stale))
+
+    def checkpoint_state(self, stale: list | None = None) -> dict:
+        """What ``checkpoint.pt`` holds (rank 0's view; ``stale``: every rank's buffers)."""
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "stale": stale,
+                "torch_rng": torch.get_rng_state(), "progress": vars(self.progress).copy(),
+                "record": None if self.record is None else self.record.fingerprint()}
 
     def summary(self) -> dict:
         p = self.progress
