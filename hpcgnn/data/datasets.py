@@ -1,7 +1,8 @@
 """Dataset specs -> a clean ``Graph``.
 
 A spec names a dataset and its options: ``cora``, ``citeseer`` (shipped), ``npz:PATH`` (the npz
-input format), ``ogbn-NAME:root=DIR`` (an OGB node-property dataset in a local directory),
+input format), ``h5:PATH`` (the same keys in HDF5, row slices readable: ``h5input.py``),
+``ogbn-NAME:root=DIR`` (an OGB node-property dataset in a local directory),
 ``csbm:nodes=2000,classes=4,...`` (contextual SBM) and ``rmat:scale=20,...`` (R-MAT, Graph500).
 Every graph comes back without self-loops or duplicate edges, and symmetrised when asked.
 """
@@ -22,8 +23,8 @@ log = logging.getLogger("hpcgnn.data")
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "datasets"
 SHIPPED = ("cora", "citeseer")
 GENERATORS: dict[str, Callable[..., Graph]] = {"csbm": synthetic.csbm, "rmat": synthetic.rmat}
-SPEC_HELP = ("use cora, citeseer, npz:PATH, ogbn-NAME:root=DIR, csbm:nodes=N,classes=C,... or "
-             "rmat:scale=S,...")
+SPEC_HELP = ("use cora, citeseer, npz:PATH, h5:PATH, ogbn-NAME:root=DIR, "
+             "csbm:nodes=N,classes=C,... or rmat:scale=S,...")
 
 
 def _value(text: str) -> Any:
@@ -42,9 +43,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``'csbm:nodes=100,classes=3'`` -> ``('csbm', {'nodes': 100, 'classes': 3})``;
     ``'npz:PATH'`` -> ``('npz', {'path': 'PATH'})``."""
     name, _, rest = spec.partition(":")
-    if name == "npz":
+    if name in ("npz", "h5"):
         if not rest:
-            raise DatasetError(f"dataset spec '{spec}': no path; write npz:PATH")
+            raise DatasetError(f"dataset spec '{spec}': no path; write {name}:PATH")
         return name, {"path": rest}
     opts: dict[str, Any] = {}
     for item in filter(None, rest.split(",")):
@@ -78,6 +79,9 @@ def _read(spec: str, name: str, opts: dict[str, Any]) -> Graph:
         return read_npz(SHIPPED_DIR / f"{name}.npz", name=name)
     if name == "npz":
         return read_npz(opts["path"], name=spec)
+    if name == "h5":
+        from hpcgnn.data.h5input import read_h5
+        return read_h5(opts["path"], name=spec)
     from hpcgnn.data.ogb import read_ogb     # optional dependency: imported only when asked
     _check_options(spec, read_ogb, {k: v for k, v in opts.items()})
     return read_ogb(name, **opts)
@@ -89,7 +93,7 @@ def load_dataset(spec: str, *, symmetrize: bool = False, **opts: Any) -> Graph:
     spec_opts.update(opts)
     if name in GENERATORS:
         return _generate(spec, name, spec_opts, symmetrize)
-    if name not in SHIPPED and name != "npz" and not name.startswith("ogbn-"):
+    if name not in SHIPPED and name not in ("npz", "h5") and not name.startswith("ogbn-"):
         raise DatasetError(f"dataset spec '{spec}': unknown dataset '{name}'; {SPEC_HELP}")
     graph, _ = clean_graph(_read(spec, name, spec_opts), symmetrize=symmetrize)
     return graph

@@ -23,7 +23,7 @@ import scipy.sparse as sp
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.npz import REQUIRED, SPARSE_FEATURES
-from hpcgnn.data.validate import FORMAT_HINT, check_csr
+from hpcgnn.data.validate import FORMAT_HINT
 
 SPLITS = ("train_idx", "val_idx", "test_idx")
 READ_CHUNK = 1 << 22          # split-array entries read at once
@@ -129,10 +129,13 @@ def read_h5_slice(path: str | os.PathLike, lo: int, hi: int, name: str | None = 
         ptr = _int(f, path, "adj_indptr", slice(lo, hi + 1))
         indices = _int(f, path, "adj_indices", slice(int(ptr[0]), int(ptr[-1])))
         local = ptr - ptr[0]
-        check_csr(f"{path} rows {lo}:{hi}", hi - lo, local, indices) if hi > lo else None
-        if indices.size and indices.max() >= n:
-            raise DatasetError(f"{path}: adj_indices holds node id {int(indices.max())}, outside "
-                               f"0..{n - 1}; fix the file or num_nodes")
+        if bool(np.any(np.diff(ptr) < 0)) or (hi == n and ptr[-1] != f["adj_indices"].shape[0]):
+            raise DatasetError(f"{path}: adj_indptr is not a CSR row pointer (rows {lo}:{hi} "
+                               f"decrease, or it does not end at len(adj_indices)); {H5_HINT}")
+        if indices.size and (indices.min() < 0 or indices.max() >= n):
+            bad = int(indices.min()) if indices.min() < 0 else int(indices.max())
+            raise DatasetError(f"{path}: adj_indices holds node id {bad}, outside 0..{n - 1}; "
+                               f"fix the file or num_nodes")
         feats = _slice_features(f, path, lo, hi)
         labels = _int(f, path, "labels", slice(lo, hi))
         if feats.shape[0] != hi - lo or labels.shape[0] != hi - lo:
