@@ -26,10 +26,11 @@ def _check_request(comm, n: int, num_parts: int) -> None:
                               f"--parts <= {n}")
 
 
-def _partition(comm, partitioner: str, sym_indptr, sym_cols, lo: int, hi: int,
+def _partition(comm, partitioner: str, sym_indptr, sym_cols, lo: int, hi: int, n: int,
                num_parts: int, seed: int) -> np.ndarray:
+    """Parts (int64 [hi - lo]) of this rank's rows."""
     if partitioner == "random":
-        return random_parts_slice(lo, hi, num_parts, seed)
+        return random_parts_slice(lo, hi, n, num_parts, seed)
     from preprocess.ptscotch import PtScotch
     scotch = collective(comm, PtScotch, comm)
     if num_parts == 1:
@@ -84,7 +85,8 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     del keys
     log.info("rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s)", comm.rank, sl.lo, sl.hi,
              f"{len(cols):,}", f"{len(sym_cols):,}", time.perf_counter() - t0)
-    parts = _partition(comm, partitioner, sym_indptr, sym_cols, sl.lo, sl.hi, num_parts, seed)
+    parts = _partition(comm, partitioner, sym_indptr, sym_cols, sl.lo, sl.hi, n, num_parts,
+                       seed)
     del sym_indptr, sym_cols
     degree = np.diff(indptr)
     moved = move_to_writers(comm, sl, indptr, cols, parts, num_parts)

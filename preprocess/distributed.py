@@ -105,14 +105,15 @@ def csr_of_keys(keys: np.ndarray, n: int, lo: int, hi: int) -> tuple[np.ndarray,
     return indptr, keys % n
 
 
-def random_parts_slice(lo: int, hi: int, num_parts: int, seed: int) -> np.ndarray:
+def random_parts_slice(lo: int, hi: int, n: int, num_parts: int, seed: int) -> np.ndarray:
     """Parts of rows ``lo:hi`` under a balanced random assignment that depends on the seed
     only: node ``v`` in block ``b`` (``RANDOM_BLOCK`` nodes) gets position ``b * B +
-    perm_b[v - b * B]`` and part ``position % K`` (so part sizes differ by <= 1)."""
+    perm_b[v - b * B]`` (``perm_b`` a permutation of the block, the last one may be short) and
+    part ``position % K``: positions cover 0..N-1 once, so part sizes differ by <= 1."""
     out = np.empty(hi - lo, dtype=np.int64)
     for b in range(lo // RANDOM_BLOCK, -(-hi // RANDOM_BLOCK)):
         start = b * RANDOM_BLOCK
-        perm = np.random.default_rng([seed, b]).permutation(RANDOM_BLOCK) + start
+        perm = np.random.default_rng([seed, b]).permutation(min(RANDOM_BLOCK, n - start)) + start
         a, z = max(lo, start), min(hi, start + RANDOM_BLOCK)
         out[a - lo:z - lo] = perm[a - start:z - start] % num_parts
     return out
