@@ -4,7 +4,8 @@
 Rank ``r`` holds the rows ``bounds[r]:bounds[r+1]`` (``bounds[r] = r * N // P``) of the input
 and never the whole graph:
 
-1. read its row slice (``h5:PATH``; other specs are loaded whole on every rank and sliced);
+1. read its row slice (``h5:PATH``), or generate it (``rmat-sliced:``, ``csbm-sliced:``); other
+   specs are loaded whole on every rank and sliced;
 2. clean the slice (self-loops, duplicates: a row's edges are all local) and send every edge's
    reverse to the reverse row's owner (one Alltoallv of ``E/P`` pairs): the union is the
    symmetric graph the partitioner needs (and the written graph with ``--symmetrize``);
@@ -28,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from hpcgnn.data.clean import MAX_NODES, edge_rows, unique_sorted
-from hpcgnn.data.datasets import load_dataset, parse_spec
+from hpcgnn.data import sliced
+from hpcgnn.data.datasets import SLICED, load_dataset, parse_spec, sliced_spec
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.h5input import GraphSlice, h5_num_nodes, read_h5_slice
 from hpcgnn.data.shard import ShardFormatError
@@ -69,6 +71,9 @@ def read_slice(spec: str, comm, symmetrize: bool) -> GraphSlice:
     """This rank's row slice of ``spec``: ``h5:PATH`` reads only the slice; any other spec is
     loaded whole (a graph that fits one process) and sliced."""
     name, opts = parse_spec(spec)
+    if name in SLICED:
+        gen = sliced_spec(spec, name, opts, symmetrize)
+        return generate_slice(comm, spec, gen, row_bounds(gen.nodes, comm.size))
     if name == "h5":
         n = h5_num_nodes(opts["path"])
         b = row_bounds(n, comm.size)
@@ -78,6 +83,28 @@ def read_slice(spec: str, comm, symmetrize: bool) -> GraphSlice:
     graph = load_dataset(spec, symmetrize=symmetrize)
     b = row_bounds(graph.num_nodes, comm.size)
     return GraphSlice.of_graph(graph, int(b[comm.rank]), int(b[comm.rank + 1]))
+
+
+def generate_slice(comm, name: str, gen: sliced.Spec, bounds: np.ndarray) -> GraphSlice:
+    """This rank's rows of a sliced generator: it draws edge chunks ``r * C // P ..`` and sends
+    every edge (both directions when symmetric) to its row's owner: O(E/P) int64 pairs."""
+    n, rank, size = gen.nodes, comm.rank, comm.size
+    chunks = sliced.num_chunks(gen)
+    got = [sliced.chunk_edges(gen, c) for c in range(rank * chunks // size,
+                                                        (rank + 1) * chunks // size)]
+    dst = np.concatenate([g[0] for g in got] or [np.zeros(0, dtype=np.int64)])
+    src = np.concatenate([g[1] for g in got] or [np.zeros(0, dtype=np.int64)])
+    del got
+    if gen.symmetric:
+        dst, src = np.concatenate([dst, src]), np.concatenate([src, dst])
+    (dst, src), _ = send_to(comm, row_owner(bounds, dst), dst, src)
+    keys = dst * np.int64(n) + src
+    del dst, src
+    keys.sort()
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    indptr, indices = csr_of_keys(keys, n, lo, hi)
+    x, labels, masks = sliced.node_data(gen, lo, hi)
+    return GraphSlice(name, n, lo, hi, indptr, indices, x, labels, masks)
 
 
 def local_keys(sl: GraphSlice) -> np.ndarray:
