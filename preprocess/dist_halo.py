@@ -52,11 +52,7 @@ def halo_of(pr: PartRows, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Halo keys ``owner * N + v`` (sorted, distinct) of a part and the edge mask of remote
     edges."""
     remote = pr.col_part != pr.part
-    return unique_keys(pr.col_part[remote] * n + pr.cols[remote]), remote
-
-
-def unique_keys(keys: np.ndarray) -> np.ndarray:
-    return np.unique(keys)
+    return np.unique(pr.col_part[remote] * n + pr.cols[remote]), remote
 
 
 def local_indices(pr: PartRows, halo_keys: np.ndarray, remote: np.ndarray, n: int) -> np.ndarray:

@@ -83,7 +83,8 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     del sym
     indptr, cols = csr_of_keys(keys, n, sl.lo, sl.hi)
     del keys
-    log.info("rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s)", comm.rank, sl.lo, sl.hi,
+    log.log(_level(comm), "rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s)", comm.rank,
+            sl.lo, sl.hi,
              f"{len(cols):,}", f"{len(sym_cols):,}", time.perf_counter() - t0)
     parts = _partition(comm, partitioner, sym_indptr, sym_cols, sl.lo, sl.hi, n, num_parts,
                        seed)
@@ -107,9 +108,14 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
         for f in shard_files(out) if comm.rank == 0 else []:
             f.unlink(missing_ok=True)
         raise
-    log.info("rank %d: wrote parts %s (%.1f s)", comm.rank, [s.part_id for s in shards],
+    log.log(_level(comm), "rank %d: wrote parts %s (%.1f s)", comm.rank, [s.part_id for s in shards],
              time.perf_counter() - t0)
     return meta
+
+
+def _level(comm) -> int:
+    """Rank 0 speaks at INFO, the others at DEBUG."""
+    return logging.INFO if comm.rank == 0 else logging.DEBUG
 
 
 def _max():
