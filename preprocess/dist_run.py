@@ -65,51 +65,58 @@ def _finish(comm, out: Path, entries: list[dict], meta: dict) -> dict:
     return meta
 
 
+def _clean_slice(comm, sl, symmetrize: bool, bounds: np.ndarray) -> tuple:
+    """(indptr, cols) of the cleaned slice as written, and of its symmetric closure."""
+    n = sl.num_nodes
+    keys = local_keys(sl)
+    sym = add_reverse(comm, keys, n, bounds)
+    data = csr_of_keys(sym if symmetrize else keys, n, sl.lo, sl.hi)
+    del keys
+    return data, csr_of_keys(sym, n, sl.lo, sl.hi)
+
+
+def _write_set(comm, out: Path, force: bool, shards: list, meta: dict) -> dict:
+    """Every writer writes its parts, then rank 0 ``meta.json``; on any failure rank 0
+    removes the set."""
+    collective(comm, lambda: prepare_out_dir(out, force) if comm.rank == 0 else None)
+    try:
+        entries = collective(comm, _write_own, shards, out)
+        return collective(comm, _finish, comm, out, entries, meta)
+    except BaseException:
+        for f in shard_files(out) if comm.rank == 0 else []:
+            f.unlink(missing_ok=True)
+        raise
+
+
 def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str, seed: int,
                     force: bool, symmetrize: bool) -> dict:
     """Partition ``spec`` into ``num_parts`` parts across the ranks of ``comm`` and write the
-    shard set to ``out``; every rank returns the meta (rank 0 wrote it)."""
+    shard set to ``out``; every rank returns the meta (rank 0 wrote it). Collective."""
     t0, out = time.perf_counter(), Path(out)
     collective(comm, lambda: check_out_dir(out, force) if comm.rank == 0 else None)
     sl = collective(comm, read_slice, spec, comm, symmetrize)
-    n = sl.num_nodes
+    n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
     collective(comm, _check_request, comm, n, num_parts)
-    bounds = row_bounds(n, comm.size)
-    keys = local_keys(sl)
-    sym = add_reverse(comm, keys, n, bounds)
-    if symmetrize:
-        keys = sym
-    sym_indptr, sym_cols = csr_of_keys(sym, n, sl.lo, sl.hi)
-    del sym
-    indptr, cols = csr_of_keys(keys, n, sl.lo, sl.hi)
-    del keys
+    (indptr, cols), (sym_indptr, sym_cols) = _clean_slice(comm, sl, symmetrize, bounds)
     log.log(_level(comm), "rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s)", comm.rank,
-            sl.lo, sl.hi,
-             f"{len(cols):,}", f"{len(sym_cols):,}", time.perf_counter() - t0)
+            sl.lo, sl.hi, f"{len(cols):,}", f"{len(sym_cols):,}", time.perf_counter() - t0)
     parts = _partition(comm, partitioner, sym_indptr, sym_cols, sl.lo, sl.hi, n, num_parts,
                        seed)
     del sym_indptr, sym_cols
     degree = np.diff(indptr)
     moved = move_to_writers(comm, sl, indptr, cols, parts, num_parts)
-    labels_max, name = (int(sl.labels.max()) if sl.labels.size else -1), sl.name
-    feature_dim = int(sl.features.shape[1])
+    labels_max = int(sl.labels.max()) if sl.labels.size else -1
+    meta = dict(dataset=sl.name, feature_dim=int(sl.features.shape[1]))
     del sl, indptr, cols
-    shards, cut = build_shards(comm, moved, num_parts, bounds, parts, degree, int(bounds[comm.rank]), n)
+    shards, cut = build_shards(comm, moved, num_parts, bounds, parts, degree,
+                               int(bounds[comm.rank]), n)
     del moved
-    meta = meta_fields(name, n,
-                        comm.allreduce(sum(s.num_edges for s in shards)), feature_dim,
-                        comm.allreduce(labels_max, op=_max()) + 1, num_parts, partitioner, seed,
-                        comm.allreduce(cut))
-    collective(comm, lambda: prepare_out_dir(out, force) if comm.rank == 0 else None)
-    try:
-        entries = collective(comm, _write_own, shards, out)
-        meta = collective(comm, _finish, comm, out, entries, meta)
-    except BaseException:
-        for f in shard_files(out) if comm.rank == 0 else []:
-            f.unlink(missing_ok=True)
-        raise
-    log.log(_level(comm), "rank %d: wrote parts %s (%.1f s)", comm.rank, [s.part_id for s in shards],
-             time.perf_counter() - t0)
+    meta = meta_fields(meta["dataset"], n, comm.allreduce(sum(s.num_edges for s in shards)),
+                       meta["feature_dim"], comm.allreduce(labels_max, op=_max()) + 1,
+                       num_parts, partitioner, seed, comm.allreduce(cut))
+    meta = _write_set(comm, out, force, shards, meta)
+    log.log(_level(comm), "rank %d: wrote parts %s (%.1f s)", comm.rank,
+            [s.part_id for s in shards], time.perf_counter() - t0)
     return meta
 
 
