@@ -6,6 +6,11 @@ Python API (the CLI is ``python -m preprocess``)::
     parts = partition_graph(graph, 4, "metis", seed=0)
     meta = write_shards(graph, parts, "shards/cora-4", partitioner="metis", seed=0)
     verify_shards("shards/cora-4")
+
+Across MPI ranks (each rank holds a row slice, PT-Scotch partitions; ``dist_run.py``)::
+
+    preprocess.dist_run.run_distributed(MPI.COMM_WORLD, "h5:big.h5", 16, "ptscotch",
+                                        "shards/big-16", seed=0, force=False, symmetrize=False)
 """
 from preprocess.errors import PreprocessError
 from preprocess.partition import partition_graph

@@ -1,9 +1,12 @@
-"""``python -m preprocess --dataset SPEC --parts K --partitioner {metis,random} --out DIR``
-and ``python -m preprocess verify DIR``."""
+"""``python -m preprocess --dataset SPEC --parts K --partitioner {metis,random} --out DIR``,
+``python -m preprocess verify DIR`` and ``python -m preprocess convert --dataset SPEC --out
+FILE.h5``. Under ``mpirun -n P python -m mpi4py -m preprocess``, ``--partitioner ptscotch``
+(any P, P = 1 too) and ``random`` (P > 1) run the distributed path (``dist_run.py``)."""
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -25,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
                     "`python -m preprocess verify DIR`).")
     ap.add_argument("--dataset", required=True, help=f"dataset spec: {SPEC_HELP}")
     ap.add_argument("--parts", type=int, required=True, help="number of parts (= MPI ranks)")
-    ap.add_argument("--partitioner", choices=PARTITIONERS, default="metis")
+    ap.add_argument("--partitioner", choices=PARTITIONERS + ("ptscotch",), default="metis",
+                    help="metis: one process; ptscotch: PT-Scotch across the MPI ranks "
+                         "(mpirun -n P python -m mpi4py -m preprocess ...); random: either")
     ap.add_argument("--out", required=True, help="output directory for meta.json + part-*.h5")
     ap.add_argument("--seed", type=int, default=0,
                     help="partitioner seed (a generator takes its own: csbm:...,seed=S)")
@@ -44,7 +49,55 @@ def _verify_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _convert_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m preprocess convert",
+                                 description="Write a dataset as an h5: input file (HDF5 with "
+                                             "the npz keys; ranks read row slices of it).")
+    ap.add_argument("--dataset", required=True, help=f"dataset spec: {SPEC_HELP}")
+    ap.add_argument("--out", required=True, help="the .h5 file to write")
+    ap.add_argument("--symmetrize", action="store_true", help="add the reverse of every edge")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    return ap
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from hpcgnn.data.h5input import write_h5
+    graph = load_dataset(args.dataset, symmetrize=args.symmetrize)
+    write_h5(graph, args.out)
+    print(f"wrote {args.out}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges; use "
+          f"--dataset h5:{args.out}")
+
+
+def _world():
+    """MPI's world communicator when this process runs under mpi4py (else None)."""
+    if "mpi4py.MPI" not in sys.modules and not any(
+            k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
+        return None
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+def _run_distributed(args: argparse.Namespace, comm) -> None:
+    from preprocess.dist_run import run_distributed
+    t0 = time.perf_counter()
+    run_distributed(comm, args.dataset, args.parts, args.partitioner, args.out, args.seed,
+                    args.force, args.symmetrize)
+    if comm.rank == 0:
+        log.info("done on %d ranks in %.1f s; check with `python -m preprocess verify %s`",
+                 comm.size, time.perf_counter() - t0, args.out)
+
+
 def _run(args: argparse.Namespace) -> None:
+    comm = _world()
+    size = comm.size if comm is not None else 1
+    if args.partitioner == "ptscotch" or (args.partitioner == "random" and size > 1):
+        if comm is None:
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        return _run_distributed(args, comm)
+    if size > 1:
+        raise PreprocessError(f"--partitioner {args.partitioner} runs in one process, not on "
+                              f"{size} ranks: drop mpirun, or use --partitioner ptscotch")
     t0 = time.perf_counter()
     check_out_dir(args.out, args.force)          # refuse before the long steps, not after
     graph = load_dataset(args.dataset, symmetrize=args.symmetrize)
@@ -65,12 +118,14 @@ def _verify(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    verify = bool(argv) and argv[0] == "verify"
-    args = (_verify_parser() if verify else _parser()).parse_args(argv[1:] if verify else argv)
+    sub = argv[0] if argv and argv[0] in ("verify", "convert") else None
+    parser = {"verify": _verify_parser, "convert": _convert_parser, None: _parser}[sub]()
+    args = parser.parse_args(argv[1:] if sub else argv)
+    verify = sub == "verify"
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s preprocess: %(message)s", datefmt="%H:%M:%S")
     try:
-        _verify(args) if verify else _run(args)
+        {"verify": _verify, "convert": _convert, None: _run}[sub](args)
     except (DatasetError, PreprocessError, ShardFormatError) as exc:
         print(f"preprocess{' verify' if verify else ''}: error: {exc}", file=sys.stderr)
         return 1

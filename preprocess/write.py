@@ -23,7 +23,7 @@ from preprocess.halo import HaloPairs, PartLayout, build_shard, check_key_range,
 log = logging.getLogger("hpcgnn.preprocess")
 
 
-def _shard_files(out: Path) -> list[Path]:
+def shard_files(out: Path) -> list[Path]:
     """Files in ``out`` that belong to a shard set, finished or half-written."""
     names = [META_NAME, f".{META_NAME}.tmp-*", "part-*.h5", ".part-*.h5.tmp-*"]
     return sorted(f for pattern in names for f in out.glob(pattern))
@@ -34,7 +34,7 @@ def check_out_dir(out: str | Path, force: bool) -> list[Path]:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PreprocessError(f"{out}: exists and is not a directory; choose another --out")
-    old = _shard_files(out) if out.is_dir() else []
+    old = shard_files(out) if out.is_dir() else []
     finished = [f for f in old if not f.name.startswith(".")]
     if finished and not force:
         shown = ", ".join(f.name for f in finished[:3]) + (", ..." if len(finished) > 3 else "")
@@ -77,7 +77,7 @@ def _errno(exc: BaseException) -> int | None:
     return None
 
 
-def _write_failed(path: Path, exc: BaseException) -> PreprocessError:
+def write_failed(path: Path, exc: BaseException) -> PreprocessError:
     code = _errno(exc)
     why = os.strerror(code) if code else str(exc)
     hint = ("free disk space (or raise the quota or file-size limit)"
@@ -98,7 +98,7 @@ def _write_parts(graph: Graph, layout: PartLayout, pairs: HaloPairs, out: Path) 
         try:
             write_shard(path, shard)
         except (OSError, RuntimeError) as exc:      # h5py: RuntimeError on close after a failure
-            raise _write_failed(path, exc) from exc
+            raise write_failed(path, exc) from exc
         entries.append({"file": path.name, "num_owned": shard.n_owned, "num_halo": shard.n_halo,
                         "num_edges": shard.num_edges, "sha256": sha256_file(path)})
         log.info("part %d/%d: %s owned, %s halo, %s edges (%.1f s)", p + 1, layout.num_parts,
@@ -107,13 +107,20 @@ def _write_parts(graph: Graph, layout: PartLayout, pairs: HaloPairs, out: Path) 
     return entries
 
 
+def meta_fields(dataset: str, num_nodes: int, num_edges: int, feature_dim: int,
+                num_classes: int, num_parts: int, partitioner: str, seed: int, edge_cut: int,
+                entries: list[dict] | None = None) -> dict:
+    """The ``meta.json`` dict (DESIGN.md, 'Preprocess')."""
+    return {"format_version": FORMAT_VERSION, "dataset": dataset, "num_nodes": num_nodes,
+            "num_edges": num_edges, "feature_dim": feature_dim, "num_classes": num_classes,
+            "num_parts": num_parts, "partitioner": partitioner, "seed": seed,
+            "edge_cut": edge_cut, "parts": entries or []}
+
+
 def _meta(graph: Graph, num_parts: int, partitioner: str, seed: int, edge_cut: int,
           entries: list[dict]) -> dict:
-    return {"format_version": FORMAT_VERSION, "dataset": graph.name,
-            "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-            "feature_dim": graph.feature_dim, "num_classes": graph.num_classes,
-            "num_parts": num_parts, "partitioner": partitioner, "seed": seed,
-            "edge_cut": edge_cut, "parts": entries}
+    return meta_fields(graph.name, graph.num_nodes, graph.num_edges, graph.feature_dim,
+                       graph.num_classes, num_parts, partitioner, seed, edge_cut, entries)
 
 
 def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partitioner: str,
@@ -136,9 +143,9 @@ def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partit
         try:
             write_meta(out, meta)
         except OSError as exc:
-            raise _write_failed(out / META_NAME, exc) from exc
+            raise write_failed(out / META_NAME, exc) from exc
     except BaseException:
-        for f in _shard_files(out):
+        for f in shard_files(out):
             f.unlink(missing_ok=True)
         raise
     log.info("wrote %s: %d parts, meta.json last", out, num_parts)

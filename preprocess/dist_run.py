@@ -1,0 +1,130 @@
+"""The driver of the distributed preprocessing (steps in ``preprocess/distributed.py``)."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hpcgnn.data.shard import META_NAME, part_name, sha256_file, write_meta, write_shard
+from preprocess.dist_halo import build_shards
+from preprocess.distributed import add_reverse, collective, csr_of_keys, local_keys, \
+    move_to_writers, random_parts_slice, read_slice, row_bounds
+from preprocess.errors import PreprocessError
+from preprocess.write import check_out_dir, meta_fields, prepare_out_dir, shard_files, \
+    write_failed
+
+log = logging.getLogger("hpcgnn.preprocess")
+
+
+def _check_request(comm, n: int, num_parts: int) -> None:
+    if num_parts < 1:
+        raise PreprocessError(f"--parts {num_parts}: need at least 1 part")
+    if num_parts > n:
+        raise PreprocessError(f"--parts {num_parts} is more than the {n:,} nodes; choose "
+                              f"--parts <= {n}")
+
+
+def _partition(comm, partitioner: str, sym_indptr, sym_cols, lo: int, hi: int, n: int,
+               num_parts: int, seed: int) -> np.ndarray:
+    """Parts (int64 [hi - lo]) of this rank's rows."""
+    if partitioner == "random":
+        return random_parts_slice(lo, hi, n, num_parts, seed)
+    from preprocess.ptscotch import PtScotch
+    scotch = collective(comm, PtScotch, comm)
+    if num_parts == 1:
+        return np.zeros(hi - lo, dtype=np.int64)
+    return scotch.part(sym_indptr, sym_cols, num_parts, seed)
+
+
+def _write_own(shards: list, out: Path) -> list[dict]:
+    entries = []
+    for s in shards:
+        path = out / part_name(s.part_id)
+        try:
+            write_shard(path, s)
+        except (OSError, RuntimeError) as exc:
+            raise write_failed(path, exc) from exc
+        entries.append({"part": s.part_id, "file": path.name, "num_owned": s.n_owned,
+                        "num_halo": s.n_halo, "num_edges": s.num_edges,
+                        "sha256": sha256_file(path)})
+    return entries
+
+
+def _finish(comm, out: Path, entries: list[dict], meta: dict) -> dict:
+    """Rank 0 writes meta.json once every rank's parts are in; any failure removes them all."""
+    gathered = comm.gather(entries, root=0)
+    if comm.rank == 0:
+        parts = sorted((e for es in gathered for e in es), key=lambda e: e["part"])
+        meta["parts"] = [{k: v for k, v in e.items() if k != "part"} for e in parts]
+        try:
+            write_meta(out, meta)
+        except OSError as exc:
+            raise write_failed(out / META_NAME, exc) from exc
+    return meta
+
+
+def _clean_slice(comm, sl, symmetrize: bool, bounds: np.ndarray) -> tuple:
+    """(indptr, cols) of the cleaned slice as written, and of its symmetric closure."""
+    n = sl.num_nodes
+    keys = local_keys(sl)
+    sym = add_reverse(comm, keys, n, bounds)
+    data = csr_of_keys(sym if symmetrize else keys, n, sl.lo, sl.hi)
+    del keys
+    return data, csr_of_keys(sym, n, sl.lo, sl.hi)
+
+
+def _write_set(comm, out: Path, force: bool, shards: list, meta: dict) -> dict:
+    """Every writer writes its parts, then rank 0 ``meta.json``; on any failure rank 0
+    removes the set."""
+    collective(comm, lambda: prepare_out_dir(out, force) if comm.rank == 0 else None)
+    try:
+        entries = collective(comm, _write_own, shards, out)
+        return collective(comm, _finish, comm, out, entries, meta)
+    except BaseException:
+        for f in shard_files(out) if comm.rank == 0 else []:
+            f.unlink(missing_ok=True)
+        raise
+
+
+def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str, seed: int,
+                    force: bool, symmetrize: bool) -> dict:
+    """Partition ``spec`` into ``num_parts`` parts across the ranks of ``comm`` and write the
+    shard set to ``out``; every rank returns the meta (rank 0 wrote it). Collective."""
+    t0, out = time.perf_counter(), Path(out)
+    collective(comm, lambda: check_out_dir(out, force) if comm.rank == 0 else None)
+    sl = collective(comm, read_slice, spec, comm, symmetrize)
+    n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
+    collective(comm, _check_request, comm, n, num_parts)
+    (indptr, cols), (sym_indptr, sym_cols) = _clean_slice(comm, sl, symmetrize, bounds)
+    log.log(_level(comm), "rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s)", comm.rank,
+            sl.lo, sl.hi, f"{len(cols):,}", f"{len(sym_cols):,}", time.perf_counter() - t0)
+    parts = _partition(comm, partitioner, sym_indptr, sym_cols, sl.lo, sl.hi, n, num_parts,
+                       seed)
+    del sym_indptr, sym_cols
+    degree = np.diff(indptr)
+    moved = move_to_writers(comm, sl, indptr, cols, parts, num_parts)
+    labels_max = int(sl.labels.max()) if sl.labels.size else -1
+    meta = dict(dataset=sl.name, feature_dim=int(sl.features.shape[1]))
+    del sl, indptr, cols
+    shards, cut = build_shards(comm, moved, num_parts, bounds, parts, degree,
+                               int(bounds[comm.rank]), n)
+    del moved
+    meta = meta_fields(meta["dataset"], n, comm.allreduce(sum(s.num_edges for s in shards)),
+                       meta["feature_dim"], comm.allreduce(labels_max, op=_max()) + 1,
+                       num_parts, partitioner, seed, comm.allreduce(cut))
+    meta = _write_set(comm, out, force, shards, meta)
+    log.log(_level(comm), "rank %d: wrote parts %s (%.1f s)", comm.rank,
+            [s.part_id for s in shards], time.perf_counter() - t0)
+    return meta
+
+
+def _level(comm) -> int:
+    """Rank 0 speaks at INFO, the others at DEBUG."""
+    return logging.INFO if comm.rank == 0 else logging.DEBUG
+
+
+def _max():
+    from mpi4py import MPI
+    return MPI.MAX
