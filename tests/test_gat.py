@@ -2,7 +2,8 @@
 PyG's ``GATConv`` when installed); training on 2, 3 and 4 ranks (uneven METIS parts, dropout
 and attention dropout on) against 1 rank; a ``truncate``-compressed run and a staleness-1 run
 against whole-graph computations written here (each part sees its halo rows truncated, or as
-posted the epoch before). This file is also the MPI worker (several variants per launch).
+posted the epoch before); ``hpcgnn predict`` of a GAT run against the dense GAT. This file is
+also the MPI worker (several variants per launch).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
     # layer 0: 24 -> 2 x 8 exchanges the constant input x (24 < 32); layer 1 exchanges h (width 4)
     "stale": ((*NO_DROPOUT, "model.heads=2", "model.hidden=8", "train.staleness=1"), None),
 }
-LAUNCHES = [(2, ("gat", "truncate", "stale")), (3, ("gat", "gat-deep")), (4, ("gat",))]
+LAUNCHES = [(2, ("gat", "truncate", "stale", "predict:gat")), (3, ("gat", "gat-deep")), (4, ("gat",))]
 
 
 # -- an independent GAT: dense attention over the whole graph --------------------------------
@@ -148,6 +149,31 @@ def test_edge_mask_depends_only_on_ids():
         assert 0.45 < (other == full).float().mean().item() < 0.59  # independent: 0.4^2 + 0.6^2
 
 
+def test_resume_check_takes_keys_added_since_as_defaults():
+    """A checkpoint written before ``model.heads`` existed resumes a GCN run (same config)."""
+    from hpcgnn.config import load_config
+    from hpcgnn.train.records import differences
+    now = {"config": load_config(None).to_dict(), "schedule": None, "meta_sha256": "x"}
+    old = {**now, "config": {**now["config"], "model": {"arch": "gcn", "hidden": 16, "layers": 2,
+                                                        "dropout": 0.5}}}
+    assert differences(old, now) == []
+    gat = {**now, "config": load_config(None, ["model.arch=gat", "model.heads=4"]).to_dict()}
+    assert differences(old, gat) == ["model.arch: checkpoint 'gcn', now 'gat'",
+                                     "model.heads: checkpoint 1, now 4"]
+
+
+def test_sample_codec_is_refused(shards, tmp_path):
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.config import load_config
+    from hpcgnn.schedule import load_schedule
+    from hpcgnn.train.trainer import Trainer
+    trainer = Trainer.prepare(CommContext.from_world("cpu"), load_config(None, ["model.arch=gat"]),
+                              shards(CSBM, 1), tmp_path, load_schedule("configs/schedules/sample-all.toml"))
+    trainer.n_train = 1
+    with pytest.raises(ValueError, match="layer 0: the schedule's 'sample' stage .* use truncate"):
+        trainer.train_step(0)
+
+
 def test_config_checks():
     from hpcgnn.config import ConfigError, load_config
     cfg = load_config("configs/cora-gat.toml")
@@ -175,7 +201,7 @@ def one_rank(shards, tmp_path_factory):
             train_here(shards(CSBM, 1), init, *sets, "train.epochs=1", "train.lr=1e-30", config=None)
             state = torch.load(init / CHECKPOINT_NAME, weights_only=True)["model"]
             out = tmp_path_factory.mktemp("ref")
-            metrics = train_here(shards(CSBM, 1), out, *sets, config=None) if sched is None else None
+            metrics = train_here(shards(CSBM, 1), out, *sets, config=None)   # 1 rank: no halo
             cache[variant] = (metrics, state)
         return cache[variant]
 
@@ -278,6 +304,9 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
     parts = part_of(shard_dir, ranks)
     assert len(set(torch.bincount(parts).tolist())) > 1                 # uneven parts
     for variant in variants:
+        if variant.startswith("predict:"):
+            check_predictions(tmp_path / variant, tmp_path / variant.split(":")[1])
+            continue
         got = read_metrics(tmp_path / variant)
         want, init = one_rank(variant)
         losses = [r["loss"] for r in got]
@@ -286,6 +315,7 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
             assert losses == pytest.approx(whole_graph_losses(init, parts, 2, 4, Truncated(parts)),
                                            rel=2e-5)
             assert all(r["bytes_sent"] * 2 == r["bytes_full"] > 0 for r in got)
+            assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
         elif variant == "stale":
             ref = whole_graph_losses(init, parts, 2, 8, Stale(parts))
             assert losses == pytest.approx(ref, rel=2e-5)
@@ -294,6 +324,25 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
             assert losses == pytest.approx([r["loss"] for r in want], rel=1e-5), variant
             assert [r["val_acc"] for r in got] == pytest.approx([r["val_acc"] for r in want], abs=2e-3)
             assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
+
+
+def check_predictions(pred_dir: Path, run_dir: Path) -> None:
+    """``hpcgnn predict`` of a GAT run: logits and embedding (the ELU output of layer 0) equal
+    the dense whole-graph GAT with the checkpoint's weights, no dropout."""
+    from hpcgnn.predict import read_predictions
+    got = read_predictions(pred_dir)
+    p = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+    g, adj = graph_of(CSBM)
+    x = torch.from_numpy(g.dense_features())                # (no data.normalize_features)
+    h = (x @ p["layers.0.weight"]).view(g.num_nodes, 2, 8)
+    hidden = F.elu(dense_attention(h, h, adj, p["layers.0.att_src"], p["layers.0.att_dst"])[1]
+                   .flatten(1) + p["layers.0.bias"])
+    h = (hidden @ p["layers.1.weight"]).view(g.num_nodes, 1, -1)
+    logits = dense_attention(h, h, adj, p["layers.1.att_src"], p["layers.1.att_dst"])[1].mean(1) \
+        + p["layers.1.bias"]
+    assert got["embedding"].shape == (g.num_nodes, 16) and got["embedding"].min() > -1
+    np.testing.assert_allclose(got["embedding"], hidden.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["logits"], logits.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def _worker(shard_dir: str, out: str, variants: list[str]) -> None:
@@ -307,6 +356,13 @@ def _worker(shard_dir: str, out: str, variants: list[str]) -> None:
     ctx = CommContext.from_world("cpu")
     setup_logging(ctx.rank, ctx.size)
     for variant in variants:
+        if variant.startswith("predict:"):                 # hpcgnn predict of a run above
+            from argparse import Namespace
+
+            from hpcgnn.predict import build_predictor
+            run = Path(out) / variant.split(":")[1]
+            build_predictor(ctx, Namespace(run=run, shards=shard_dir, out=Path(out) / variant)).run()
+            continue
         sets, sched = VARIANTS[variant]
         policy = FULL_PRECISION
         if sched is not None:

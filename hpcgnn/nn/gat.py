@@ -25,6 +25,11 @@ As GCN's layers do (``choose_order``), a layer whose input needs no gradient (th
 narrower than ``2 H C`` exchanges its input ``x_j`` instead (forward only) and the receiver
 transforms the halo rows itself: ``h_j = x_j W``.
 
+Codecs: truncate, random, learned and quant apply to the exchanged rows as for GCN; the
+``sample`` stage (BNS-GCN) is refused at its first use: a dropped halo row would enter the
+softmax as a zero row, not as a missing edge, and a kept row's ``rows / kept`` scale would
+scale its attention logit.
+
 Per layer: one forward exchange of ``sum(send_counts) * w * 4`` bytes (identity codec), ``w =
 H*C`` (or ``F_in``), and, when the exchanged rows need a gradient, one backward exchange of
 the same size (through the exchanger's autograd functions, as for GCN and SAGE).
@@ -102,6 +107,12 @@ class GATLayer(HaloLayer):
         return choose_order(in_dim, heads * out_dim, input_needs_grad)[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.exchanger.forward_codec.keep < 1.0:
+            raise ValueError(
+                f"layer {self.exchanger.layer}: the schedule's 'sample' stage (BNS-GCN) sends "
+                f"a fraction of the halo rows, scaled; GAT's softmax would take the missing rows "
+                f"as zero rows, not as absent edges. With model.arch = 'gat' use truncate, "
+                f"random, learned or quant, or sample with model.arch = 'gcn' or 'sage'")
         src = x @ self.weight if self.transform_first else x
         # one exchange: h (or x) of the boundary rows; the owned rows' transform overlaps it
         h, halo = self.halo_rows(src, lambda: src if self.transform_first else x @ self.weight)
