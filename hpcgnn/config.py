@@ -23,20 +23,35 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str = "gcn"
-    """gcn | sage"""
+    """gcn | sage | gat"""
     hidden: int = 16
-    """hidden channels of every layer but the last"""
+    """hidden channels of every layer but the last (gat: per head)"""
     layers: int = 2
     """number of message-passing layers (>= 1)"""
     dropout: float = 0.5
     """dropout probability on every layer's input, in [0, 1)"""
+    heads: int = 1
+    """gat: attention heads of every hidden layer, concatenated (PyG's Cora GAT: 8)"""
+    out_heads: int = 1
+    """gat: attention heads of the last layer, averaged (GAT paper: 1 on Cora, 8 on PubMed)"""
+    attn_dropout: float = 0.0
+    """gat: dropout probability of the attention coefficients, in [0, 1) (PyG's example: 0.6)"""
 
     def check(self, where: str) -> None:
-        _need(self.arch in ("gcn", "sage"), where, "model.arch", self.arch, "use 'gcn' or 'sage'")
+        _need(self.arch in ("gcn", "sage", "gat"), where, "model.arch", self.arch,
+              "use 'gcn', 'sage' or 'gat'")
         _need(self.hidden >= 1, where, "model.hidden", self.hidden, "use an integer >= 1")
         _need(self.layers >= 1, where, "model.layers", self.layers, "use an integer >= 1")
         _need(0.0 <= self.dropout < 1.0, where, "model.dropout", self.dropout,
               "use a probability in [0, 1)")
+        for key in ("heads", "out_heads"):
+            _need(getattr(self, key) >= 1, where, f"model.{key}", getattr(self, key),
+                  "use an integer >= 1")
+        _need(0.0 <= self.attn_dropout < 1.0, where, "model.attn_dropout", self.attn_dropout,
+              "use a probability in [0, 1)")
+        for key, default in (("heads", 1), ("out_heads", 1), ("attn_dropout", 0.0)):
+            _need(self.arch == "gat" or getattr(self, key) == default, where, f"model.{key}",
+                  getattr(self, key), "it applies to model.arch = 'gat' only; remove it")
 
 
 @dataclass(frozen=True)
@@ -205,6 +220,9 @@ def build_config(raw: dict, where: str = "<config>") -> Config:
     check_method(cfg, where)
     for section in _SECTION_TYPES:
         getattr(cfg, section).check(where)
+    _need(not (cfg.model.arch == "gat" and cfg.parallel.algorithm == "1.5d"), where,
+          "parallel.algorithm", cfg.parallel.algorithm, "1.5d multiplies a fixed adjacency and "
+          "GAT's attention changes it every step; use parallel.algorithm = 'halo' with model.arch = 'gat'")
     return cfg
 
 

@@ -13,7 +13,7 @@ trainer's evaluation forward: uncompressed, no dropout, one exchange per layer.
 | ``global_id`` | int64 ``[n]`` | the part's owned nodes, ascending |
 | ``pred`` | int64 ``[n]`` | ``argmax`` of the logits |
 | ``logits`` | float32 ``[n, C]`` | the last layer's output |
-| ``embedding`` | float32 ``[n, H]`` | the last layer's input: the last hidden layer's output after ReLU (the features when ``model.layers = 1``) |
+| ``embedding`` | float32 ``[n, H]`` | the last layer's input: the last hidden layer's output after its activation (ReLU; GAT: ELU, ``H = heads x hidden``), the features when ``model.layers = 1`` |
 
 ``PRED_DIR/meta.json`` is written last, by rank 0, once every part is in place; without it the
 directory is incomplete. ``read_predictions(PRED_DIR)`` gathers the parts in global-id order for

@@ -43,7 +43,7 @@ def test_config_defaults_file_and_overrides(tmp_path):
 
 
 @pytest.mark.parametrize("text,words", [
-    ("[model]\nheads = 4\n", ["unknown key model.heads", "valid keys"]),
+    ("[model]\nwidth = 4\n", ["unknown key model.width", "valid keys"]),
     ("[optim]\nlr = 1\n", ["unknown section [optim]"]),
     ("[model]\nhidden = 'big'\n", ["model.hidden", "must be a int"]),
     ("[train]\nepochs = 0\n", ["train.epochs = 0", ">= 1"]),

@@ -8,6 +8,10 @@ Only the non-zero elements need a bit (a dropped zero is still zero), so for spa
 features (bag-of-words, whose non-zeros the model finds once) the hash runs on the non-zeros
 alone; other inputs are hashed in row chunks (bounded memory, no page faults). Both paths give
 the same result.
+
+``edge_dropout`` does the same for the attention coefficients of GAT: the bit of edge
+``(dst, src)`` and head ``h`` is a hash of (seed, epoch, layer, dst's global id, src's global
+id, head), whichever rank holds the edge.
 """
 from __future__ import annotations
 
@@ -79,6 +83,26 @@ def counter_dropout(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: in
         rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
         return x * _scale_sparse(x, rows, cols, p, nonzeros)
     return _Masked.apply(x, keep_mask(global_id, x.shape[1], p, seed, epoch, layer), 1.0 / (1.0 - p))
+
+
+def edge_keep_mask(dst_id: torch.Tensor, src_id: torch.Tensor, heads: int, p: float, seed: int,
+                   epoch: int, layer: int) -> torch.Tensor:
+    """bool ``(E, heads)``: True where the coefficient of edge ``src_id[e] -> dst_id[e]`` (global
+    ids) and head is kept (probability 1 - p)."""
+    key = mix(seed, epoch, layer, 0xA77E) & _M32
+    edge = _hash32(_hash32(_hash32(dst_id.to(torch.int64) & _M32) ^ key) ^ (src_id.to(torch.int64) & _M32))
+    cols = _hash32(torch.arange(heads, dtype=torch.int64, device=dst_id.device) * 0x9E3779B1 & _M32)
+    return _keep(edge[:, None], cols[None, :], p)
+
+
+def edge_dropout(alpha: torch.Tensor, dst_id: torch.Tensor, src_id: torch.Tensor, p: float,
+                 seed: int, epoch: int, layer: int, training: bool) -> torch.Tensor:
+    """Inverted dropout of the attention coefficients ``alpha`` ``(E, heads)`` with the mask of
+    ``edge_keep_mask``."""
+    if not training or p == 0.0 or alpha.numel() == 0:
+        return alpha
+    keep = edge_keep_mask(dst_id, src_id, alpha.shape[1], p, seed, epoch, layer)
+    return _Masked.apply(alpha, keep, 1.0 / (1.0 - p))
 
 
 class _Masked(torch.autograd.Function):

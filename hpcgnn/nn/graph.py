@@ -9,6 +9,7 @@ sparse-dense matmul) built once, each with its transpose for the backward pass.
 GCN: ``Â = D^-1/2 (A + I) D^-1/2`` with ``D`` the *global* in-degree + 1 (the shard stores the
 halo nodes' global degrees, so boundary rows are normalised exactly as in the whole graph).
 SAGE (mean): ``1 / in_degree(i)`` on every in-edge of ``i``, no self-loop.
+GAT: the SAGE operators' structure (its attention replaces the values; ``hpcgnn.nn.gat``).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class LocalGraph:
     halo: SparseOp       # (n_owned, n_halo)
     n_owned: int
     n_halo: int
+    node_ids: torch.Tensor | None = None   # int64 (n_owned + n_halo,): global ids, owned then halo
 
     @classmethod
     def from_shard(cls, shard: Shard, arch: str, device: torch.device | str = "cpu") -> "LocalGraph":
@@ -56,8 +58,9 @@ class LocalGraph:
         if arch == "gcn":
             owned = (owned + sp.diags(1.0 / (shard.degree + 1.0))).tocsr()
         device = torch.device(device)
+        ids = torch.from_numpy(np.concatenate([shard.global_id, shard.halo_global_id]).astype(np.int64))
         return cls(SparseOp.from_scipy(owned, device), SparseOp.from_scipy(full[:, n:].tocsr(), device),
-                   n, h)
+                   n, h, ids.to(device))
 
     def aggregate(self, x_owned: torch.Tensor, x_halo: torch.Tensor) -> torch.Tensor:
         """``(owned @ x_owned) + (halo @ x_halo)``: ``(n_owned, F)``."""

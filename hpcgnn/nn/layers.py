@@ -1,4 +1,4 @@
-"""GCN and GraphSAGE (mean) layers over a rank's ``LocalGraph`` and a ``HaloExchanger``.
+"""GCN and GraphSAGE (mean) layers (GAT: ``hpcgnn.nn.gat``) over a rank's ``LocalGraph`` and a ``HaloExchanger``.
 
 Shapes: input ``x`` ``(n_owned, F_in)`` -> output ``(n_owned, F_out)``; the halo rows
 ``(n_halo, w)`` arrive through the exchanger. ``A (X W) = (A X) W``, so a layer may exchange
@@ -13,12 +13,16 @@ when the exchanged rows need a gradient, one backward exchange of the same size.
 from __future__ import annotations
 
 import math
+from typing import Callable, TypeVar
 
 import torch
 from torch import nn
 
 from hpcgnn.comm.exchange import HaloExchanger
+from hpcgnn.config import ModelConfig
 from hpcgnn.nn.graph import LocalGraph
+
+T = TypeVar("T")
 
 
 def glorot_(w: torch.Tensor) -> torch.Tensor:
@@ -38,8 +42,11 @@ def choose_order(in_dim: int, out_dim: int, input_needs_grad: bool) -> tuple[boo
 
 
 class HaloLayer(nn.Module):
-    """What GCN and SAGE share: the graph, the exchanger, the optional codec modules, and
-    ``propagate`` (aggregate owned rows while the halo rows travel)."""
+    """What the layers share: the graph, the exchanger, the optional codec modules, the
+    exchange of a tensor's boundary rows (``halo_rows``), and the stack of layers a model
+    config builds (``stack``; GAT overrides it for its heads)."""
+
+    activation = staticmethod(torch.relu)      # between layers (the model applies it)
 
     def __init__(self, graph: LocalGraph, exchanger: HaloExchanger, width: int,
                  codec_modules: tuple[nn.Module | None, nn.Module | None] = (None, None)):
@@ -49,19 +56,34 @@ class HaloLayer(nn.Module):
         self.stale = None        # a StaleExchange when train.staleness >= 1 (hpcgnn.comm.stale)
         self.spmm = None         # a Spmm15D with parallel.algorithm = '1.5d' (hpcgnn.comm.cagnet)
 
+    @classmethod
+    def stack(cls, cfg: ModelConfig, in_dim: int, num_classes: int) -> list[tuple[int, int, dict]]:
+        """``(in_dim, out_dim, extra constructor kwargs)`` of every layer."""
+        dims = [in_dim] + [cfg.hidden] * (cfg.layers - 1) + [num_classes]
+        return [(a, b, {}) for a, b in zip(dims[:-1], dims[1:])]
+
+    @staticmethod
+    def wire_width(in_dim: int, out_dim: int, input_needs_grad: bool, **_) -> int:
+        """Channels of the rows the layer exchanges (what its codec modules see)."""
+        return choose_order(in_dim, out_dim, input_needs_grad)[1]
+
+    def halo_rows(self, src: torch.Tensor, local: Callable[[], T]) -> tuple[T, torch.Tensor | None]:
+        """``(local(), halo rows (n_halo, w) of src (n_owned, w))``; ``local()`` runs while the
+        rows travel. On one rank the halo is None (no collective kept in the autograd graph)."""
+        if self.stale is not None and self.training and self.exchanger.ctx.size > 1:
+            halo = self.stale.exchange(src)                   # rows posted s epochs ago
+            return local(), halo
+        handle = self.exchanger.start(src, self.encoder)      # (I)Alltoallv posted
+        out = local()                                         # no communication needed
+        halo = self.exchanger.finish(handle, self.decoder)    # wait, decode
+        return out, (halo if self.exchanger.ctx.size > 1 else None)
+
     def propagate(self, src: torch.Tensor) -> torch.Tensor:
         """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
         if self.spmm is not None:                             # CAGNET 1.5D: A[i, :] @ H
             return self.spmm(src)
-        if self.stale is not None and self.training and self.exchanger.ctx.size > 1:
-            halo = self.stale.exchange(src)                   # rows posted s epochs ago
-            return (self.graph.owned @ src) + (self.graph.halo @ halo)
-        handle = self.exchanger.start(src, self.encoder)      # (I)Alltoallv posted
-        local = self.graph.owned @ src                        # no communication needed
-        halo = self.exchanger.finish(handle, self.decoder)    # wait, decode
-        if self.exchanger.ctx.size == 1:                      # no halo, no collective to keep
-            return local                                      # in the autograd graph
-        return local + (self.graph.halo @ halo)
+        local, halo = self.halo_rows(src, lambda: self.graph.owned @ src)
+        return local if halo is None else local + (self.graph.halo @ halo)
 
 
 class GCNLayer(HaloLayer):
@@ -129,4 +151,3 @@ class SAGELayer(HaloLayer):
         return self.from_aggregate(x, self.graph.aggregate(x, x_halo))
 
 
-LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}

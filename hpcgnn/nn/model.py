@@ -1,5 +1,6 @@
-"""The GNN: ``layers`` GCN or SAGE layers, ReLU between them, counter-based dropout on every
-layer's input. Input ``(n_owned, F)`` features -> ``(n_owned, num_classes)`` logits.
+"""The GNN: ``layers`` GCN, SAGE or GAT layers (``LAYERS``, by ``model.arch``), the layer's
+activation between them (ReLU; ELU for GAT), counter-based dropout on every layer's input.
+Input ``(n_owned, F)`` features -> ``(n_owned, num_classes)`` logits.
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from hpcgnn.comm.stale import StaleExchange
 from hpcgnn.config import ModelConfig
 from hpcgnn.nn.dropout import counter_dropout
 from hpcgnn.nn.graph import LocalGraph
-from hpcgnn.nn.layers import LAYERS, choose_order
+from hpcgnn.nn.gat import GATLayer
+from hpcgnn.nn.layers import GCNLayer, SAGELayer
+
+LAYERS = {"gcn": GCNLayer, "sage": SAGELayer, "gat": GATLayer}
 
 
 @dataclass(frozen=True)
@@ -26,11 +30,6 @@ class Step:
 
     epoch: int
     training: bool
-
-
-def layer_dims(in_dim: int, hidden: int, num_classes: int, layers: int) -> list[tuple[int, int]]:
-    dims = [in_dim] + [hidden] * (layers - 1) + [num_classes]
-    return list(zip(dims[:-1], dims[1:]))
 
 
 class GNN(nn.Module):
@@ -45,12 +44,13 @@ class GNN(nn.Module):
         self.stats = ExchangeStats()
         self.layers = nn.ModuleList()
         progress = Progress(ctx) if staleness else None      # one for all layers' exchanges
-        for i, (a, b) in enumerate(layer_dims(in_dim, cfg.hidden, num_classes, cfg.layers)):
+        kind = LAYERS[cfg.arch]
+        for i, (a, b, extra) in enumerate(kind.stack(cfg, in_dim, num_classes)):
             exch = HaloExchanger(ctx, plan, layer=i, seed=seed, stats=self.stats, overlap=overlap)
             needs_grad = i > 0                   # the input features need no gradient
-            _, width = choose_order(a, b, needs_grad)
-            self.layers.append(LAYERS[cfg.arch](a, b, graph, exch, policy.layer_modules(i, width),
-                                                input_needs_grad=needs_grad))
+            width = kind.wire_width(a, b, needs_grad, **extra)
+            self.layers.append(kind(a, b, graph, exch, policy.layer_modules(i, width),
+                                    input_needs_grad=needs_grad, **extra))
             if staleness:
                 if self.layers[-1].encoder is not None:
                     raise ValueError("train.staleness >= 1 does not combine with the 'learned' "
@@ -90,5 +90,5 @@ class GNN(nn.Module):
                                 step.training, nz)
             x = layer(x)
             if i < len(self.layers) - 1:
-                x = torch.relu(x)
+                x = layer.activation(x)
         return x

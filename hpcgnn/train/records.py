@@ -99,7 +99,9 @@ def check_resume(saved: dict | None, now: RunRecord, where: Path, force: bool) -
 
 def differences(saved: dict, now: dict) -> list[str]:
     """``key: checkpoint A, now B`` for every config key, schedule key and shard-set hash."""
-    diffs = _diff_flat(_flatten(saved["config"]), _flatten(now["config"]), "")
+    # a key the checkpoint's version did not have yet (e.g. model.heads) had its default
+    old_config = {**_flatten(Config().to_dict()), **_flatten(saved["config"])}
+    diffs = _diff_flat(old_config, _flatten(now["config"]), "")
     diffs = [d for d in diffs if d.split(":")[0] not in IGNORED_KEYS]
     old_s, new_s = saved["schedule"], now["schedule"]
     if (old_s is None) != (new_s is None):

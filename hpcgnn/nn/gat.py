@@ -1,0 +1,136 @@
+"""GAT (Veličković et al., ICLR 2018) over a rank's ``LocalGraph`` and a ``HaloExchanger``:
+PyG's ``GATConv`` (v1) semantics, heads ``H``, ``C`` channels per head.
+
+    h     = x W                                   (n, H*C), viewed (n, H, C)
+    s_j   = <a_src[k], h_j[k]>,  d_i = <a_dst[k], h_i[k]>        per head k: (n, H)
+    e_ij  = LeakyReLU_0.2(d_i + s_j)              every edge j -> i of an owned i, plus i -> i
+    alpha = softmax over j of e_ij, per head      (scatter-max, exp, scatter-add; no Python loop)
+    alpha = attention dropout (``dropout.edge_dropout``: keyed by both global ids and the head)
+    out_i = concat_k (hidden layers) or mean_k (last layer) of sum_j alpha_ij h_j[k], + bias
+
+Shapes: input ``x`` ``(n_owned, F_in)`` -> ``(n_owned, H*C)`` (concat) or ``(n_owned, C)`` (mean).
+The edges are the shard's (no self-loops, no duplicates) plus one self-loop per owned node,
+as ``GATConv(add_self_loops=True)``. The messages ``alpha_ij h_j`` are materialised per edge,
+``(E + n_owned, H, C)`` floats, as PyG's ``GATConv`` does.
+
+**What is exchanged.** The attention of a halo source ``j`` needs ``h_j`` and ``s_j``. We send
+``h_j`` only (width ``H*C``) and the receiver recomputes ``s_j = <a_src, h_j>`` from the rows it
+received: uncompressed, that is exactly the sender's ``s_j``; with a lossy codec the attention
+logit and the message of ``j`` then come from the same decoded row (consistent, as a neighbour
+seen through the codec), a channel-selecting codec (``truncate``, ``random``) treats the row
+like any other, and the backward is one exchange of ``dL/dh_j`` (the gradient through ``s_j``
+folds into it on the receiver). Sending ``s_j`` as ``H`` extra columns would add ``H/(H*C)``
+to the bytes and put the attention terms under the codec's channel selection.
+As GCN's layers do (``choose_order``), a layer whose input needs no gradient (the first) and is
+narrower than ``2 H C`` exchanges its input ``x_j`` instead (forward only) and the receiver
+transforms the halo rows itself: ``h_j = x_j W``.
+
+Codecs: truncate, random, learned and quant apply to the exchanged rows as for GCN; the
+``sample`` stage (BNS-GCN) is refused at its first use: a dropped halo row would enter the
+softmax as a zero row, not as a missing edge, and a kept row's ``rows / kept`` scale would
+scale its attention logit.
+
+Per layer: one forward exchange of ``sum(send_counts) * w * 4`` bytes (identity codec), ``w =
+H*C`` (or ``F_in``), and, when the exchanged rows need a gradient, one backward exchange of
+the same size (through the exchanger's autograd functions, as for GCN and SAGE).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcgnn.comm.exchange import HaloExchanger
+from hpcgnn.config import ModelConfig
+from hpcgnn.nn.dropout import edge_dropout
+from hpcgnn.nn.graph import LocalGraph
+from hpcgnn.nn.layers import HaloLayer, choose_order, glorot_
+
+NEGATIVE_SLOPE = 0.2
+
+
+def edges_with_self_loops(graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst, src) int64 ``(E + n_owned,)``: the in-edges of the owned rows, ``src`` indexing
+    ``[owned; halo]`` rows, then one self-loop per owned row. On the graph's device."""
+    def coo(mat: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = mat.crow_indices().diff()
+        rows = torch.arange(counts.shape[0], device=counts.device).repeat_interleave(counts)
+        return rows, mat.col_indices() + offset
+    (d_own, s_own), (d_halo, s_halo) = coo(graph.owned.mat, 0), coo(graph.halo.mat, graph.n_owned)
+    loop = torch.arange(graph.n_owned, device=d_own.device)
+    return torch.cat([d_own, d_halo, loop]), torch.cat([s_own, s_halo, loop])
+
+
+def edge_softmax(e: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
+    """Softmax of ``e`` ``(E, H)`` over the edges of each ``dst`` row (``n`` rows, every row
+    with at least one edge): the row max (no gradient: softmax ignores a shift) is subtracted
+    before ``exp``."""
+    index = dst[:, None].expand_as(e)
+    with torch.no_grad():
+        row_max = e.new_full((n, e.shape[1]), float("-inf")).scatter_reduce_(0, index, e, "amax")
+    p = (e - row_max[dst]).exp()
+    return p / e.new_zeros(n, e.shape[1]).index_add_(0, dst, p)[dst]
+
+
+class GATLayer(HaloLayer):
+    """``out_i = ||_k (or mean_k) sum_{j in N(i) + i} alpha^k_ij (x_j W)^k + b`` (module doc)."""
+
+    activation = staticmethod(F.elu)           # as the GAT paper and PyG's GAT example
+
+    def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, exchanger: HaloExchanger,
+                 codec_modules=(None, None), input_needs_grad: bool = True, heads: int = 1,
+                 concat: bool = True, attn_dropout: float = 0.0):
+        transform_first, width = choose_order(in_dim, heads * out_dim, input_needs_grad)
+        super().__init__(graph, exchanger, width, codec_modules)
+        self.transform_first, self.heads, self.out_dim = transform_first, heads, out_dim
+        self.concat, self.attn_dropout = concat, attn_dropout
+        self.weight = nn.Parameter(glorot_(torch.empty(in_dim, heads * out_dim)))
+        self.att_src = nn.Parameter(glorot_(torch.empty(heads, out_dim)))
+        self.att_dst = nn.Parameter(glorot_(torch.empty(heads, out_dim)))
+        self.bias = nn.Parameter(torch.zeros(heads * out_dim if concat else out_dim))
+        dst, src = edges_with_self_loops(graph)
+        self.register_buffer("dst", dst, persistent=False)
+        self.register_buffer("src", src, persistent=False)
+
+    @classmethod
+    def stack(cls, cfg: ModelConfig, in_dim: int, num_classes: int) -> list[tuple[int, int, dict]]:
+        """Hidden layers: ``model.heads`` heads of ``model.hidden`` channels, concatenated; the
+        last: ``model.out_heads`` heads of ``num_classes``, averaged (PyG's Cora GAT: 8 x 8, 1)."""
+        hidden = {"heads": cfg.heads, "concat": True, "attn_dropout": cfg.attn_dropout}
+        last = {"heads": cfg.out_heads, "concat": False, "attn_dropout": cfg.attn_dropout}
+        ins = [in_dim] + [cfg.hidden * cfg.heads] * (cfg.layers - 1)
+        outs = [(cfg.hidden, hidden)] * (cfg.layers - 1) + [(num_classes, last)]
+        return [(a, b, kw) for a, (b, kw) in zip(ins, outs)]
+
+    @staticmethod
+    def wire_width(in_dim: int, out_dim: int, input_needs_grad: bool, heads: int = 1, **_) -> int:
+        return choose_order(in_dim, heads * out_dim, input_needs_grad)[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.exchanger.forward_codec.keep < 1.0:
+            raise ValueError(
+                f"layer {self.exchanger.layer}: the schedule's 'sample' stage (BNS-GCN) sends "
+                f"a fraction of the halo rows, scaled; GAT's softmax would take the missing rows "
+                f"as zero rows, not as absent edges. With model.arch = 'gat' use truncate, "
+                f"random, learned or quant, or sample with model.arch = 'gcn' or 'sage'")
+        src = x @ self.weight if self.transform_first else x
+        # one exchange: h (or x) of the boundary rows; the owned rows' transform overlaps it
+        h, halo = self.halo_rows(src, lambda: src if self.transform_first else x @ self.weight)
+        if halo is not None:
+            h = torch.cat([h, halo if self.transform_first else halo @ self.weight])
+        out = self.attend(h.view(-1, self.heads, self.out_dim))
+        return (out.flatten(1) if self.concat else out.mean(dim=1)) + self.bias
+
+    def attend(self, h: torch.Tensor) -> torch.Tensor:
+        """``(n_owned + n_halo, H, C)`` transformed rows -> ``(n_owned, H, C)`` attention sums."""
+        n, ex = self.graph.n_owned, self.exchanger
+        s = (h * self.att_src).sum(dim=-1)                       # (n_owned + n_halo, H)
+        d = (h[:n] * self.att_dst).sum(dim=-1)                   # (n_owned, H)
+        e = F.leaky_relu(s[self.src] + d[self.dst], NEGATIVE_SLOPE)
+        alpha = edge_softmax(e, self.dst, n)                     # (E + n_owned, H)
+        if self.training and self.attn_dropout:                  # the epoch clock: the exchanger's
+            ids = self.graph.node_ids
+            alpha = edge_dropout(alpha, ids[self.dst], ids[self.src], self.attn_dropout, ex.seed,
+                                 ex.epoch, ex.layer, self.training)
+        return h.new_zeros(n, self.heads, self.out_dim).index_add_(
+            0, self.dst, alpha.unsqueeze(-1) * h[self.src])

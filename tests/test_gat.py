@@ -1,0 +1,381 @@
+"""GAT (``model.arch = "gat"``): the layer against a dense attention matrix written here (and
+PyG's ``GATConv`` when installed); training on 2, 3 and 4 ranks (uneven METIS parts, dropout
+and attention dropout on) against 1 rank; a ``truncate``-compressed run and a staleness-1 run
+against whole-graph computations written here (each part sees its halo rows truncated, or as
+posted the epoch before); ``hpcgnn predict`` of a GAT run against the dense GAT. This file is
+also the MPI worker (several variants per launch).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from conftest import check_ok, read_metrics, run_mpi, train_here
+
+CSBM = "csbm:nodes=799,classes=4,degree=8,features=24,seed=3"   # small (dense references); odd: uneven parts
+EPOCHS = 6
+NO_DROPOUT = ("model.arch=gat", "model.dropout=0.0", f"train.epochs={EPOCHS}")
+VARIANTS = {   # name -> (--set list, schedule text or None)
+    "gat": (("model.arch=gat", "model.heads=2", "model.hidden=8", "model.attn_dropout=0.5",
+             f"train.epochs={EPOCHS}"), None),
+    "gat-deep": (("model.arch=gat", "model.layers=3", "model.heads=3", "model.hidden=6",
+                  "model.out_heads=2", "model.attn_dropout=0.3", "train.overlap=true",
+                  f"train.epochs={EPOCHS}"), None),
+    # layer 0: 24 -> 2 x 4 (exchanges h, width 8: k = 4); layer 1: 8 -> 4 (h, width 4: k = 2)
+    "truncate": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4"),
+                 'codec = "truncate"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'),
+    # layer 0: 24 -> 2 x 8 exchanges the constant input x (24 < 32); layer 1 exchanges h (width 4)
+    "stale": ((*NO_DROPOUT, "model.heads=2", "model.hidden=8", "train.staleness=1"), None),
+}
+LAUNCHES = [(2, ("gat", "truncate", "stale", "predict:gat")), (3, ("gat", "gat-deep")), (4, ("gat",))]
+
+
+# -- an independent GAT: dense attention over the whole graph --------------------------------
+
+def dense_attention(h_dst, h_src, adj, att_src, att_dst):
+    """``(N_dst, H, C)``: softmax over the sources of ``LeakyReLU(a_d.h_i + a_s.h_j)``, with
+    -inf where ``adj`` (``N_dst x N_src`` bool, self-loops included) has no edge."""
+    s = (h_src * att_src).sum(-1)                                  # (N_src, H)
+    d = (h_dst * att_dst).sum(-1)                                  # (N_dst, H)
+    e = F.leaky_relu(d[:, None, :] + s[None, :, :], 0.2)           # (N_dst, N_src, H)
+    alpha = torch.softmax(e.masked_fill(~adj[:, :, None], float("-inf")), dim=1)
+    return alpha, torch.einsum("ijh,jhc->ihc", alpha, h_src)
+
+
+def graph_of(spec: str):
+    from hpcgnn.data.datasets import load_dataset
+    g = load_dataset(spec)
+    a = sp.csr_matrix((np.ones(g.num_edges), g.indices, g.indptr), shape=(g.num_nodes,) * 2)
+    adj = torch.from_numpy(a.toarray() > 0) | torch.eye(g.num_nodes, dtype=torch.bool)
+    return g, adj
+
+
+# -- the layer on one process ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small(shards):
+    """(graph, dense adjacency with self-loops, a 1-part shard) of a small cSBM graph."""
+    from hpcgnn.data.shard import read_shard
+    spec = "csbm:nodes=300,classes=3,degree=5,features=10,seed=4"
+    g, adj = graph_of(spec)
+    return g, adj, read_shard(shards(spec, 1) / "part-00000.h5")
+
+
+def one_rank_layer(shard, in_dim, out_dim, heads, concat, attn_dropout=0.0, epoch=0):
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+    from hpcgnn.comm.plan import HaloPlan
+    from hpcgnn.nn.gat import GATLayer
+    from hpcgnn.nn.graph import LocalGraph
+    ctx = CommContext.from_world("cpu")
+    ex = HaloExchanger(ctx, HaloPlan.from_shard(shard), layer=1, seed=7, stats=ExchangeStats())
+    ex.configure(epoch)
+    torch.manual_seed(0)
+    layer = GATLayer(in_dim, out_dim, LocalGraph.from_shard(shard, "gat"), ex, heads=heads,
+                     concat=concat, attn_dropout=attn_dropout).double()
+    with torch.no_grad():
+        layer.bias.normal_()
+    return layer
+
+
+def grads_of(out, tensors):
+    torch.manual_seed(1)
+    return torch.autograd.grad((out * torch.randn_like(out)).sum(), tensors)
+
+
+@pytest.mark.parametrize("heads,concat,p", [(3, True, 0.0), (2, False, 0.0), (3, True, 0.5)])
+def test_layer_equals_dense_attention(small, heads, concat, p):
+    """Forward and every gradient; with attention dropout the kept coefficients are those of
+    the documented hash of (seed, epoch, layer, dst id, src id, head), scaled by 1/(1-p)."""
+    from hpcgnn.nn.dropout import edge_keep_mask
+    g, adj, shard = small
+    layer = one_rank_layer(shard, g.feature_dim, 5, heads, concat, attn_dropout=p, epoch=3)
+    x = torch.from_numpy(g.dense_features()).double().requires_grad_(True)
+    params = [x, layer.weight, layer.att_src, layer.att_dst, layer.bias]
+    got = layer(x)
+    n = g.num_nodes
+    h = (x @ layer.weight).view(n, heads, 5)
+    alpha, _ = dense_attention(h, h, adj, layer.att_src, layer.att_dst)
+    if p:
+        i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+        keep = edge_keep_mask(i.reshape(-1), j.reshape(-1), heads, p, 7, 3, 1).view(n, n, heads)
+        alpha = alpha * keep / (1 - p)
+    out = torch.einsum("ijh,jhc->ihc", alpha, h)
+    want = (out.reshape(n, -1) if concat else out.mean(1)) + layer.bias
+    assert got.shape == want.shape == (n, heads * 5 if concat else 5)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for a, b in zip(grads_of(got, params), grads_of(want, params)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("heads,concat", [(3, True), (2, False)])
+def test_layer_equals_pyg_gatconv(small, heads, concat):
+    pyg = pytest.importorskip("torch_geometric.nn")
+    g, _, shard = small
+    layer = one_rank_layer(shard, g.feature_dim, 4, heads, concat)
+    conv = pyg.GATConv(g.feature_dim, 4, heads=heads, concat=concat, negative_slope=0.2,
+                       dropout=0.0, add_self_loops=True).double()
+    with torch.no_grad():
+        conv.lin.weight.copy_(layer.weight.T)
+        conv.att_src.copy_(layer.att_src[None])
+        conv.att_dst.copy_(layer.att_dst[None])
+        conv.bias.copy_(layer.bias)
+    edge_index = torch.from_numpy(np.stack([g.indices, np.repeat(np.arange(g.num_nodes),
+                                                                 np.diff(g.indptr))]))
+    x = torch.from_numpy(g.dense_features()).double().requires_grad_(True)
+    got, want = layer(x), conv(x, edge_index)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    ours = grads_of(got, [x, layer.weight, layer.att_src, layer.att_dst, layer.bias])
+    theirs = grads_of(want, [x, conv.lin.weight, conv.att_src, conv.att_dst, conv.bias])
+    for a, b in zip(ours, [theirs[0], theirs[1].T, theirs[2][0], theirs[3][0], theirs[4]]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_edge_mask_depends_only_on_ids():
+    from hpcgnn.nn.dropout import edge_keep_mask
+    dst, src = torch.randint(0, 10**6, (20000,)), torch.randint(0, 10**6, (20000,))
+    full = edge_keep_mask(dst, src, 4, 0.6, seed=1, epoch=2, layer=0)
+    perm = torch.randperm(20000)[:3000]
+    assert torch.equal(edge_keep_mask(dst[perm], src[perm], 4, 0.6, 1, 2, 0), full[perm])
+    assert abs(full.float().mean().item() - 0.4) < 0.01
+    swapped = edge_keep_mask(src, dst, 4, 0.6, 1, 2, 0)              # j -> i is another edge
+    for other in (swapped, edge_keep_mask(dst, src, 4, 0.6, 1, 3, 0), full[:, [1, 2, 3, 0]]):
+        assert 0.45 < (other == full).float().mean().item() < 0.59  # independent: 0.4^2 + 0.6^2
+
+
+def test_resume_check_takes_keys_added_since_as_defaults():
+    """A checkpoint written before ``model.heads`` existed resumes a GCN run (same config)."""
+    from hpcgnn.config import load_config
+    from hpcgnn.train.records import differences
+    now = {"config": load_config(None).to_dict(), "schedule": None, "meta_sha256": "x"}
+    old = {**now, "config": {**now["config"], "model": {"arch": "gcn", "hidden": 16, "layers": 2,
+                                                        "dropout": 0.5}}}
+    assert differences(old, now) == []
+    gat = {**now, "config": load_config(None, ["model.arch=gat", "model.heads=4"]).to_dict()}
+    assert differences(old, gat) == ["model.arch: checkpoint 'gcn', now 'gat'",
+                                     "model.heads: checkpoint 1, now 4"]
+
+
+def test_sample_codec_is_refused(shards, tmp_path):
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.config import load_config
+    from hpcgnn.schedule import load_schedule
+    from hpcgnn.train.trainer import Trainer
+    trainer = Trainer.prepare(CommContext.from_world("cpu"), load_config(None, ["model.arch=gat"]),
+                              shards(CSBM, 1), tmp_path, load_schedule("configs/schedules/sample-all.toml"))
+    trainer.n_train = 1
+    with pytest.raises(ValueError, match="layer 0: the schedule's 'sample' stage .* use truncate"):
+        trainer.train_step(0)
+
+
+def test_config_checks():
+    from hpcgnn.config import ConfigError, load_config
+    cfg = load_config("configs/cora-gat.toml")
+    assert (cfg.model.arch, cfg.model.heads, cfg.model.hidden, cfg.model.attn_dropout) == ("gat", 8, 8, 0.6)
+    with pytest.raises(ConfigError, match=r"model.heads = 4 .*'gat' only"):
+        load_config(None, ["model.heads=4"])
+    with pytest.raises(ConfigError, match=r"parallel.algorithm = '1.5d'.*fixed adjacency.*'halo'"):
+        load_config("configs/cora-gat.toml", ["parallel.algorithm=1.5d", "parallel.replication=2"])
+    with pytest.raises(ConfigError, match=r"model.attn_dropout = 1.0"):
+        load_config(None, ["model.arch=gat", "model.attn_dropout=1.0"])
+
+
+# -- real ranks against 1 rank and against whole-graph computations ---------------------------
+
+@pytest.fixture(scope="module")
+def one_rank(shards, tmp_path_factory):
+    """Per variant: the 1-rank metrics (trained in this process) and initial parameters."""
+    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
+    cache: dict = {}
+
+    def get(variant: str):
+        if variant not in cache:
+            sets, sched = VARIANTS[variant]
+            init = tmp_path_factory.mktemp("init")
+            train_here(shards(CSBM, 1), init, *sets, "train.epochs=1", "train.lr=1e-30", config=None)
+            state = torch.load(init / CHECKPOINT_NAME, weights_only=True)["model"]
+            out = tmp_path_factory.mktemp("ref")
+            metrics = train_here(shards(CSBM, 1), out, *sets, config=None)   # 1 rank: no halo
+            cache[variant] = (metrics, state)
+        return cache[variant]
+
+    return get
+
+
+def part_of(shard_dir: Path, ranks: int) -> torch.Tensor:
+    from hpcgnn.data.shard import read_meta, read_shard
+    parts = np.zeros(read_meta(shard_dir)["num_nodes"], dtype=np.int64)
+    for r in range(ranks):
+        parts[read_shard(shard_dir / f"part-{r:05d}.h5").global_id] = r
+    return torch.from_numpy(parts)
+
+
+def whole_graph_losses(init: dict, parts: torch.Tensor, heads: int, hidden: int, seen) -> list[float]:
+    """2-layer GAT, no dropout, Adam (lr 0.01, wd 5e-4), mean CE on the training nodes.
+    ``seen(layer, h, q, t)``: the source rows ``(N, H, C)`` the rows of part ``q`` attend to at
+    epoch ``t`` (those of other parts are halo rows); ``after(t)`` runs after backward."""
+    g, adj = graph_of(CSBM)
+    x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
+    p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
+    shapes = [(heads, hidden), (1, int(g.labels.max()) + 1)]
+    losses = []
+    for t in range(EPOCHS):
+        h_in = x
+        for i, (nh, c) in enumerate(shapes):
+            h = (h_in @ p[f"layers.{i}.weight"]).view(-1, nh, c)
+            out = torch.zeros(g.num_nodes, nh, c)
+            for q in range(int(parts.max()) + 1):
+                rows = parts == q
+                out[rows] = dense_attention(h[rows], seen(i, h, q, t), adj[rows],
+                                            p[f"layers.{i}.att_src"], p[f"layers.{i}.att_dst"])[1]
+            h_in = (out.flatten(1) if i == 0 else out.mean(1)) + p[f"layers.{i}.bias"]
+            h_in = F.elu(h_in) if i == 0 else h_in
+        loss = F.cross_entropy(h_in[g.train_idx], y[g.train_idx])
+        opt.zero_grad()
+        loss.backward()
+        seen.after(t)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+class Truncated:
+    """Halo rows of ``h`` keep their first ``k = width // 2`` channels (truncate, ratio 2); the
+    adjoint backward follows from autograd of exactly this forward."""
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def __call__(self, layer, h, q, t):
+        k = h.shape[1] * h.shape[2] // 2
+        flat = h.flatten(1)
+        cut = torch.cat([flat[:, :k], torch.zeros_like(flat[:, k:])], dim=1).view_as(h)
+        return torch.where((self.parts == q)[:, None, None], h, cut)
+
+    def after(self, t):
+        pass
+
+
+class Stale:
+    """Staleness 1 (PipeGCN) on layer 1 (layer 0 exchanges the constant input): at epoch t >= 1
+    the halo rows are the ``h`` of epoch t - 1; their gradients reach the owners' ``h`` one
+    epoch later (the gradients of epoch 0's synchronous exchange were delivered then)."""
+
+    def __init__(self, parts):
+        self.parts, self.posted, self.grads, self.halos, self.owned = parts, {}, {}, {}, None
+
+    def __call__(self, layer, h, q, t):
+        if layer == 0 or t == 0:
+            if layer == 1:
+                self._post(h, t)
+            return h
+        if q == 0:
+            self._post(h, t)
+        halo = self.posted[t - 1].clone().requires_grad_(True)
+        self.halos[q] = halo
+        return torch.where((self.parts == q)[:, None, None], h, halo)
+
+    def _post(self, h, t):
+        if t not in self.posted:
+            self.posted[t] = h.detach().clone()
+            back = self.grads.pop(t - 1, None)
+            if back is not None:
+                h.register_hook(lambda grad, inj=back: grad + inj)
+
+    def after(self, t):
+        if self.halos:                   # each part's halo gradient, summed at the owners
+            self.grads[t] = sum(torch.where((self.parts == q)[:, None, None], 0.0, hq.grad)
+                                for q, hq in self.halos.items())
+        self.halos = {}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,variants", LAUNCHES, ids=[f"{r}-ranks" for r, _ in LAUNCHES])
+def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
+    shard_dir = shards(CSBM, ranks, "metis")
+    check_ok(run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path), *variants], timeout=240))
+    parts = part_of(shard_dir, ranks)
+    assert len(set(torch.bincount(parts).tolist())) > 1                 # uneven parts
+    for variant in variants:
+        if variant.startswith("predict:"):
+            check_predictions(tmp_path / variant, tmp_path / variant.split(":")[1])
+            continue
+        got = read_metrics(tmp_path / variant)
+        want, init = one_rank(variant)
+        losses = [r["loss"] for r in got]
+        assert len(losses) == EPOCHS and losses[-1] < losses[0], variant
+        if variant == "truncate":
+            assert losses == pytest.approx(whole_graph_losses(init, parts, 2, 4, Truncated(parts)),
+                                           rel=2e-5)
+            assert all(r["bytes_sent"] * 2 == r["bytes_full"] > 0 for r in got)
+            assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
+        elif variant == "stale":
+            ref = whole_graph_losses(init, parts, 2, 8, Stale(parts))
+            assert losses == pytest.approx(ref, rel=2e-5)
+            assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
+        else:
+            assert losses == pytest.approx([r["loss"] for r in want], rel=1e-5), variant
+            assert [r["val_acc"] for r in got] == pytest.approx([r["val_acc"] for r in want], abs=2e-3)
+            assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
+
+
+def check_predictions(pred_dir: Path, run_dir: Path) -> None:
+    """``hpcgnn predict`` of a GAT run: logits and embedding (the ELU output of layer 0) equal
+    the dense whole-graph GAT with the checkpoint's weights, no dropout."""
+    from hpcgnn.predict import read_predictions
+    got = read_predictions(pred_dir)
+    p = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+    g, adj = graph_of(CSBM)
+    x = torch.from_numpy(g.dense_features())                # (no data.normalize_features)
+    h = (x @ p["layers.0.weight"]).view(g.num_nodes, 2, 8)
+    hidden = F.elu(dense_attention(h, h, adj, p["layers.0.att_src"], p["layers.0.att_dst"])[1]
+                   .flatten(1) + p["layers.0.bias"])
+    h = (hidden @ p["layers.1.weight"]).view(g.num_nodes, 1, -1)
+    logits = dense_attention(h, h, adj, p["layers.1.att_src"], p["layers.1.att_dst"])[1].mean(1) \
+        + p["layers.1.bias"]
+    assert got["embedding"].shape == (g.num_nodes, 16) and got["embedding"].min() > -1
+    np.testing.assert_allclose(got["embedding"], hidden.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["logits"], logits.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _worker(shard_dir: str, out: str, variants: list[str]) -> None:
+    """Run on every rank: train each variant in turn into OUT/<variant>."""
+    from hpcgnn.codecs.base import FULL_PRECISION
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.config import load_config
+    from hpcgnn.log import setup_logging
+    from hpcgnn.schedule import load_schedule
+    from hpcgnn.train.trainer import Trainer
+    ctx = CommContext.from_world("cpu")
+    setup_logging(ctx.rank, ctx.size)
+    for variant in variants:
+        if variant.startswith("predict:"):                 # hpcgnn predict of a run above
+            from argparse import Namespace
+
+            from hpcgnn.predict import build_predictor
+            run = Path(out) / variant.split(":")[1]
+            build_predictor(ctx, Namespace(run=run, shards=shard_dir, out=Path(out) / variant)).run()
+            continue
+        sets, sched = VARIANTS[variant]
+        policy = FULL_PRECISION
+        if sched is not None:
+            path = Path(out) / f"{variant}.toml"
+            if ctx.is_root:
+                path.write_text(sched)
+            ctx.comm.Barrier()
+            policy = load_schedule(path)
+        trainer = Trainer.prepare(ctx, load_config(None, list(sets)), shard_dir,
+                                  Path(out) / variant, policy)
+        trainer.start()
+        trainer.run()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2], sys.argv[3:])
