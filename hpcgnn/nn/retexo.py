@@ -20,8 +20,7 @@ from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
 from hpcgnn.comm.plan import HaloPlan
 from hpcgnn.config import ModelConfig
 from hpcgnn.nn.graph import LocalGraph
-from hpcgnn.nn.layers import LAYERS
-from hpcgnn.nn.model import Step, layer_dims
+from hpcgnn.nn.model import LAYERS, Step
 
 
 class RetexoGNN(nn.Module):
@@ -35,13 +34,14 @@ class RetexoGNN(nn.Module):
         self.cfg, self.graph = cfg, graph
         self.stats = ExchangeStats()
         self.layers = nn.ModuleList()
-        for i, (a, b) in enumerate(layer_dims(in_dim, cfg.hidden, num_classes, cfg.layers)):
+        kind = LAYERS[cfg.arch]
+        for i, (a, b, extra) in enumerate(kind.stack(cfg, in_dim, num_classes)):
             if policy.layer_modules(i, a) != (None, None):
                 raise ValueError("the 'learned' codec does not combine with train.method = "
                                  "'retexo' (no gradient crosses RETEXO's exchange, so its encoder "
                                  "could not train); use truncate, random, quant or sample")
             exch = HaloExchanger(ctx, plan, layer=i, seed=seed, stats=self.stats, overlap=overlap)
-            self.layers.append(LAYERS[cfg.arch](a, b, graph, exch, input_needs_grad=i > 0))
+            self.layers.append(kind(a, b, graph, exch, input_needs_grad=i > 0, **extra))
         stages = cfg.layers - 1
         self.norms = nn.ModuleList(nn.LayerNorm(cfg.hidden) for _ in range(stages))
         self.heads = nn.ModuleList(nn.Linear(cfg.hidden, num_classes) for _ in range(stages))
