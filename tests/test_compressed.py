@@ -97,6 +97,12 @@ def test_compressed_run_counts_bytes_exactly(ranks, shards, tmp_path):
     assert rows[0]["bytes_sent"] < rows[-1]["bytes_sent"] < rows[-1]["bytes_full"]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["bytes_sent"] == sum(r["bytes_sent"] for r in rows)
+    # evaluation (epochs 2 and 5) runs uncompressed and forward only, counted apart
+    rows_out = sum(int(read_shard(shard_dir / f"part-{p:05d}.h5").send_counts.sum())
+                   for p in range(ranks))
+    per_eval = 4 * rows_out * sum(WIDTHS)
+    assert [r.get("eval_bytes") for r in rows] == [None, None, per_eval] * 2
+    assert summary["eval_bytes"] == 2 * per_eval
 
 
 # Communication matters here: weak features (signal 0.5), 8 classes, random parts (3/4 of the

@@ -47,6 +47,7 @@ class Progress:
     bytes_sent: int = 0
     bytes_full: int = 0
     allreduce_bytes: int = 0
+    eval_bytes: int = 0          # evaluation's (uncompressed) exchanges, apart from training's
     epoch_times: list = field(default_factory=list)
     best_val_acc: float = -1.0
     test_at_best: float = 0.0
@@ -268,15 +269,19 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:
         """Accuracies of ``eval_logits`` over the LABELLED nodes of each mask (label >= 0),
-        reduced over ranks."""
+        reduced over ranks, and ``eval_bytes``: what evaluation's exchanges sent (all ranks;
+        counted apart, so ``bytes_sent / bytes_full`` stays the training compression)."""
+        before = self.model.stats.bytes_sent
         pred = self.eval_logits(epoch).argmax(dim=1)
         local, labelled = [], self.data.y >= 0
         for mask in (self.data.train, self.data.val, self.data.test):
             mask = mask & labelled
             local += [float((pred[mask] == self.data.y[mask]).sum()), float(mask.sum())]
-        tot = sum_float64(self.ctx, local)
-        return {f"{name}_acc": tot[2 * i] / max(tot[2 * i + 1], 1.0)
+        tot = sum_float64(self.ctx, local + [self.model.stats.bytes_sent - before])
+        self.progress.eval_bytes += int(tot[-1])
+        accs = {f"{name}_acc": tot[2 * i] / max(tot[2 * i + 1], 1.0)
                 for i, name in enumerate(("train", "val", "test"))}
+        return {**accs, "eval_bytes": int(tot[-1])}
 
     def _eval_due(self, epoch: int) -> bool:
         return (epoch + 1) % self.cfg.train.eval_every == 0 or epoch + 1 == self.cfg.train.epochs
@@ -321,7 +326,7 @@ class Trainer:
         return {"test_acc": p.test_at_best, "final_test_acc": p.final_test_acc,
                 "best_val_acc": p.best_val_acc, "best_epoch": p.best_epoch,
                 "epochs": p.epochs_done, "bytes_sent": p.bytes_sent, "bytes_full": p.bytes_full,
-                "allreduce_bytes": p.allreduce_bytes, "train_time_s": sum(p.epoch_times),
+                "allreduce_bytes": p.allreduce_bytes, "eval_bytes": p.eval_bytes, "train_time_s": sum(p.epoch_times),
                 "epoch_time_s_median": statistics.median(p.epoch_times) if p.epoch_times else 0.0,
                 "ranks": self.ctx.size, "device": str(self.ctx.device),
                 "mpi_library": mpi_library(), "cuda_aware_mpi": self.ctx.cuda_aware,
