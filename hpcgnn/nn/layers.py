@@ -1,4 +1,5 @@
-"""GCN and GraphSAGE (mean) layers (GAT: ``hpcgnn.nn.gat``) over a rank's ``LocalGraph`` and a ``HaloExchanger``.
+"""GCN and GraphSAGE (mean) layers over a rank's ``LocalGraph`` and a ``HaloExchanger``, and
+what every layer shares (``HaloLayer``; GAT, on the same contract: ``hpcgnn.nn.gat``).
 
 Shapes: input ``x`` ``(n_owned, F_in)`` -> output ``(n_owned, F_out)``; the halo rows
 ``(n_halo, w)`` arrive through the exchanger. ``A (X W) = (A X) W``, so a layer may exchange
@@ -123,5 +124,3 @@ class SAGELayer(HaloLayer):
         if self.transform_first:                  # two GEMMs: no slice copies of (n, 2 F_out)
             return x @ w_self + self.propagate(x @ w_neigh) + self.bias
         return x @ w_self + self.propagate(x) @ w_neigh + self.bias
-
-
