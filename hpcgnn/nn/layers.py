@@ -1,4 +1,5 @@
-"""GCN and GraphSAGE (mean) layers (GAT: ``hpcgnn.nn.gat``) over a rank's ``LocalGraph`` and a ``HaloExchanger``.
+"""GCN and GraphSAGE (mean) layers over a rank's ``LocalGraph`` and a ``HaloExchanger``, and
+what every layer shares (``HaloLayer``; GAT, on the same contract: ``hpcgnn.nn.gat``).
 
 Shapes: input ``x`` ``(n_owned, F_in)`` -> output ``(n_owned, F_out)``; the halo rows
 ``(n_halo, w)`` arrive through the exchanger. ``A (X W) = (A X) W``, so a layer may exchange
@@ -149,5 +150,3 @@ class SAGELayer(HaloLayer):
             return (x @ self.weight[:, :self.out_dim]
                     + self.graph.aggregate(x @ w_neigh, x_halo @ w_neigh) + self.bias)
         return self.from_aggregate(x, self.graph.aggregate(x, x_halo))
-
-
