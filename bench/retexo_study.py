@@ -8,7 +8,9 @@ Both methods are exact when uncompressed: their losses on R ranks equal 1 rank's
 test accuracy does not depend on the partition or the rank count. Hence two phases:
 - ``acc``: every dataset x method x seed on ONE rank (cheap);
 - ``bytes``: seed 0 on 4 and 8 ranks, METIS and random parts. It gives the halo-exchange and
-  all-reduce bytes (``summary.json``), and checks that the accuracy matches the 1-rank run.
+  all-reduce bytes (``summary.json``). On 4 METIS parts it also evaluates every epoch and checks
+  that the accuracy matches the 1-rank run. The other cells evaluate only at the end, because
+  bytes do not depend on evaluation.
 Every run is a real ``hpcgnn train``. The runs of one shard set share one ``mpiexec`` launch,
 with each job running ``hpcgnn.__main__.main`` inside it. Finished runs are appended to
 ``bench/results/retexo_runs.jsonl``, and ``run`` skips those already recorded.
@@ -41,6 +43,7 @@ DATASETS = {"cora": ("cora", KW), "cora-h256": ("cora", WIDE), "citeseer": ("cit
             "citeseer-h256": ("citeseer", WIDE), "sbm": (SBM_SPEC, SBM)}
 METHODS = ("full", "retexo")
 BYTES_RANKS, PARTITIONERS = (4, 8), ("metis", "random")
+VERIFY = (4, "metis")          # the bytes cell that also checks accuracy against 1 rank
 
 
 def config_for(base: dict, method: str) -> dict:
@@ -51,7 +54,10 @@ def config_for(base: dict, method: str) -> dict:
     return {**base, "train": {**base["train"], "method": "retexo", "rounds_per_layer": rounds}}
 
 
-def jobs_for(work: Path, name: str, ranks: int, part: str, seeds: list[int], done: set) -> list[dict]:
+def jobs_for(work: Path, name: str, ranks: int, part: str, seeds: list[int], done: set,
+             evaluate: bool = True) -> list[dict]:
+    """``evaluate = False``: evaluation only at the end (and at RETEXO's stage ends), for
+    the runs that only measure bytes."""
     spec, base = DATASETS[name]
     graph = name.split("-")[0]                      # cora-h256 trains on cora's shards
     study.DATASETS.setdefault(graph, {"spec": spec})
@@ -64,8 +70,9 @@ def jobs_for(work: Path, name: str, ranks: int, part: str, seeds: list[int], don
         for seed in seeds:
             rid = f"{name}|{part}|{ranks}|{method}|{seed}"
             if rid not in done:
+                sets = [] if evaluate else [f"train.eval_every={base['train']['epochs']}"]
                 jobs.append({"id": rid, "shards": str(shards), "config": str(path), "seed": seed,
-                             "out": str(work / "runs" / rid.replace("|", "-"))})
+                             "sets": sets, "out": str(work / "runs" / rid.replace("|", "-"))})
     return jobs
 
 
@@ -90,8 +97,9 @@ def batch(listing: str) -> None:
     for job in json.loads(Path(listing).read_text()):
         if (Path(job["out"]) / "summary.json").is_file():
             continue
+        sets = [f"train.seed={job['seed']}", *job.get("sets", [])]
         code = hpcgnn_main(["train", "--shards", job["shards"], "--config", job["config"],
-                            "--out", job["out"], "--set", f"train.seed={job['seed']}"])
+                            "--out", job["out"], *[a for x in sets for a in ("--set", x)]])
         if code:
             raise SystemExit(code)
 
@@ -101,7 +109,7 @@ def record(job: dict) -> None:
     losses = [json.loads(x)["loss"] for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
     rec = {"id": job["id"], **{k: s[k] for k in ("test_acc", "best_val_acc", "bytes_sent",
                                                  "bytes_full", "allreduce_bytes")},
-           "stages": s.get("stages"), "last_loss": losses[-1]}
+           "stages": s.get("stages"), "last_loss": losses[-1], "evaluated": not job.get("sets")}
     with open(RUNS, "a") as f:
         f.write(json.dumps(rec) + "\n")
     print(job["id"], f"test {rec['test_acc']:.4f}", f"halo {rec['bytes_sent']:,} B", flush=True)
@@ -113,11 +121,12 @@ def run(args) -> None:
     names = args.datasets or list(DATASETS)
     cells = []
     if args.phase in ("acc", "all"):
-        cells += [(name, 1, "metis", args.seeds) for name in names]
-    if args.phase in ("bytes", "all"):
-        cells += [(name, r, p, [0]) for name in names for r in BYTES_RANKS for p in PARTITIONERS]
-    for name, ranks, part, seeds in cells:
-        jobs = jobs_for(work, name, ranks, part, seeds, done)
+        cells += [(name, 1, "metis", args.seeds, True) for name in names]
+    if args.phase in ("bytes", "all"):            # evaluated every epoch: 4 METIS parts (the check)
+        cells += [(name, r, p, [0], (r, p) == VERIFY) for name in names for r in BYTES_RANKS
+                  for p in PARTITIONERS]
+    for name, ranks, part, seeds, evaluate in cells:
+        jobs = jobs_for(work, name, ranks, part, seeds, done, evaluate)
         if jobs:
             launch(jobs, ranks, work)
 
@@ -165,7 +174,7 @@ def bytes_table(runs: dict) -> list[str]:
                 if not (f and x):
                     continue
                 tot_f, tot_x = f["bytes_sent"] + f["allreduce_bytes"], x["bytes_sent"] + x["allreduce_bytes"]
-                same = "—" if not (f1 and x1) else (
+                same = "not evaluated" if not (f1 and x1 and f.get("evaluated")) else (
                     f"{100 * (f['test_acc'] - f1['test_acc']):+.1f}, {100 * (x['test_acc'] - x1['test_acc']):+.1f} pt")
                 lines.append(f"| {name} | {part} | {ranks} | {f['bytes_sent'] / 1e6:.1f} | "
                              f"{x['bytes_sent'] / 1e6:.2f} | {f['bytes_sent'] / x['bytes_sent']:.1f}x | "
