@@ -187,16 +187,13 @@ def test_resume_mid_stage_and_at_a_boundary_equals_the_uninterrupted_run(shards,
     shard_dir = shards(CSBM, 2, "random")
     sched = tmp_path / "q.toml"
     sched.write_text('codec = "quant"\nbits = 2\ncompress_last_layer = true\n')
-    sets, extra = retexo_sets("gcn", 0.5), ("--schedule", str(sched))
-    check_ok(train(2, shard_dir, tmp_path / "full", *sets, extra=extra, timeout=180))
-    for stop in ("4", "6"):                      # 4: inside stage 1; 6: stage 2 starts next
-        resume = ("--resume",) if stop == "6" else ()
-        check_ok(train(2, shard_dir, tmp_path / "part", *sets,
-                       extra=(*extra, *resume, "--stop-after", stop), timeout=180))
-        assert len(read_metrics(tmp_path / "part")) == int(stop)
-    predict_refuses_unfinished(tmp_path / "part", shards(CSBM, 1), tmp_path / "pred")
-    check_ok(train(2, shard_dir, tmp_path / "part", *sets, extra=(*extra, "--resume"), timeout=180))
+    # one launch (start-up dominates): the straight run, then stop at 4 (inside stage 1), resume
+    # and stop at 6 (stage 2 starts next), resume to the end — all through the CLI's main()
+    check_ok(run_mpi(2, [__file__, str(shard_dir), str(tmp_path), str(sched)], timeout=300))
+    assert [r["epoch"] for r in read_metrics(tmp_path / "stop4")] == list(range(4))
+    predict_refuses_unfinished(tmp_path / "stop6", shards(CSBM, 1), tmp_path / "pred")
     full, part = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "part")
+    assert [r["epoch"] for r in part] == list(range(9))
     drop = ("epoch_s", "comm_s", "codec_s")
     assert [{k: v for k, v in r.items() if k not in drop} for r in part] == \
         [{k: v for k, v in r.items() if k not in drop} for r in full]
@@ -244,3 +241,31 @@ def test_learned_codec_is_refused(shards, tmp_path):
     with pytest.raises(ValueError, match="'learned' codec does not combine with train.method"):
         Trainer.prepare(CommContext.from_world("cpu"), cfg, shards(CSBM, 1), tmp_path / "run",
                         load_schedule(sched))
+
+
+def _resume_worker(shard_dir: str, out: str, schedule: str) -> None:
+    """On every rank: the straight run into OUT/full; OUT/part stopped at 4, resumed and
+    stopped at 6 (its metrics then copied to OUT/stop6 for predict), resumed to the end."""
+    import shutil
+    from pathlib import Path
+
+    from hpcgnn.__main__ import main
+    from mpi4py import MPI
+    base = ["train", "--shards", shard_dir, "--schedule", schedule]
+    for s in retexo_sets("gcn", 0.5):
+        base += ["--set", s]
+    out = Path(out)
+    assert main(base + ["--out", str(out / "full")]) == 0
+    assert main(base + ["--out", str(out / "part"), "--stop-after", "4"]) == 0
+    if MPI.COMM_WORLD.rank == 0:
+        shutil.copytree(out / "part", out / "stop4")
+    assert main(base + ["--out", str(out / "part"), "--resume", "--stop-after", "6"]) == 0
+    if MPI.COMM_WORLD.rank == 0:
+        shutil.copytree(out / "part", out / "stop6")
+    MPI.COMM_WORLD.Barrier()
+    assert main(base + ["--out", str(out / "part"), "--resume"]) == 0
+
+
+if __name__ == "__main__":
+    import sys
+    _resume_worker(*sys.argv[1:4])
