@@ -117,8 +117,9 @@ def check_same_mpi(lib_path: str, mpi_version: str) -> None:
     loaded = loaded_mpi_libraries()
     if not needed or not loaded:
         return
-    names = [Path(p).name for p in loaded]
-    if any(n.startswith(s) for s in needed for n in names):
+    # MPICH ships libmpich.so.12 with libmpi.so.12 as a link to it: one library, two names
+    names = [Path(p).name.replace("libmpich.", "libmpi.") for p in loaded]
+    if any(n.startswith(s.replace("libmpich.", "libmpi.")) for s in needed for n in names):
         return
     raise PtScotchError(
         f"{path} is linked against {', '.join(needed)}, but mpi4py runs on {', '.join(loaded)} "
