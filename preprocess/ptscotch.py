@@ -34,7 +34,10 @@ log = logging.getLogger("hpcgnn.preprocess")
 ENV_LIB = "HPCGNN_PTSCOTCH_LIB"
 DEBIAN_NAMES = ("libptscotch.so", "libptscotch-7.0.so", "libptscotch-6.1.so")
 STRAT_BYTES = 256        # SCOTCH_Strat is an opaque struct of a few doubles: room to spare
-STRATDEFAULT = 0
+# SCOTCH_STRAT* flags (scotch.h), chosen with HPCGNN_PTSCOTCH_STRATEGY=speed,balance,...
+STRATEGY_ENV = "HPCGNN_PTSCOTCH_STRATEGY"
+STRAT_FLAGS = {"default": 0x0, "quality": 0x1, "speed": 0x2, "balance": 0x4, "safety": 0x8,
+               "scalability": 0x10}
 IMBALANCE = 0.05         # allowed load imbalance of a part
 INSTALL_HINT = ("install PT-Scotch (Debian/Ubuntu: apt-get install libptscotch-dev; a cluster: "
                 f"module load scotch) or point {ENV_LIB} at libptscotch.so; see env/README.md")
@@ -114,8 +117,9 @@ def check_same_mpi(lib_path: str, mpi_version: str) -> None:
     loaded = loaded_mpi_libraries()
     if not needed or not loaded:
         return
-    names = [Path(p).name for p in loaded]
-    if any(n.startswith(s) for s in needed for n in names):
+    # MPICH ships libmpich.so.12 with libmpi.so.12 as a link to it: one library, two names
+    names = [Path(p).name.replace("libmpich.", "libmpi.") for p in loaded]
+    if any(n.startswith(s.replace("libmpich.", "libmpi.")) for s in needed for n in names):
         return
     raise PtScotchError(
         f"{path} is linked against {', '.join(needed)}, but mpi4py runs on {', '.join(loaded)} "
@@ -124,6 +128,19 @@ def check_same_mpi(lib_path: str, mpi_version: str) -> None:
         f"module of the same MPI module), or build mpi4py against PT-Scotch's MPI (env/site-mpi.sh);"
         f" compare `ldd {path} | grep mpi` with `ldd $(python -c 'import mpi4py.MPI as m; "
         f"print(m.__file__)') | grep mpi`")
+
+
+def strategy_flags() -> int:
+    """The ``SCOTCH_STRAT*`` flags named in ``$HPCGNN_PTSCOTCH_STRATEGY`` (default: none)."""
+    names = [x.strip() for x in os.environ.get(STRATEGY_ENV, "default").split(",") if x.strip()]
+    bad = [x for x in names if x not in STRAT_FLAGS]
+    if bad:
+        raise PtScotchError(f"{STRATEGY_ENV}={os.environ[STRATEGY_ENV]}: unknown {bad}; use a "
+                            f"comma-separated subset of {sorted(STRAT_FLAGS)}")
+    flags = 0
+    for x in names:
+        flags |= STRAT_FLAGS[x]
+    return flags
 
 
 class PtScotch:
@@ -147,6 +164,7 @@ class PtScotch:
         # MPI_Comm is a pointer in Open MPI, an int in MPICH and its derivatives
         self.c_comm = ctypes.c_void_p if MPI._sizeof(MPI.Comm) == 8 else ctypes.c_int
         self.comm = comm
+        self.flags = strategy_flags()
 
     def check_width(self, num_vertices: int, num_arcs: int) -> None:
         """Global vertex and arc counts must fit ``SCOTCH_Num``."""
@@ -187,7 +205,7 @@ class PtScotch:
                        None, None)
             self.lib.SCOTCH_stratInit(strat)
             try:
-                self._call("SCOTCH_stratDgraphMapBuild", strat, num(STRATDEFAULT),
+                self._call("SCOTCH_stratDgraphMapBuild", strat, num(self.flags),
                            num(self.comm.size), num(nparts), ctypes.c_double(IMBALANCE))
                 self._call("SCOTCH_dgraphPart", graph, num(nparts), strat, ptr(part))
             finally:
