@@ -11,7 +11,9 @@ data is loaded); epoch time is the median training step (forward + backward + gr
 allreduce + Adam), evaluation excluded; CPU s is the process CPU time of the same epochs
 (the slowest rank's), which shows the work per rank even when other jobs share the cores.
 Results: ``bench/results/epoch.json`` and ``bench/results/epoch.md``.
-PyG is given the adjacency as a torch CSR ``adj_t`` (its sparse-matmul path); its
+``--arch gat``: 3 GAT layers (4 heads of 32, ELU, one output head, attention dropout = dropout)
+against PyG's ``GATConv`` on ``edge_index`` (the only input it takes for attention).
+For SAGE, PyG is given the adjacency as a torch CSR ``adj_t`` (its sparse-matmul path); its
 ``edge_index`` path materialises a message per edge (20M x 128 floats = 10 GB per layer)
 and is only run with ``--pyg-edge-index``.
 """
@@ -52,6 +54,16 @@ def peak_rss_gib() -> float:
 
 # -- hpcgnn (under mpiexec) ------------------------------------------------------------------
 
+GAT_HEADS = 4          # --arch gat: 3 GAT layers, 4 heads of 32 (concatenated: 128), 1 output head
+
+
+def model_keys(args) -> dict:
+    if args.arch == "gat":
+        return {"arch": "gat", "layers": 3, "hidden": 128 // GAT_HEADS, "heads": GAT_HEADS,
+                "out_heads": 1, "dropout": args.dropout, "attn_dropout": args.dropout}
+    return {"arch": "sage", "layers": 3, "hidden": 128, "dropout": args.dropout}
+
+
 def run_ours(args) -> None:
     import torch
     from hpcgnn.comm.context import CommContext
@@ -59,7 +71,7 @@ def run_ours(args) -> None:
     from hpcgnn.train.trainer import Trainer
     ctx = CommContext.from_world(args.device)
     # one epoch more than is run, so the last one run does not evaluate (eval is not timed)
-    cfg = build_config({"model": {"arch": "sage", "layers": 3, "hidden": 128, "dropout": args.dropout},
+    cfg = build_config({"model": model_keys(args),
                         "train": {"epochs": args.epochs + 2, "eval_every": 10**6,
                                   "overlap": bool(args.overlap)},
                         "run": {"out": args.out}}, "bench/epoch.py")
@@ -104,14 +116,14 @@ def run_pyg(args) -> None:
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from torch_geometric.nn import SAGEConv
+    from torch_geometric.nn import GATConv, SAGEConv
     from hpcgnn.data.datasets import load_dataset
     torch.manual_seed(0)
     g = load_dataset(args.dataset)
     x = torch.from_numpy(g.dense_features())
     y = torch.from_numpy(g.labels)
     train = torch.from_numpy(g.train_idx)
-    if args.pyg_edge_index:
+    if args.pyg_edge_index or args.arch == "gat":            # GATConv takes edge_index only
         rows = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
         adj = torch.from_numpy(np.stack([g.indices, rows]))     # (source, target)
     else:
@@ -122,7 +134,14 @@ def run_pyg(args) -> None:
                        ("cuda" if torch.cuda.is_available() else "cpu"))
     x, y, train, adj = x.to(dev), y.to(dev), train.to(dev), adj.to(dev)
     dims = [x.shape[1], 128, 128, int(y.max()) + 1]
-    convs = torch.nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:]))
+    if args.arch == "gat":     # as hpcgnn's: concatenated hidden heads, ELU, one output head
+        h = GAT_HEADS
+        convs = torch.nn.ModuleList([GATConv(dims[0], 128 // h, heads=h, dropout=args.dropout),
+                                     GATConv(128, 128 // h, heads=h, dropout=args.dropout),
+                                     GATConv(128, dims[-1], heads=1, concat=False, dropout=args.dropout)])
+    else:
+        convs = torch.nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:]))
+    act = F.elu if args.arch == "gat" else F.relu
     convs = convs.to(dev)
     opt = torch.optim.Adam(convs.parameters(), lr=0.01, weight_decay=5e-4)
     reset_peak_rss()
@@ -133,7 +152,7 @@ def run_pyg(args) -> None:
         h = x
         for i, conv in enumerate(convs):
             h = conv(F.dropout(h, args.dropout, training=True), adj)
-            h = h.relu() if i < len(convs) - 1 else h
+            h = act(h) if i < len(convs) - 1 else h
         loss = F.cross_entropy(h[train], y[train])
         opt.zero_grad()
         loss.backward()
@@ -176,6 +195,7 @@ def drive(args) -> None:
     root = Path(args.shards_root)
     me = [sys.executable, "-m", "mpi4py", str(Path(__file__).resolve())]
     common = ["--epochs", str(args.epochs), "--dropout", str(args.dropout), "--device", args.device,
+              "--arch", args.arch,
               *(["--profile"] if args.profile else [])]
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results = {}
@@ -212,7 +232,7 @@ def report(args, results: dict) -> None:
     (results_dir / "epoch.json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
                                                     "dropout": args.dropout, "results": results},
                                                    indent=2) + "\n")
-    (results_dir / "epoch.md").write_text(f"device {args.device}; dataset `{args.dataset}`, 3-layer SAGE, 128 hidden, "
+    (results_dir / "epoch.md").write_text(f"device {args.device}; dataset `{args.dataset}`, 3-layer {args.arch.upper()}, 128 hidden, "
                                       f"dropout {args.dropout}, {args.epochs} epochs\n\n{table}\n")
 
 
@@ -222,6 +242,8 @@ def main() -> None:
     ap.add_argument("--dataset", default=DEFAULT_SPEC)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--dropout", type=float, default=0.5)
+    ap.add_argument("--arch", default="sage", choices=("sage", "gat"),
+                    help="gat: 3 GAT layers of 4 heads x 32 against PyG's GATConv (edge_index)")
     ap.add_argument("--shards-root", default=str(REPO / "shards" / "bench-epoch"))
     ap.add_argument("--shards")
     ap.add_argument("--out")

@@ -2,12 +2,12 @@
 # The GPU path, end to end, on a machine with CUDA: what MPI and torch see, the GPU tests, Cora
 # trained on the GPU at 1 and 2 ranks (host staging, and device buffers when the MPI is
 # CUDA-aware) against the CPU run, every codec on CUDA, and the epoch benchmark against PyG on
-# the same GPU.
+# the same GPU (SAGE, and GAT against PyG's GATConv).
 #
-#   bash bench/gpu.sh OUT_DIR [EPOCH_SPEC]
+#   bash bench/gpu.sh OUT_DIR [EPOCH_SPEC]      # EPOCH=0: without the epoch benchmark
 #
 # Uses the venv python in $PY (default: .venv/bin/python). Offline machines: build that venv
-# over the site's torch with bench/gpu-venv.sh and wheels in .whl/ (see the README, GPU section).
+# over the site's torch with bench/gpu-venv.sh and the wheels in .whl/ it names.
 # Every step runs even when one before it fails; the exit status counts the failed steps.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,9 +27,10 @@ step "nvidia-smi" nvidia-smi --query-gpu=name,memory.total,driver_version --form
 step "GPU tests" $PY -m pytest -q -ra -m gpu tests/
 [[ -f shards/gpu-cora-2/meta.json ]] || $PY -m preprocess --dataset cora --parts 2 --partitioner metis --out shards/gpu-cora-2 --force -q
 [[ -f shards/gpu-cora-1/meta.json ]] || $PY -m preprocess --dataset cora --parts 1 --partitioner metis --out shards/gpu-cora-1 --force -q
+[[ -f shards/gpu-cora-4/meta.json ]] || $PY -m preprocess --dataset cora --parts 4 --partitioner metis --out shards/gpu-cora-4 --force -q
 train() {  # ranks shards device run [extra...]
     local n=$1 sh=$2 dev=$3 run=$4; shift 4
-    $MPIEXEC -n "$n" --oversubscribe $PY -m mpi4py -m hpcgnn train --shards "$sh" --config configs/cora.toml \
+    $MPIEXEC -n "$n" --oversubscribe $PY -m mpi4py -m hpcgnn train --shards "$sh" --config "${CFG:-configs/cora.toml}" \
         --device "$dev" --out "$out/$run" "$@" > "$out/$run.log" 2>&1 && $PY -m hpcgnn summary "$out/$run"
 }
 step "Cora, 1 rank, cpu" train 1 shards/gpu-cora-1 cpu cora-cpu-1
@@ -46,6 +47,13 @@ step "Cora, 2 ranks, cpu, Sylvie (staleness 1 + 1-bit)" train 2 shards/gpu-cora-
     --schedule configs/schedules/quant1-all.toml --set train.staleness=1
 step "Cora, 2 ranks, cuda, CAGNET 1.5D (c = 1)" train 2 shards/gpu-cora-2 cuda cora-cuda-2-15d \
     --set parallel.algorithm=1.5d
+step "Cora, 2 ranks over 4 parts, cuda" train 2 shards/gpu-cora-4 cuda cora-cuda-2of4
+CFG=configs/cora-gat.toml step "Cora GAT, 1 rank, cpu" train 1 shards/gpu-cora-1 cpu gat-cpu-1
+CFG=configs/cora-gat.toml step "Cora GAT, 1 rank, cuda" train 1 shards/gpu-cora-1 cuda gat-cuda-1
+CFG=configs/cora-gat.toml step "Cora GAT, 2 ranks, cuda" train 2 shards/gpu-cora-2 cuda gat-cuda-2
+CFG=configs/retexo.toml step "Cora RETEXO, 1 rank, cpu" train 1 shards/gpu-cora-1 cpu retexo-cpu-1
+CFG=configs/retexo.toml step "Cora RETEXO, 1 rank, cuda" train 1 shards/gpu-cora-1 cuda retexo-cuda-1
+CFG=configs/retexo.toml step "Cora RETEXO, 2 ranks, cuda" train 2 shards/gpu-cora-2 cuda retexo-cuda-2
 step "losses: cuda against cpu" $PY - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -54,9 +62,10 @@ def losses(run):
     return [json.loads(l)["loss"] for l in (out / run / "metrics.jsonl").read_text().splitlines()]
 ref = losses("cora-cpu-1")
 worst = 0.0
-for run in ("cora-cuda-1", "cora-cuda-2-staged", "cora-cuda-2", "cora-cuda-2-15d", "cora-cuda-2-sylvie"):
-    if run.endswith("sylvie"):
-        ref = losses("cora-cpu-2-sylvie")
+refs = {"sylvie": "cora-cpu-2-sylvie", "gat": "gat-cpu-1", "retexo": "retexo-cpu-1"}
+for run in ("cora-cuda-1", "cora-cuda-2-staged", "cora-cuda-2", "cora-cuda-2-15d", "cora-cuda-2of4",
+            "cora-cuda-2-sylvie", "gat-cuda-1", "gat-cuda-2", "retexo-cuda-1", "retexo-cuda-2"):
+    ref = losses(next((v for k, v in refs.items() if k in run), "cora-cpu-1"))
     got = losses(run)
     rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, ref))
     if not run.endswith("sylvie"):     # 1-bit codes may flip on fp32 differences: reported only
@@ -65,7 +74,9 @@ for run in ("cora-cuda-1", "cora-cuda-2-staged", "cora-cuda-2", "cora-cuda-2-15d
 sys.exit(0 if worst < 1e-4 else 1)
 EOF
 step "codec throughput, cuda" $PY bench/codecs.py --device cuda --out "$out/codecs-cuda"
-step "epoch benchmark, cuda (hpcgnn 1 and 2 ranks, PyG)" $PY bench/epoch.py --device cuda --dataset "$spec" \
+[[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda (hpcgnn 1 and 2 ranks, PyG)" $PY bench/epoch.py --device cuda --dataset "$spec" \
     --epochs 10 --results "$out" --shards-root shards/gpu-epoch --profile
+[[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda, GAT (hpcgnn 1 rank, PyG GATConv)" $PY bench/epoch.py --device cuda \
+    --arch gat --dataset "$spec" --ranks 1 --epochs 10 --results "$out/gat" --shards-root shards/gpu-epoch --profile
 echo; echo "gpu.sh: $fails step(s) failed"
 exit "$fails"
