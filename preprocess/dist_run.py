@@ -102,6 +102,8 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
             sl.lo, sl.hi, f"{len(cols):,}", f"{len(sym_cols):,}", time.perf_counter() - t0)
     parts = _partition(comm, partitioner, sym_indptr, sym_cols, sl.lo, sl.hi, n, num_parts,
                        seed)
+    log.log(_level(comm), "rank %d: partitioned (%s, %.1f s)", comm.rank, partitioner,
+            time.perf_counter() - t0)
     del sym_indptr, sym_cols
     degree = np.diff(indptr)
     moved = move_to_writers(comm, sl, indptr, cols, parts, num_parts)
@@ -110,6 +112,8 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     del sl, indptr, cols
     shards, cut = build_shards(comm, moved, num_parts, bounds, parts, degree,
                                int(bounds[comm.rank]), n)
+    log.log(_level(comm), "rank %d: moved rows to their writers, built halo maps (%.1f s)",
+            comm.rank, time.perf_counter() - t0)
     del moved
     meta = meta_fields(meta["dataset"], n, comm.allreduce(sum(s.num_edges for s in shards)),
                        meta["feature_dim"], comm.allreduce(labels_max, op=_max()) + 1,

@@ -37,7 +37,8 @@ STRAT_BYTES = 256        # SCOTCH_Strat is an opaque struct of a few doubles: ro
 # SCOTCH_STRAT* flags (scotch.h), chosen with HPCGNN_PTSCOTCH_STRATEGY=speed,balance,...
 STRATEGY_ENV = "HPCGNN_PTSCOTCH_STRATEGY"
 STRAT_FLAGS = {"default": 0x0, "quality": 0x1, "speed": 0x2, "balance": 0x4, "safety": 0x8,
-               "scalability": 0x10}
+               "scalability": 0x10, "recursive": 0x100, "levelmax": 0x1000, "levelmin": 0x2000,
+               "leafsimple": 0x4000, "sepasimple": 0x8000, "disconnected": 0x10000}
 IMBALANCE = 0.05         # allowed load imbalance of a part
 INSTALL_HINT = ("install PT-Scotch (Debian/Ubuntu: apt-get install libptscotch-dev; a cluster: "
                 f"module load scotch) or point {ENV_LIB} at libptscotch.so; see env/README.md")
