@@ -51,13 +51,16 @@ so a resumed run reports the same bytes as an uninterrupted one.
 
 **Where this deviates from their code:**
 - *GCN normalisation.* GCN uses ``D^-1/2 (A + I) D^-1/2`` with global degrees + 1, exactly as
-  full training does, so R ranks equal 1 rank. Their ``GraphConv`` normalises with the degrees
-  of an induced in-subgraph of the train, val or test nodes.
+  full training does, so R ranks equal 1 rank. Their config instantiates DGL's ``GraphConv``
+  (``norm='both'``) on a graph without self loops, applied to the in-subgraph of the train, val
+  or test nodes, so a source's degree counts only its edges into that set.
+  ``bench/retexo_reference.py`` trains both normalisations outside this package: theirs is
+  1.3-1.7 pt *lower* on Cora, so it does not explain the gap to full training.
 - *SAGE.* SAGE is this package's mean SAGE, ``W_s x + W_n mean(x_j) + b``. Theirs is
   ``fc(cat[x, mean])``, which is the same function.
 - *Dropout masks.* Dropout is counter-based, keyed by ``(seed, epoch, stage, global id)``, with
-  a fresh mask every round. Their cached aggregation keeps the first round's dropped-out
-  aggregate for the whole stage.
+  a fresh mask every round, as theirs (``nn.Dropout`` each round; their ``CustomGraphConv``, which
+  would cache the first round's aggregate, is not used by any of their configs).
 - *Initialisation.* The heads and LayerNorms are initialised with the model, from the seed.
   Theirs are made at the stage's start.
 - *Learning rate and rounds.* One ``train.lr`` and one ``rounds_per_layer`` for all stages.
