@@ -34,7 +34,7 @@ log = logging.getLogger("hpcgnn.preprocess")
 ENV_LIB = "HPCGNN_PTSCOTCH_LIB"
 DEBIAN_NAMES = ("libptscotch.so", "libptscotch-7.0.so", "libptscotch-6.1.so")
 STRAT_BYTES = 256        # SCOTCH_Strat is an opaque struct of a few doubles: room to spare
-# HPCGNN_PTSCOTCH_STRATEGY: "fast" (the default: FAST_STRATEGY below), or SCOTCH_STRAT* flags
+# HPCGNN_PTSCOTCH_STRATEGY: "fast" (the default: fast_strategy() below), or SCOTCH_STRAT* flags
 # (scotch.h) for PT-Scotch's own strategy, SCOTCH_stratDgraphMapBuild: "default" (no flag), or
 # e.g. "speed,balance"
 STRATEGY_ENV = "HPCGNN_PTSCOTCH_STRATEGY"
@@ -188,13 +188,15 @@ def fast_strategy(procs: int, imbalance: float, refine: int) -> str:
     the multilevel refinement (diffusion + Fiduccia-Mattheyses on a band graph, sequential and
     parallel) runs only while the current graph has fewer than ``refine`` vertices.
 
-    Why: on power-law graphs nearly every vertex is on the cut, so the band graph is the whole
-    graph, and the sequential FM spends its time in ``bgraphBipartFmTablGet`` walking the gain
-    table past vertices whose move would break the balance, once per move: the finest levels
-    cost super-linearly in the graph (13 s at R-MAT scale 16, 65 s at 17). Their refinement
-    gains little on these graphs (the cut stays below METIS's). On the coarser levels the
-    partition is refined as before, and the projection to finer levels keeps the loads, so the
-    balance bound still holds."""
+    Why: on power-law graphs nearly every vertex is on the cut, so the band graph around the
+    cut is the whole graph, and the sequential FM (also run on the gathered band graph of the
+    parallel levels, ``q{strat=f}``) spends most of its time in ``bgraphBipartFmTablGet``,
+    which walks the gain table past every better-gain vertex whose move would break the
+    balance, once per move: the finest levels cost super-linear time (PT-Scotch's default
+    strategy: 13 s at R-MAT scale 16, 65-80 s at 17, one rank). Skipping their refinement
+    costs little cut on these graphs (still at or below METIS's). The coarser levels are
+    refined as before; projecting a partition to a finer level keeps the part loads, but the
+    result may exceed the bound by about 1 %, hence ``FAST_MARGIN``."""
     bal = f"{imbalance:f}"
     fm = f"f{{bal={bal},move=80}}"
     seq = (f"m{{vert=80,low=h{{pass=10}}{fm},asc=/(vert<{refine})?"
