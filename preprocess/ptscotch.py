@@ -44,9 +44,12 @@ STRAT_FLAGS = {"default": 0x0, "quality": 0x1, "speed": 0x2, "balance": 0x4, "sa
 FAST = "fast"
 # A whole Scotch parallel mapping strategy string (SCOTCH_stratDgraphMap), overriding the above
 STRING_ENV = "HPCGNN_PTSCOTCH_STRATEGY_STRING"
-# "fast": FM refinement runs only on multilevel graphs of fewer vertices than this
+# "fast": FM refinement runs only on multilevel graphs of fewer vertices than this, on graphs
+# whose degrees are skewed (max degree > SKEWED_DEGREE x the mean of the non-isolated vertices:
+# R-MAT has 250-400x); on others, and with the value 0, it runs on every level
 REFINE_VERT_ENV = "HPCGNN_PTSCOTCH_REFINE_VERT"
 REFINE_VERT = 20000
+SKEWED_DEGREE = 50
 # "fill" (default): isolated vertices weigh 0 in PT-Scotch and fill the lightest parts afterwards;
 # "keep": they are ordinary vertices
 ISOLATED_ENV = "HPCGNN_PTSCOTCH_ISOLATED"
@@ -168,11 +171,12 @@ def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return val
 
 
-def refine_vert() -> int:
-    """``$HPCGNN_PTSCOTCH_REFINE_VERT`` (default ``REFINE_VERT``)."""
+def refine_vert() -> int | None:
+    """``$HPCGNN_PTSCOTCH_REFINE_VERT``, or None when unset ("auto": ``REFINE_VERT`` on graphs
+    with skewed degrees, else 0)."""
     val = os.environ.get(REFINE_VERT_ENV, "").strip()
-    if not val:
-        return REFINE_VERT
+    if not val or val == "auto":
+        return None
     try:
         out = int(val)
     except ValueError:
@@ -186,7 +190,8 @@ def fast_strategy(procs: int, imbalance: float, refine: int) -> str:
     """PT-Scotch's default parallel mapping strategy for ``procs`` ranks (as
     ``SCOTCH_stratDgraphMapBuild`` writes it with the ``speed`` flag, Scotch 7.0), except that
     the multilevel refinement (diffusion + Fiduccia-Mattheyses on a band graph, sequential and
-    parallel) runs only while the current graph has fewer than ``refine`` vertices.
+    parallel) runs only while the current graph has fewer than ``refine`` vertices (every
+    level when ``refine`` is 0).
 
     Why: on power-law graphs nearly every vertex is on the cut, so the band graph around the
     cut is the whole graph, and the sequential FM (also run on the gathered band graph of the
@@ -199,10 +204,10 @@ def fast_strategy(procs: int, imbalance: float, refine: int) -> str:
     result may exceed the bound by about 1 %, hence ``FAST_MARGIN``."""
     bal = f"{imbalance:f}"
     fm = f"f{{bal={bal},move=80}}"
-    seq = (f"m{{vert=80,low=h{{pass=10}}{fm},asc=/(vert<{refine})?"
-           f"b{{bnd=(d{{pass=40}}|){fm},org={fm}}};}}")
-    par = (f"/(vert<{refine})?b{{bnd=(d{{pass=40}}|)q{{strat=f}}x{{bal={bal}}},"
-           f"org=q{{strat=f}}x{{bal={bal}}}}};")
+    cond = (lambda st: f"/(vert<{refine})?{st};") if refine > 0 else (lambda st: st)
+    seq = (f"m{{vert=80,low=h{{pass=10}}{fm},asc="
+           + cond(f"b{{bnd=(d{{pass=40}}|){fm},org={fm}}}") + "}")
+    par = cond(f"b{{bnd=(d{{pass=40}}|)q{{strat=f}}x{{bal={bal}}},org=q{{strat=f}}x{{bal={bal}}}}}")
     coarse = min(max(2000 * procs, 10000), 100000)   # PT-Scotch's folding threshold
     return (f"r{{bal={bal},sep=m{{vert={coarse},asc={par},low=q{{strat={seq}}},"
             f"seq=q{{strat={seq}}}}},seq=r{{bal={bal},poli=S,sep={seq}}}}}")
@@ -272,13 +277,14 @@ class PtScotch:
             raise PtScotchError(f"{self.path}: {name} failed (status {status}; PT-Scotch printed "
                                 f"the reason above)")
 
-    def strategy(self, imbalance: float) -> tuple[str, str | None]:
+    def strategy(self, imbalance: float, skewed: bool) -> tuple[str, str | None]:
         """(name for the log, strategy string or None for ``SCOTCH_stratDgraphMapBuild``)."""
         if self.string:
             return f"{STRING_ENV}", self.string
         if self.flags is None:
-            return (f"fast, refine below {self.refine:,} vertices",
-                    fast_strategy(self.comm.size, imbalance, self.refine))
+            refine = self.refine if self.refine is not None else (REFINE_VERT if skewed else 0)
+            return (f"fast, refine {f'below {refine:,} vertices' if refine else 'every level'}",
+                    fast_strategy(self.comm.size, imbalance, refine))
         return f"flags {os.environ.get(STRATEGY_ENV)}", None
 
     def part(self, indptr: np.ndarray, indices: np.ndarray, nparts: int,
@@ -293,8 +299,12 @@ class PtScotch:
         n_local = len(indptr) - 1
         n = self.comm.allreduce(n_local)
         self.check_width(n, self.comm.allreduce(len(indices)))
-        isolated = np.diff(indptr) == 0
+        degree = np.diff(indptr)
+        isolated = degree == 0
         n_core = n - self.comm.allreduce(int(isolated.sum()))
+        from mpi4py import MPI
+        skewed = (self.comm.allreduce(int(degree.max(initial=0)), op=MPI.MAX) * max(n_core, 1)
+                  > SKEWED_DEGREE * self.comm.allreduce(len(indices)))
         # "fast" leaves the finest levels unrefined: PT-Scotch then overshoots its bound by up
         # to ~1 %, so it gets a tighter one
         margin = FAST_MARGIN if self.flags is None and not self.string else 0.0
@@ -306,7 +316,7 @@ class PtScotch:
             # parts of (1 + b) n_core / k non-isolated vertices, filled up to (1 + IMBALANCE) n / k
             imbalance = min((1 + imbalance) * n / n_core - 1, FILL_MAX_IMBALANCE)
             weights = (~isolated).astype(self.num)
-        name, string = self.strategy(imbalance)
+        name, string = self.strategy(imbalance, skewed)
         log.debug("PT-Scotch strategy: %s; imbalance %.3f%s", name, imbalance,
                   "" if weights is None else f" over {n_core:,} non-isolated vertices")
         part = self._part(indptr, indices, nparts, seed, string, imbalance, weights)

@@ -41,13 +41,15 @@ def test_strategy_env(monkeypatch):
     monkeypatch.setenv(pts.STRATEGY_ENV, "fastest")
     with pytest.raises(pts.PtScotchError, match="fastest"):
         pts.strategy_flags()
+    monkeypatch.setenv(pts.REFINE_VERT_ENV, "auto")
+    assert pts.refine_vert() is None
     monkeypatch.setenv(pts.REFINE_VERT_ENV, "-3")
     with pytest.raises(pts.PtScotchError, match=pts.REFINE_VERT_ENV):
         pts.refine_vert()
 
 
-@pytest.mark.parametrize("procs", [1, 4, 64])
-def test_fast_strategy_parses(procs):
+@pytest.mark.parametrize("procs,refine", [(1, 20000), (4, 20000), (64, 0)])
+def test_fast_strategy_parses(procs, refine):
     try:
         lib = ctypes.CDLL(pts._find_library())
     except (pts.PtScotchError, OSError) as exc:
@@ -56,6 +58,6 @@ def test_fast_strategy_parses(procs):
     lib.SCOTCH_stratInit(strat)
     try:
         assert lib.SCOTCH_stratDgraphMap(
-            strat, ctypes.c_char_p(pts.fast_strategy(procs, 0.03, 20000).encode())) == 0
+            strat, ctypes.c_char_p(pts.fast_strategy(procs, 0.03, refine).encode())) == 0
     finally:
         lib.SCOTCH_stratExit(strat)
