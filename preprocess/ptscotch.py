@@ -34,12 +34,28 @@ log = logging.getLogger("hpcgnn.preprocess")
 ENV_LIB = "HPCGNN_PTSCOTCH_LIB"
 DEBIAN_NAMES = ("libptscotch.so", "libptscotch-7.0.so", "libptscotch-6.1.so")
 STRAT_BYTES = 256        # SCOTCH_Strat is an opaque struct of a few doubles: room to spare
-# SCOTCH_STRAT* flags (scotch.h), chosen with HPCGNN_PTSCOTCH_STRATEGY=speed,balance,...
+# HPCGNN_PTSCOTCH_STRATEGY: "fast" (the default: fast_strategy() below), or SCOTCH_STRAT* flags
+# (scotch.h) for PT-Scotch's own strategy, SCOTCH_stratDgraphMapBuild: "default" (no flag), or
+# e.g. "speed,balance"
 STRATEGY_ENV = "HPCGNN_PTSCOTCH_STRATEGY"
 STRAT_FLAGS = {"default": 0x0, "quality": 0x1, "speed": 0x2, "balance": 0x4, "safety": 0x8,
                "scalability": 0x10, "recursive": 0x100, "levelmax": 0x1000, "levelmin": 0x2000,
                "leafsimple": 0x4000, "sepasimple": 0x8000, "disconnected": 0x10000}
+FAST = "fast"
+# A whole Scotch parallel mapping strategy string (SCOTCH_stratDgraphMap), overriding the above
+STRING_ENV = "HPCGNN_PTSCOTCH_STRATEGY_STRING"
+# "fast": FM refinement runs only on multilevel graphs of fewer vertices than this, on graphs
+# whose degrees are skewed (max degree > SKEWED_DEGREE x the mean of the non-isolated vertices:
+# R-MAT has 250-400x); on others, and with the value 0, it runs on every level
+REFINE_VERT_ENV = "HPCGNN_PTSCOTCH_REFINE_VERT"
+REFINE_VERT = 20000
+SKEWED_DEGREE = 50
+# "fill" (default): isolated vertices weigh 0 in PT-Scotch and fill the lightest parts afterwards;
+# "keep": they are ordinary vertices
+ISOLATED_ENV = "HPCGNN_PTSCOTCH_ISOLATED"
 IMBALANCE = 0.05         # allowed load imbalance of a part
+FAST_MARGIN = 0.02       # "fast": room kept for PT-Scotch's overshoot of its imbalance bound
+FILL_MAX_IMBALANCE = 0.2  # "fill": the most imbalance allowed among the non-isolated vertices
 INSTALL_HINT = ("install PT-Scotch (Debian/Ubuntu: apt-get install libptscotch-dev; a cluster: "
                 f"module load scotch) or point {ENV_LIB} at libptscotch.so; see env/README.md")
 
@@ -131,17 +147,93 @@ def check_same_mpi(lib_path: str, mpi_version: str) -> None:
         f"print(m.__file__)') | grep mpi`")
 
 
-def strategy_flags() -> int:
-    """The ``SCOTCH_STRAT*`` flags named in ``$HPCGNN_PTSCOTCH_STRATEGY`` (default: none)."""
-    names = [x.strip() for x in os.environ.get(STRATEGY_ENV, "default").split(",") if x.strip()]
+def strategy_flags() -> int | None:
+    """The ``SCOTCH_STRAT*`` flags named in ``$HPCGNN_PTSCOTCH_STRATEGY``, or None for "fast"
+    (the default)."""
+    names = [x.strip() for x in os.environ.get(STRATEGY_ENV, FAST).split(",") if x.strip()]
+    if names == [FAST]:
+        return None
     bad = [x for x in names if x not in STRAT_FLAGS]
     if bad:
-        raise PtScotchError(f"{STRATEGY_ENV}={os.environ[STRATEGY_ENV]}: unknown {bad}; use a "
-                            f"comma-separated subset of {sorted(STRAT_FLAGS)}")
+        raise PtScotchError(f"{STRATEGY_ENV}={os.environ[STRATEGY_ENV]}: unknown {bad}; use "
+                            f"{FAST!r} (the default) or a comma-separated subset of "
+                            f"{sorted(STRAT_FLAGS)}")
     flags = 0
     for x in names:
         flags |= STRAT_FLAGS[x]
     return flags
+
+
+def _env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    val = os.environ.get(name, default).strip() or default
+    if val not in choices:
+        raise PtScotchError(f"{name}={val}: use one of {', '.join(choices)}")
+    return val
+
+
+def refine_vert() -> int | None:
+    """``$HPCGNN_PTSCOTCH_REFINE_VERT``, or None when unset ("auto": ``REFINE_VERT`` on graphs
+    with skewed degrees, else 0)."""
+    val = os.environ.get(REFINE_VERT_ENV, "").strip()
+    if not val or val == "auto":
+        return None
+    try:
+        out = int(val)
+    except ValueError:
+        out = -1
+    if out < 0:
+        raise PtScotchError(f"{REFINE_VERT_ENV}={val}: need a vertex count >= 0")
+    return out
+
+
+def fast_strategy(procs: int, imbalance: float, refine: int) -> str:
+    """PT-Scotch's default parallel mapping strategy for ``procs`` ranks (as
+    ``SCOTCH_stratDgraphMapBuild`` writes it with the ``speed`` flag, Scotch 7.0), except that
+    the multilevel refinement (diffusion + Fiduccia-Mattheyses on a band graph, sequential and
+    parallel) runs only while the current graph has fewer than ``refine`` vertices (every
+    level when ``refine`` is 0).
+
+    Why: on power-law graphs nearly every vertex is on the cut, so the band graph around the
+    cut is the whole graph, and the sequential FM (also run on the gathered band graph of the
+    parallel levels, ``q{strat=f}``) spends most of its time in ``bgraphBipartFmTablGet``,
+    which walks the gain table past every better-gain vertex whose move would break the
+    balance, once per move: the finest levels cost super-linear time (PT-Scotch's default
+    strategy: 13 s at R-MAT scale 16, 65-80 s at 17, one rank). Skipping their refinement
+    costs little cut on these graphs (still at or below METIS's). The coarser levels are
+    refined as before; projecting a partition to a finer level keeps the part loads, but the
+    result may exceed the bound by about 1 %, hence ``FAST_MARGIN``."""
+    bal = f"{imbalance:f}"
+    fm = f"f{{bal={bal},move=80}}"
+    cond = (lambda st: f"/(vert<{refine})?{st};") if refine > 0 else (lambda st: st)
+    seq = (f"m{{vert=80,low=h{{pass=10}}{fm},asc="
+           + cond(f"b{{bnd=(d{{pass=40}}|){fm},org={fm}}}") + "}")
+    par = cond(f"b{{bnd=(d{{pass=40}}|)q{{strat=f}}x{{bal={bal}}},org=q{{strat=f}}x{{bal={bal}}}}}")
+    coarse = min(max(2000 * procs, 10000), 100000)   # PT-Scotch's folding threshold
+    return (f"r{{bal={bal},sep=m{{vert={coarse},asc={par},low=q{{strat={seq}}},"
+            f"seq=q{{strat={seq}}}}},seq=r{{bal={bal},poli=S,sep={seq}}}}}")
+
+
+def fill_isolated(comm, parts: np.ndarray, isolated: np.ndarray, nparts: int) -> np.ndarray:
+    """``parts`` with this rank's isolated vertices (``isolated``, bool) placed so that the
+    part sizes over all ranks are as even as possible: the global deficits below a common level
+    are filled in part order, rank ``r`` taking its slice of that sequence. Collective."""
+    sizes = comm.allreduce(np.bincount(parts[~isolated], minlength=nparts).astype(np.int64))
+    counts = comm.allgather(int(isolated.sum()))
+    total = sum(counts)
+    lo, hi = 0, int(sizes.max()) + total + 1      # the least level L with sum(L - size)+ >= total
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(np.maximum(0, mid - sizes).sum()) >= total:
+            hi = mid
+        else:
+            lo = mid + 1
+    take = np.maximum(0, lo - 1 - sizes)          # up to L - 1 everywhere, then 1 more in order
+    take[np.flatnonzero(sizes <= lo - 1)[:total - int(take.sum())]] += 1
+    start = sum(counts[:comm.rank])
+    out = parts.copy()
+    out[isolated] = np.searchsorted(np.cumsum(take), start + np.arange(counts[comm.rank]),
+                                    side="right")
+    return out
 
 
 class PtScotch:
@@ -166,6 +258,9 @@ class PtScotch:
         self.c_comm = ctypes.c_void_p if MPI._sizeof(MPI.Comm) == 8 else ctypes.c_int
         self.comm = comm
         self.flags = strategy_flags()
+        self.string = os.environ.get(STRING_ENV, "").strip() or None
+        self.refine = refine_vert()
+        self.isolated = _env_choice(ISOLATED_ENV, "fill", ("fill", "keep"))
 
     def check_width(self, num_vertices: int, num_arcs: int) -> None:
         """Global vertex and arc counts must fit ``SCOTCH_Num``."""
@@ -182,16 +277,57 @@ class PtScotch:
             raise PtScotchError(f"{self.path}: {name} failed (status {status}; PT-Scotch printed "
                                 f"the reason above)")
 
+    def strategy(self, imbalance: float, skewed: bool) -> tuple[str, str | None]:
+        """(name for the log, strategy string or None for ``SCOTCH_stratDgraphMapBuild``)."""
+        if self.string:
+            return f"{STRING_ENV}", self.string
+        if self.flags is None:
+            refine = self.refine if self.refine is not None else (REFINE_VERT if skewed else 0)
+            return (f"fast, refine {f'below {refine:,} vertices' if refine else 'every level'}",
+                    fast_strategy(self.comm.size, imbalance, refine))
+        return f"flags {os.environ.get(STRATEGY_ENV)}", None
+
     def part(self, indptr: np.ndarray, indices: np.ndarray, nparts: int,
              seed: int) -> np.ndarray:
         """Parts (int64 [n_local]) of this rank's rows: ``indptr`` (int [n_local + 1], local
         CSR) and ``indices`` (global column ids) of a symmetric loop-free graph. Collective;
-        PT-Scotch moves O(local edges) per rank during the multilevel partitioning."""
+        PT-Scotch moves O(local edges) per rank during the multilevel partitioning.
+
+        With ``fill`` (the default), isolated vertices weigh 0 in PT-Scotch, which balances the
+        others with the imbalance the isolated ones can absorb (at most ``FILL_MAX_IMBALANCE``),
+        and they are then put in the lightest parts (``fill_isolated``)."""
+        n_local = len(indptr) - 1
+        n = self.comm.allreduce(n_local)
+        self.check_width(n, self.comm.allreduce(len(indices)))
+        degree = np.diff(indptr)
+        isolated = degree == 0
+        n_core = n - self.comm.allreduce(int(isolated.sum()))
+        from mpi4py import MPI
+        skewed = (self.comm.allreduce(int(degree.max(initial=0)), op=MPI.MAX) * max(n_core, 1)
+                  > SKEWED_DEGREE * self.comm.allreduce(len(indices)))
+        # "fast" leaves the finest levels unrefined: PT-Scotch then overshoots its bound by up
+        # to ~1 %, so it gets a tighter one
+        margin = FAST_MARGIN if self.flags is None and not self.string else 0.0
+        imbalance, weights = (1 + IMBALANCE) / (1 + margin) - 1, None
+        if self.isolated == "fill" and n_core < n:
+            if n_core == 0:
+                return fill_isolated(self.comm, np.zeros(n_local, dtype=np.int64), isolated,
+                                     nparts)
+            # parts of (1 + b) n_core / k non-isolated vertices, filled up to (1 + IMBALANCE) n / k
+            imbalance = min((1 + imbalance) * n / n_core - 1, FILL_MAX_IMBALANCE)
+            weights = (~isolated).astype(self.num)
+        name, string = self.strategy(imbalance, skewed)
+        log.debug("PT-Scotch strategy: %s; imbalance %.3f%s", name, imbalance,
+                  "" if weights is None else f" over {n_core:,} non-isolated vertices")
+        part = self._part(indptr, indices, nparts, seed, string, imbalance, weights)
+        return part if weights is None else fill_isolated(self.comm, part, isolated, nparts)
+
+    def _part(self, indptr, indices, nparts, seed, string, imbalance, weights) -> np.ndarray:
         from mpi4py import MPI
         n_local = len(indptr) - 1
-        self.check_width(self.comm.allreduce(n_local), self.comm.allreduce(len(indices)))
         vert = np.ascontiguousarray(indptr, dtype=self.num)
         edge = np.ascontiguousarray(indices, dtype=self.num)
+        velo = None if weights is None else np.ascontiguousarray(weights, dtype=self.num)
         part = np.zeros(max(n_local, 1), dtype=self.num)
         graph = (ctypes.c_double * (self.lib.SCOTCH_dgraphSizeof() // 8 + 1))()
         strat = (ctypes.c_double * (STRAT_BYTES // 8))()
@@ -202,12 +338,15 @@ class PtScotch:
         self._call("SCOTCH_dgraphInit", graph, self.c_comm(MPI._handleof(self.comm)))
         try:
             self._call("SCOTCH_dgraphBuild", graph, num(0), num(n_local), num(n_local),
-                       ptr(vert), None, None, None, num(len(edge)), num(len(edge)), ptr(edge),
-                       None, None)
+                       ptr(vert), None, None if velo is None else ptr(velo), None,
+                       num(len(edge)), num(len(edge)), ptr(edge), None, None)
             self.lib.SCOTCH_stratInit(strat)
             try:
-                self._call("SCOTCH_stratDgraphMapBuild", strat, num(self.flags),
-                           num(self.comm.size), num(nparts), ctypes.c_double(IMBALANCE))
+                if string is not None:
+                    self._call("SCOTCH_stratDgraphMap", strat, ctypes.c_char_p(string.encode()))
+                else:
+                    self._call("SCOTCH_stratDgraphMapBuild", strat, num(self.flags),
+                               num(self.comm.size), num(nparts), ctypes.c_double(imbalance))
                 self._call("SCOTCH_dgraphPart", graph, num(nparts), strat, ptr(part))
             finally:
                 self.lib.SCOTCH_stratExit(strat)
