@@ -98,12 +98,13 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
     collective(comm, _check_request, comm, n, num_parts)
     (indptr, cols), (sym_indptr, sym_cols) = _clean_slice(comm, sl, symmetrize, bounds)
-    log.log(_level(comm), "rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s)", comm.rank,
-            sl.lo, sl.hi, f"{len(cols):,}", f"{len(sym_cols):,}", time.perf_counter() - t0)
+    log.log(_level(comm), "rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s, peak %s)",
+            comm.rank, sl.lo, sl.hi, f"{len(cols):,}", f"{len(sym_cols):,}",
+            time.perf_counter() - t0, _peak())
     parts = _partition(comm, partitioner, sym_indptr, sym_cols, sl.lo, sl.hi, n, num_parts,
                        seed)
-    log.log(_level(comm), "rank %d: partitioned (%s, %.1f s)", comm.rank, partitioner,
-            time.perf_counter() - t0)
+    log.log(_level(comm), "rank %d: partitioned (%s, %.1f s, peak %s)", comm.rank, partitioner,
+            time.perf_counter() - t0, _peak())
     del sym_indptr, sym_cols
     degree = np.diff(indptr)
     moved = move_to_writers(comm, sl, indptr, cols, parts, num_parts)
@@ -112,8 +113,8 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     del sl, indptr, cols
     shards, cut = build_shards(comm, moved, num_parts, bounds, parts, degree,
                                int(bounds[comm.rank]), n)
-    log.log(_level(comm), "rank %d: moved rows to their writers, built halo maps (%.1f s)",
-            comm.rank, time.perf_counter() - t0)
+    log.log(_level(comm), "rank %d: moved rows to their writers, built halo maps (%.1f s, "
+            "peak %s)", comm.rank, time.perf_counter() - t0, _peak())
     del moved
     meta = meta_fields(meta["dataset"], n, comm.allreduce(sum(s.num_edges for s in shards)),
                        meta["feature_dim"], comm.allreduce(labels_max, op=_max()) + 1,
@@ -122,6 +123,17 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     log.log(_level(comm), "rank %d: wrote parts %s (%.1f s)", comm.rank,
             [s.part_id for s in shards], time.perf_counter() - t0)
     return meta
+
+
+def _peak() -> str:
+    """This process's peak resident set so far (VmHWM), for the progress lines."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return f"{int(line.split()[1]) / 2**20:.2f} GiB"
+    except OSError:
+        pass
+    return "n/a"
 
 
 def _level(comm) -> int:
