@@ -1,5 +1,5 @@
 """The PT-Scotch strategy choice and the isolated-vertex fill (preprocess/ptscotch.py), in one
-process; the distributed runs are in test_preprocess_dist.py."""
+process (MPI.COMM_SELF); the distributed runs are in test_preprocess_dist.py."""
 from __future__ import annotations
 
 import ctypes
@@ -10,17 +10,6 @@ import pytest
 from preprocess import ptscotch as pts
 
 
-class _Comm:
-    """A one-rank stand-in for the allreduce/allgather that fill_isolated uses."""
-    rank, size = 0, 1
-
-    def allreduce(self, x):
-        return x
-
-    def allgather(self, x):
-        return [x]
-
-
 def test_fill_isolated_evens_the_parts():
     rng = np.random.default_rng(0)
     parts = np.repeat(np.arange(4), [50, 30, 10, 0])          # non-isolated: 90 vertices
@@ -28,7 +17,8 @@ def test_fill_isolated_evens_the_parts():
     parts = np.concatenate([parts, np.zeros(60, dtype=np.int64)])
     isolated[90:] = True
     perm = rng.permutation(150)
-    out = pts.fill_isolated(_Comm(), parts[perm], isolated[perm], 4)
+    from mpi4py import MPI                                 # a real one-rank communicator
+    out = pts.fill_isolated(MPI.COMM_SELF, parts[perm], isolated[perm], 4)
     assert (out[~isolated[perm]] == parts[perm][~isolated[perm]]).all()   # others untouched
     assert sorted(np.bincount(out, minlength=4)) == [33, 33, 34, 50]     # 60 filled below 50
 
