@@ -66,13 +66,14 @@ def _finish(comm, out: Path, entries: list[dict], meta: dict) -> dict:
 
 
 def _clean_slice(comm, sl, symmetrize: bool, bounds: np.ndarray) -> tuple:
-    """(indptr, cols) of the cleaned slice as written, and of its symmetric closure."""
+    """(indptr, cols) of the cleaned slice as written, and of its symmetric closure (the same
+    arrays when the input is symmetrised; both are only read)."""
     n = sl.num_nodes
     keys = local_keys(sl)
-    sym = add_reverse(comm, keys, n, bounds)
-    data = csr_of_keys(sym if symmetrize else keys, n, sl.lo, sl.hi)
+    sym = csr_of_keys(add_reverse(comm, keys, n, bounds), n, sl.lo, sl.hi)
+    data = sym if symmetrize else csr_of_keys(keys, n, sl.lo, sl.hi)
     del keys
-    return data, csr_of_keys(sym, n, sl.lo, sl.hi)
+    return data, sym
 
 
 def _write_set(comm, out: Path, force: bool, shards: list, meta: dict) -> dict:
