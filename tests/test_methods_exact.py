@@ -26,23 +26,47 @@ def _gcn_operator(g) -> np.ndarray:
     return d[:, None] * (a + np.eye(g.num_nodes)) * d[None, :]
 
 
-def stale_reference(part_of: np.ndarray, init: dict, s: int, m: float) -> list[float]:
-    """Plain torch on the whole graph: 2-layer GCN (24 -> 16 -> 4). Layer 0 aggregates the
-    constant input first (its stale rows equal the fresh ones); layer 1 exchanges Z = H W1."""
+def stale_reference(part_of: np.ndarray, init: dict, s: int, m: float, drop: float = 0.0,
+                    arrival_mask: bool = False) -> list[float]:
+    """Plain torch on the whole graph: 2-layer GCN (24 -> 16 -> 4). Layer 0 aggregates its
+    input first and sends no gradient; layer 1 exchanges Z = D1 W1. With dropout ``drop``
+    (masks: seed 0, per epoch and layer, by global node id — the run's random source), the
+    halo rows of both layers are the rows posted at t - s, dropped with *that* epoch's mask
+    (and smoothed: layer 0's too, which without dropout are the same every epoch), and
+    a halo gradient reaching its owner at epoch t belongs to the rows posted at t - 2s, so it
+    goes back through the mask of t - 2s (PipeGCN drops on the receiving side, where the mask
+    of a row and of its gradient is the same one). ``arrival_mask``: the wrong way, through the
+    owner's mask of the epoch t (what the test tells apart)."""
     from hpcgnn.data.datasets import load_dataset
+    from hpcgnn.nn.dropout import keep_mask
     g = load_dataset(CSBM)
     a = torch.from_numpy(_gcn_operator(g)).float()
     same = torch.from_numpy(part_of[:, None] == part_of[None, :])
     a_loc, a_halo = a * same, a * ~same
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
     train_idx = torch.from_numpy(g.train_idx)
+    ids = torch.arange(g.num_nodes)
+
+    def dropped(v, epoch, layer):
+        if drop == 0.0:
+            return v
+        return v * keep_mask(ids, v.shape[1], drop, 0, epoch, layer) / (1.0 - drop)
+
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
-    posted, grads, avg_z, avg_g, losses = {}, {}, None, None, []
+    posted, grads, avg_x, avg_z, avg_g, losses = {}, {}, None, None, None, []
     for t in range(EPOCHS):
-        h = torch.relu((a @ x) @ p["layers.0.weight"] + p["layers.0.bias"])
-        z = h @ p["layers.1.weight"]
-        if s == 0 or t < s:
+        stale = s > 0 and t >= s
+        if stale:       # layer 0's halo rows: the input as dropped at t - s, smoothed like all rows
+            recv = dropped(x, t - s, 0)
+            avg_x = recv if (m == 0 or avg_x is None) else m * avg_x + (1 - m) * recv
+            agg0 = a_loc @ dropped(x, t, 0) + a_halo @ avg_x
+        else:
+            agg0 = a @ dropped(x, t, 0)
+        h = torch.relu(agg0 @ p["layers.0.weight"] + p["layers.0.bias"])
+        z = dropped(h, t, 1) @ p["layers.1.weight"]
+        late = 0.0
+        if not stale:
             out, halo = a @ z + p["layers.1.bias"], None
         else:
             recv = posted.pop(t - s)
@@ -52,11 +76,11 @@ def stale_reference(part_of: np.ndarray, init: dict, s: int, m: float) -> list[f
             back = grads.pop(t - s, None)
             if back is not None:
                 avg_g = back if (m == 0 or avg_g is None) else m * avg_g + (1 - m) * back
-                z.register_hook(lambda grad, inj=avg_g: grad + inj)
+                late = (dropped(h, t if arrival_mask else t - 2 * s, 1) @ p["layers.1.weight"] * avg_g).sum()
         posted[t] = z.detach().clone()
         loss = F.cross_entropy(out[train_idx], y[train_idx])
         opt.zero_grad()
-        loss.backward()
+        (loss + late).backward()
         if halo is not None:
             grads[t] = halo.grad.clone()
         opt.step()
@@ -96,6 +120,25 @@ def test_stale_training_equals_single_process_computation(ranks, s, m, progress,
     assert got == pytest.approx(want, rel=2e-5)
     sync = stale_reference(_parts(shard_dir, ranks), init_params, 0, 0.0)
     assert got[s:] != pytest.approx(sync[s:], rel=1e-4)    # staleness changed the trajectory
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,s,m", [(2, 1, 0.0), (3, 2, 0.5)])
+def test_stale_training_with_dropout_equals_single_process_computation(ranks, s, m, shards,
+                                                                       init_params, tmp_path):
+    """Dropout 0.5: stale rows keep the mask they were sent with, and the late halo gradient
+    goes back through that mask, not the owner's mask of the epoch it arrives in."""
+    shard_dir = shards(CSBM, ranks, "random")
+    proc = train(ranks, shard_dir, tmp_path / "run", *SETS[:3], "model.dropout=0.5", SETS[4],
+                 f"train.staleness={s}", f"train.smoothing={m}", timeout=180)
+    check_ok(proc)
+    got = [r["loss"] for r in read_metrics(tmp_path / "run")]
+    parts = _parts(shard_dir, ranks)
+    assert got == pytest.approx(stale_reference(parts, init_params, s, m, drop=0.5), rel=2e-5)
+    # the owner's own mask of the arriving epoch would give other losses from epoch 2s + 1 on
+    wrong = stale_reference(parts, init_params, s, m, drop=0.5, arrival_mask=True)
+    assert got[:2 * s + 1] == pytest.approx(wrong[:2 * s + 1], rel=2e-5)
+    assert got[2 * s + 1:] != pytest.approx(wrong[2 * s + 1:], rel=1e-5)
 
 
 @pytest.mark.mpi

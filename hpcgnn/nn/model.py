@@ -83,9 +83,19 @@ class GNN(nn.Module):
             self._nz_key, self._nz = key, x.nonzero(as_tuple=True) if sparse else None
         return self._nz
 
+    def _remask(self, x: torch.Tensor, i: int):
+        """``epoch -> `` layer ``i``'s input rows that the stale exchange sends, ``x[send]``,
+        dropped out with that epoch's mask (the counter-based masks can be made again)."""
+        send = self.layers[i].exchanger.plan.send_index
+        ids = self.global_id.index_select(0, send)
+        return lambda epoch: counter_dropout(x.index_select(0, send), ids, self.cfg.dropout,
+                                             self.seed, epoch, i, True)
+
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             nz = self.input_nonzeros(x) if (i == 0 and step.training and self.cfg.dropout) else None
+            if layer.stale is not None:
+                layer.stale.remask = self._remask(x, i) if step.training and self.cfg.dropout else None
             x = counter_dropout(x, self.global_id, self.cfg.dropout, self.seed, step.epoch, i,
                                 step.training, nz)
             x = layer(x)
