@@ -5,6 +5,14 @@ loops, on in-subgraphs of the train / val / test nodes, so a source's degree cou
 into that set).
 
     python bench/retexo_reference.py cora 5        # dataset in ../shared/data (or a path), seeds
+    python bench/retexo_reference.py cora 5 random kipf    # the authors' "cora_torch" split, one norm
+    python bench/retexo_reference.py citeseer 2:3 public kipf    # seed 2 only (run seeds apart)
+
+Split (third argument): ``public`` (default; the file's train / val / test, Planetoid's public
+split on Cora: 140 / 500 / 1000) or ``random``, the split of the authors' ``cora_torch`` /
+``citeseer_torch`` datasets: PyG ``Planetoid(split="random")`` with 86 (Cora) or 178 (Citeseer)
+training nodes per class, 300 / 357 validation and 1806 / 2146 test nodes, drawn again for each
+seed here (theirs is drawn once and saved). Norms (fourth argument, comma-separated): default all.
 
 Settings are the authors' Cora ones: 2 layers, 256 hidden, dropout 0.3, Adam lr 0.003, weight
 decay 5e-4, 200 rounds per layer (400 epochs for full training), the best validation state of
@@ -94,8 +102,33 @@ def full(norm, seed, hidden=256, drop=0.3, lr=0.003, wd=5e-4, epochs=400):
         if v > best: best, bt = v, acc(o, te)
     return bt, best
 
-seeds = range(int(sys.argv[2]) if len(sys.argv) > 2 else 5)
+RANDOM_SPLIT = {'cora': (86, 300, 1806), 'citeseer': (178, 357, 2146)}   # the authors' num_split
+
+
+def set_split(kind, seed):
+    """PyG Planetoid(split='random'): per class num_train_per_class nodes, then num_val and
+    num_test from the rest, in a random order."""
+    global tr, va, te
+    if kind == 'public':
+        return
+    per, nv, nt = RANDOM_SPLIT[path.stem]
+    g = torch.Generator().manual_seed(1000 + seed)
+    train = torch.cat([(y == c).nonzero().view(-1)[torch.randperm(int((y == c).sum()), generator=g)[:per]]
+                       for c in range(C)])
+    mask = torch.ones(n, dtype=torch.bool); mask[train] = False
+    rest = mask.nonzero().view(-1); rest = rest[torch.randperm(len(rest), generator=g)]
+    tr, va, te = train, rest[:nv], rest[nv:nv + nt]
+
+
+_sd = (sys.argv[2] if len(sys.argv) > 2 else "5").split(":")     # "5" = seeds 0-4; "3:5" = 3, 4
+seeds = range(int(_sd[0])) if len(_sd) == 1 else range(int(_sd[0]), int(_sd[1]))
+split = sys.argv[3] if len(sys.argv) > 3 else 'public'
+norms = sys.argv[4].split(',') if len(sys.argv) > 4 else ['kipf', 'dgl', 'dglsub']
 for name, fn, norm in [('full', full, 'kipf'), ('full', full, 'dgl'), ('retexo', retexo, 'kipf'), ('retexo', retexo, 'dgl'), ('retexo', retexo, 'dglsub')]:
-    r = [fn(norm, s) for s in seeds]
+    if norm not in norms:
+        continue
+    r = []
+    for s in seeds:
+        set_split(split, s); r.append(fn(norm, s))
     t = np.array([a for a, _ in r]) * 100
-    print(f"{sys.argv[1]} {name:7s} {norm:7s} test {t.mean():.2f} (sd {t.std():.2f}) val {np.mean([b for _, b in r])*100:.2f}  {np.round(t,1).tolist()}", flush=True)
+    print(f"{sys.argv[1]} {split} {name:7s} {norm:7s} test {t.mean():.2f} (sd {t.std():.2f}) val {np.mean([b for _, b in r])*100:.2f}  {np.round(t,1).tolist()}", flush=True)
