@@ -18,8 +18,10 @@ reaches the owner at ``e + 2s``. The owner sends that gradient back through the 
 mask. Through the wrong mask the halo path misses dropout's correlation term: on the cSBM 20k
 with 4 random parts (75 % of the edges cut; GCN 64 hidden, dropout 0.5, lr 0.003, 300 epochs)
 the stale training loss rose from 0.72 at epoch 100 to 0.95 at 275 while the synchronous one
-stayed at 0.73-0.81; through the right mask it stays at 0.70-0.78. It costs one product of the
-sent rows ``(n_send, F_in) @ W`` per layer and epoch.
+stayed at 0.73-0.81; through the right mask it stays at 0.70-0.78. It costs the mask of the
+sent input rows ``(n_send, F_in)`` again and, for a layer that sends ``x @ W``, the backward
+products ``late^T g`` and ``g W^T`` over the sent rows (where the old path folded ``g`` into
+the layer's own backward product).
 
 Smoothing ``m`` (PipeGCN's ``--feat-corr/--grad-corr``): ``avg <- m * avg + (1 - m) * recv``
 for received rows and gradients, and ``avg`` is used. ``avg`` starts at the first received
@@ -72,12 +74,14 @@ class StaleExchange:
         # epoch -> the layer's sent input rows under that epoch's dropout mask; set by the
         # model every training forward (None without dropout)
         self.remask: Callable[[int], torch.Tensor] | None = None
+        self.sent_masks: dict[int, torch.Tensor] = {}    # the model's cache for remask
 
     # -- what a layer calls ---------------------------------------------------------------
     def exchange(self, src: torch.Tensor,
-                 to_src: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                 weight: torch.Tensor | None = None) -> torch.Tensor:
         """The halo rows ``(n_halo, w)`` this epoch uses for ``src`` ``(n_owned, w)``.
-        ``to_src``: input rows -> ``src`` rows (None: the same), for the late gradients' path."""
+        ``weight``: ``src`` is the layer's input ``@ weight`` (None: the input itself), for the
+        late gradients' path."""
         t = self.ex.epoch
         self.poke()
         if t < self.s:                                    # warm-up: synchronous and exact
@@ -88,9 +92,8 @@ class StaleExchange:
         if self.remask is not None and (t - self.s) in self.bwd:
             # this epoch's backward adds the gradients of rows posted at t - 2s: they go back
             # through that epoch's dropout mask, the one those rows were made with
-            rows = self.remask(t - 2 * self.s)
-            late = rows if to_src is None else to_src(rows)
-        return _Stale.apply(src, late, self)
+            late = self.remask(t - 2 * self.s)
+        return _Stale.apply(src, late, weight if late is not None else None, self)
 
     def poke(self) -> None:
         """Let MPI progress the exchanges in flight (without a progress thread)."""
@@ -151,17 +154,21 @@ class StaleExchange:
 class _Stale(torch.autograd.Function):
     """Forward: post this epoch's rows, return those posted at t - s. Backward: post the
     halo gradients, return the owned-row gradients posted by the peers at t - s: into the
-    sent rows of ``src``, or, when given, into ``late`` ``(n_send, w)``, the sent rows made
-    again with the dropout mask of the epoch they were posted at."""
+    sent rows of ``src``, or, when given, through ``late`` ``(n_send, F_in)``, the layer's
+    input rows made again with the dropout mask of the epoch they were posted at, and
+    ``weight`` (``src = input @ weight``): ``d late = g weight^T``, ``d weight = late^T g``
+    (the product ``late @ weight`` itself is never needed)."""
 
     @staticmethod
-    def forward(ctx, src, late, stale: StaleExchange):
+    def forward(ctx, src, late, weight, stale: StaleExchange):
         t = stale.ex.epoch
         used = stale.fwd[t - stale.s]
         halo = stale._take(stale.fwd, t - stale.s, FORWARD)
         stale._post_rows(src.detach(), t)
         ctx.stale, ctx.used, ctx.shape = stale, Entry(used.epoch, used.codec), src.shape
         ctx.late = late is not None
+        if ctx.late:
+            ctx.save_for_backward(late, weight)
         return halo
 
     @staticmethod
@@ -171,8 +178,14 @@ class _Stale(torch.autograd.Function):
         stale._post_grads(grad_halo, ctx.used)
         got = stale._take(stale.bwd, stale.ex.epoch - stale.s, BACKWARD)
         if ctx.late:
-            return None, got.to(grad_halo.dtype), None
+            late, weight = ctx.saved_tensors
+            g = got.to(grad_halo.dtype)
+            if weight is None:
+                return None, g, None, None
+            grad_late = g @ weight.T if ctx.needs_input_grad[1] else None
+            grad_weight = late.T @ g if ctx.needs_input_grad[2] else None
+            return None, grad_late, grad_weight, None
         grad = grad_halo.new_zeros(ctx.shape)
         if got is not None:
             grad.index_add_(0, stale.ex.plan.send_index, got.to(grad.dtype))
-        return grad, None, None
+        return grad, None, None, None

@@ -105,6 +105,12 @@ def edge_dropout(alpha: torch.Tensor, dst_id: torch.Tensor, src_id: torch.Tensor
     return _Masked.apply(alpha, keep, 1.0 / (1.0 - p))
 
 
+def apply_keep(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """Inverted dropout of ``x`` with a given keep mask (``keep_mask``'s): what
+    ``counter_dropout`` does once the mask is made."""
+    return _Masked.apply(x, keep, 1.0 / (1.0 - p))
+
+
 class _Masked(torch.autograd.Function):
     """``x * keep * scale``, saving the bool mask (1 byte per element) for backward, not a
     float mask (4 bytes)."""

@@ -116,7 +116,7 @@ class GATLayer(HaloLayer):
         src = x @ self.weight if self.transform_first else x
         # one exchange: h (or x) of the boundary rows; the owned rows' transform overlaps it
         h, halo = self.halo_rows(src, lambda: src if self.transform_first else x @ self.weight,
-                                 (lambda r: r @ self.weight) if self.transform_first else None)
+                                 self.weight if self.transform_first else None)
         if halo is not None:
             h = torch.cat([h, halo if self.transform_first else halo @ self.weight])
         out = self.attend(h.view(-1, self.heads, self.out_dim))

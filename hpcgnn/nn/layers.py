@@ -69,27 +69,25 @@ class HaloLayer(nn.Module):
         return choose_order(in_dim, out_dim, input_needs_grad)[1]
 
     def halo_rows(self, src: torch.Tensor, local: Callable[[], T],
-                  to_src: Callable[[torch.Tensor], torch.Tensor] | None = None
-                  ) -> tuple[T, torch.Tensor | None]:
+                  weight: torch.Tensor | None = None) -> tuple[T, torch.Tensor | None]:
         """``(local(), halo rows (n_halo, w) of src (n_owned, w))``; ``local()`` runs while the
         rows travel. On one rank the halo is None (no collective kept in the autograd graph).
-        ``to_src``: how the layer makes ``src`` from its (dropped-out) input rows (``x @ W``, or
-        None for ``x`` itself); a stale exchange needs it to send a late halo gradient back
+        ``weight``: ``src = x @ weight`` for the layer's (dropped-out) input ``x``; None when
+        ``src`` is ``x`` itself. A stale exchange needs it to send a late halo gradient back
         through the dropout mask of the epoch whose rows it belongs to (``hpcgnn.comm.stale``)."""
         if self.stale is not None and self.training and self.exchanger.ctx.size > 1:
-            halo = self.stale.exchange(src, to_src)           # rows posted s epochs ago
+            halo = self.stale.exchange(src, weight)           # rows posted s epochs ago
             return local(), halo
         handle = self.exchanger.start(src, self.encoder)      # (I)Alltoallv posted
         out = local()                                         # no communication needed
         halo = self.exchanger.finish(handle, self.decoder)    # wait, decode
         return out, (halo if self.exchanger.ctx.size > 1 else None)
 
-    def propagate(self, src: torch.Tensor,
-                  to_src: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    def propagate(self, src: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
         if self.spmm is not None:                             # CAGNET 1.5D: A[i, :] @ H
             return self.spmm(src)
-        local, halo = self.halo_rows(src, lambda: self.graph.owned @ src, to_src)
+        local, halo = self.halo_rows(src, lambda: self.graph.owned @ src, weight)
         return local if halo is None else local + (self.graph.halo @ halo)
 
 
@@ -106,7 +104,7 @@ class GCNLayer(HaloLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.transform_first:
-            return self.propagate(x @ self.weight, lambda r: r @ self.weight) + self.bias
+            return self.propagate(x @ self.weight, self.weight) + self.bias
         return self.propagate(x) @ self.weight + self.bias
 
     def from_aggregate(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
@@ -140,7 +138,7 @@ class SAGELayer(HaloLayer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w_self, w_neigh = self.weight[:, :self.out_dim], self.weight[:, self.out_dim:]
         if self.transform_first:                  # two GEMMs: no slice copies of (n, 2 F_out)
-            return x @ w_self + self.propagate(x @ w_neigh, lambda r: r @ w_neigh) + self.bias
+            return x @ w_self + self.propagate(x @ w_neigh, w_neigh) + self.bias
         return x @ w_self + self.propagate(x) @ w_neigh + self.bias
 
     def from_aggregate(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from hpcgnn.comm.plan import HaloPlan
 from hpcgnn.comm.progress import Progress
 from hpcgnn.comm.stale import StaleExchange
 from hpcgnn.config import ModelConfig
-from hpcgnn.nn.dropout import counter_dropout
+from hpcgnn.nn.dropout import apply_keep, counter_dropout, keep_mask
 from hpcgnn.nn.graph import LocalGraph
 from hpcgnn.nn.gat import GATLayer
 from hpcgnn.nn.layers import GCNLayer, SAGELayer
@@ -83,21 +83,44 @@ class GNN(nn.Module):
             self._nz_key, self._nz = key, x.nonzero(as_tuple=True) if sparse else None
         return self._nz
 
-    def _remask(self, x: torch.Tensor, i: int):
-        """``epoch -> `` layer ``i``'s input rows that the stale exchange sends, ``x[send]``,
-        dropped out with that epoch's mask (the counter-based masks can be made again)."""
+    def _stale_dropout(self, x: torch.Tensor, i: int, epoch: int, nz) -> torch.Tensor:
+        """Layer ``i``'s dropout when its exchange is stale: also tells the stale exchange how
+        to make the sent input rows ``x[send]`` again under an earlier epoch's mask
+        (``remask``), for the late halo gradients. A dense input's mask of the sent rows is
+        kept for the 2s epochs until then (bool, ``n_send x F_in``); a mask not kept (after a
+        resume) or a sparse input's is made again from the counters."""
+        stale, p = self.layers[i].stale, self.cfg.dropout
         send = self.layers[i].exchanger.plan.send_index
-        ids = self.global_id.index_select(0, send)
-        return lambda epoch: counter_dropout(x.index_select(0, send), ids, self.cfg.dropout,
-                                             self.seed, epoch, i, True)
+        kept = stale.sent_masks
+        for old in [e for e in kept if e < epoch - 2 * stale.s]:
+            del kept[old]
+        if nz is None:
+            keep = keep_mask(self.global_id, x.shape[1], p, self.seed, epoch, i)
+            kept[epoch] = keep.index_select(0, send)
+            out = apply_keep(x, keep, p)
+        else:
+            out = counter_dropout(x, self.global_id, p, self.seed, epoch, i, True, nz)
+
+        def remask(e: int) -> torch.Tensor:
+            rows = x.index_select(0, send)
+            if e in kept:
+                return apply_keep(rows, kept[e], p)
+            rows_nz = rows.nonzero(as_tuple=True) if nz is not None else None
+            return counter_dropout(rows, self.global_id.index_select(0, send), p, self.seed, e,
+                                   i, True, rows_nz)
+        stale.remask = remask
+        return out
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             nz = self.input_nonzeros(x) if (i == 0 and step.training and self.cfg.dropout) else None
             if layer.stale is not None:
-                layer.stale.remask = self._remask(x, i) if step.training and self.cfg.dropout else None
-            x = counter_dropout(x, self.global_id, self.cfg.dropout, self.seed, step.epoch, i,
-                                step.training, nz)
+                layer.stale.remask = None
+            if layer.stale is not None and step.training and self.cfg.dropout and x.numel():
+                x = self._stale_dropout(x, i, step.epoch, nz)
+            else:
+                x = counter_dropout(x, self.global_id, self.cfg.dropout, self.seed, step.epoch, i,
+                                    step.training, nz)
             x = layer(x)
             if i < len(self.layers) - 1:
                 x = layer.activation(x)
