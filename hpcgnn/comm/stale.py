@@ -18,10 +18,11 @@ reaches the owner at ``e + 2s``. The owner sends that gradient back through the 
 mask. Through the wrong mask the halo path misses dropout's correlation term: on the cSBM 20k
 with 4 random parts (75 % of the edges cut; GCN 64 hidden, dropout 0.5, lr 0.003, 300 epochs)
 the stale training loss rose from 0.72 at epoch 100 to 0.95 at 275 while the synchronous one
-stayed at 0.73-0.81; through the right mask it stays at 0.70-0.78. It costs the mask of the
-sent input rows ``(n_send, F_in)`` again and, for a layer that sends ``x @ W``, the backward
-products ``late^T g`` and ``g W^T`` over the sent rows (where the old path folded ``g`` into
-the layer's own backward product).
+stayed at 0.73-0.81; through the right mask it stays at 0.70-0.78. The late gradient is
+summed per sent row (a row goes to several peers), and the cost is then over the distinct
+sent rows: their dropout (the model keeps a dense input's keep bits of those rows for the 2s
+epochs, 1 byte per element) and, for a layer that sends ``x @ W``, the backward products
+``late^T g`` and ``g W^T`` (where the old path folded ``g`` into the layer's own backward).
 
 Smoothing ``m`` (PipeGCN's ``--feat-corr/--grad-corr``): ``avg <- m * avg + (1 - m) * recv``
 for received rows and gradients, and ``avg`` is used. ``avg`` starts at the first received
@@ -75,6 +76,16 @@ class StaleExchange:
         # model every training forward (None without dropout)
         self.remask: Callable[[int], torch.Tensor] | None = None
         self.sent_masks: dict[int, torch.Tensor] = {}    # the model's cache for remask
+        self._sent: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def sent(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, where)``: the owned rows that are sent, each once (``remask`` makes these),
+        and for every sent row (``plan.send_index`` order, a row once per peer) its place
+        among them: a late gradient is summed per row before it goes through the layer."""
+        if self._sent is None:
+            self._sent = torch.unique(self.ex.plan.send_index, return_inverse=True)
+        return self._sent
 
     # -- what a layer calls ---------------------------------------------------------------
     def exchange(self, src: torch.Tensor,
@@ -154,8 +165,8 @@ class StaleExchange:
 class _Stale(torch.autograd.Function):
     """Forward: post this epoch's rows, return those posted at t - s. Backward: post the
     halo gradients, return the owned-row gradients posted by the peers at t - s: into the
-    sent rows of ``src``, or, when given, through ``late`` ``(n_send, F_in)``, the layer's
-    input rows made again with the dropout mask of the epoch they were posted at, and
+    sent rows of ``src``, or, when given, through ``late`` ``(n_sent_rows, F_in)``, the layer's
+    input rows (``sent``: each sent row once) made again with the dropout mask of the epoch they were posted at, and
     ``weight`` (``src = input @ weight``): ``d late = g weight^T``, ``d weight = late^T g``
     (the product ``late @ weight`` itself is never needed)."""
 
@@ -179,7 +190,8 @@ class _Stale(torch.autograd.Function):
         got = stale._take(stale.bwd, stale.ex.epoch - stale.s, BACKWARD)
         if ctx.late:
             late, weight = ctx.saved_tensors
-            g = got.to(grad_halo.dtype)
+            where = stale.sent[1]
+            g = grad_halo.new_zeros(late.shape[0], got.shape[1]).index_add_(0, where, got.to(grad_halo.dtype))
             if weight is None:
                 return None, g, None, None
             grad_late = g @ weight.T if ctx.needs_input_grad[1] else None

@@ -85,12 +85,12 @@ class GNN(nn.Module):
 
     def _stale_dropout(self, x: torch.Tensor, i: int, epoch: int, nz) -> torch.Tensor:
         """Layer ``i``'s dropout when its exchange is stale: also tells the stale exchange how
-        to make the sent input rows ``x[send]`` again under an earlier epoch's mask
+        to make the sent input rows (each once) again under an earlier epoch's mask
         (``remask``), for the late halo gradients. A dense input's mask of the sent rows is
-        kept for the 2s epochs until then (bool, ``n_send x F_in``); a mask not kept (after a
+        kept for the 2s epochs until then (bool, sent rows x ``F_in``); a mask not kept (after a
         resume) or a sparse input's is made again from the counters."""
         stale, p = self.layers[i].stale, self.cfg.dropout
-        send = self.layers[i].exchanger.plan.send_index
+        send = stale.sent[0]                     # the sent rows, each once
         kept = stale.sent_masks
         for old in [e for e in kept if e < epoch - 2 * stale.s]:
             del kept[old]
