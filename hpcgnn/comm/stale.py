@@ -13,7 +13,7 @@ epoch below ``s`` does not exist (the synchronous backward delivered it), so not
 
 Dropout: a row posted at epoch ``e`` was dropped with epoch ``e``'s mask, and its halo gradient
 reaches the owner at ``e + 2s``. The owner sends that gradient back through the mask of ``e``
-(the counter-based masks are made again: ``model._remask``), not through its own mask of
+(the counter-based masks are made again: ``GNN._stale_dropout``), not through its own mask of
 ``e + 2s``: PipeGCN drops rows on the receiving side, where a row and its gradient share one
 mask. Through the wrong mask the halo path misses dropout's correlation term: on the cSBM 20k
 with 4 random parts (75 % of the edges cut; GCN 64 hidden, dropout 0.5, lr 0.003, 300 epochs)
@@ -165,10 +165,10 @@ class StaleExchange:
 class _Stale(torch.autograd.Function):
     """Forward: post this epoch's rows, return those posted at t - s. Backward: post the
     halo gradients, return the owned-row gradients posted by the peers at t - s: into the
-    sent rows of ``src``, or, when given, through ``late`` ``(n_sent_rows, F_in)``, the layer's
-    input rows (``sent``: each sent row once) made again with the dropout mask of the epoch they were posted at, and
-    ``weight`` (``src = input @ weight``): ``d late = g weight^T``, ``d weight = late^T g``
-    (the product ``late @ weight`` itself is never needed)."""
+    sent rows of ``src``, or, when given, through ``late`` ``(n_sent_rows, F_in)`` (the
+    layer's input rows of ``sent``, each once, made again with the dropout mask of the epoch
+    they were posted at) and ``weight`` (``src = input @ weight``): ``d late = g weight^T``,
+    ``d weight = late^T g``; the product ``late @ weight`` itself is never needed."""
 
     @staticmethod
     def forward(ctx, src, late, weight, stale: StaleExchange):
@@ -191,7 +191,8 @@ class _Stale(torch.autograd.Function):
         if ctx.late:
             late, weight = ctx.saved_tensors
             where = stale.sent[1]
-            g = grad_halo.new_zeros(late.shape[0], got.shape[1]).index_add_(0, where, got.to(grad_halo.dtype))
+            g = grad_halo.new_zeros(late.shape[0], got.shape[1])
+            g.index_add_(0, where, got.to(grad_halo.dtype))     # summed per sent row
             if weight is None:
                 return None, g, None, None
             grad_late = g @ weight.T if ctx.needs_input_grad[1] else None
