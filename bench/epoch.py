@@ -68,14 +68,14 @@ def run_ours(args) -> None:
     import torch
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import build_config
-    from hpcgnn.train.trainer import Trainer
+    from hpcgnn.train.build import prepare_trainer
     ctx = CommContext.from_world(args.device)
     # one epoch more than is run, so the last one run does not evaluate (eval is not timed)
     cfg = build_config({"model": model_keys(args),
                         "train": {"epochs": args.epochs + 2, "eval_every": 10**6,
                                   "overlap": bool(args.overlap)},
                         "run": {"out": args.out}}, "bench/epoch.py")
-    trainer = Trainer.prepare(ctx, cfg, args.shards, args.out)
+    trainer = prepare_trainer(ctx, cfg, args.shards, args.out)
     trainer.start()
     reset_peak_rss()
     if ctx.device.type == "cuda":

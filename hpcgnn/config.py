@@ -10,14 +10,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from hpcgnn.combinations import check_combination
+from hpcgnn.errors import ConfigError
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
     import tomli as tomllib
-
-
-class ConfigError(ValueError):
-    """A run config a user wrote wrongly: names the file, the key and the fix."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,11 @@ class TrainConfig:
     """seed of the initial parameters and of the dropout masks"""
     eval_every: int = 1
     """evaluate every this many epochs (and always at the last)"""
+    eval_codec: str = "none"
+    """none (evaluation exchanges uncompressed, the default) | train (through the training
+    schedule's codecs of the evaluated epoch: what the compressed model sees)"""
+    betas: tuple = (0.9, 0.999)
+    """Adam's (beta1, beta2)"""
     overlap: bool = False
     """overlap the halo exchange with the aggregation of the owned rows (Ialltoallv). Off by
     default: on CPU ranks over shared memory it cost 18 % of the epoch (bench/epoch.py), since
@@ -111,6 +115,10 @@ class TrainConfig:
               "train.weight_decay_on", self.weight_decay_on, "use 'all', 'first_layer' or 'weights'")
         _need(0 <= self.seed < 2**31, where, "train.seed", self.seed, "use an integer in [0, 2^31)")
         _need(self.eval_every >= 1, where, "train.eval_every", self.eval_every, "use an integer >= 1")
+        _need(self.eval_codec in ("none", "train"), where, "train.eval_codec", self.eval_codec,
+              "use 'none' (uncompressed evaluation) or 'train' (the training codecs)")
+        _need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), where,
+              "train.betas", list(self.betas), "use two numbers in [0, 1), e.g. [0.9, 0.999]")
         _need(self.method in METHODS, where, "train.method", self.method,
               "use 'full' or 'retexo'")
         _need(self.rounds_per_layer >= 1, where, "train.rounds_per_layer", self.rounds_per_layer,
@@ -160,30 +168,6 @@ class Config:
 
 
 METHODS = ("full", "retexo")
-RETEXO_ARCHS = ("gcn", "sage")
-
-
-def check_method(cfg: Config, where: str) -> None:
-    """What ``train.method = 'retexo'`` needs from the other sections (checked before them, so
-    ``arch = 'gat'`` gets this message): GCN or SAGE, the halo algorithm, no staleness, and
-    ``train.epochs = model.layers * train.rounds_per_layer`` (epochs count rounds)."""
-    t, m = cfg.train, cfg.model
-    if t.method != "retexo":
-        return
-    _need(m.arch in RETEXO_ARCHS, where, "model.arch", m.arch,
-          "train.method = 'retexo' supports 'gcn' and 'sage' only (GAT is not built for it); "
-          "use one of those or train.method = 'full'")
-    _need(cfg.parallel.algorithm == "halo", where, "parallel.algorithm", cfg.parallel.algorithm,
-          "train.method = 'retexo' runs on the halo algorithm; use parallel.algorithm = 'halo'")
-    _need(t.staleness == 0, where, "train.staleness", t.staleness,
-          "train.method = 'retexo' exchanges once per layer, so there is nothing to make stale; "
-          "use train.staleness = 0")
-    if isinstance(m.layers, int) and m.layers >= 1 and t.rounds_per_layer >= 1:
-        want = m.layers * t.rounds_per_layer
-        _need(t.epochs == want, where, "train.epochs", t.epochs,
-              f"train.method = 'retexo' trains model.layers = {m.layers} layers for "
-              f"train.rounds_per_layer = {t.rounds_per_layer} rounds each, {want} epochs in all; "
-              f"set train.epochs = {want}, or train.rounds_per_layer = train.epochs / {m.layers}")
 
 
 _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
@@ -217,12 +201,9 @@ def build_config(raw: dict, where: str = "<config>") -> Config:
             raise ConfigError(f"{where}: '{section}' must be a table [{section}]")
         parts[section] = _build_section(_SECTION_TYPES[section], section, table, where)
     cfg = Config(**parts)
-    check_method(cfg, where)
     for section in _SECTION_TYPES:
         getattr(cfg, section).check(where)
-    _need(not (cfg.model.arch == "gat" and cfg.parallel.algorithm == "1.5d"), where,
-          "parallel.algorithm", cfg.parallel.algorithm, "1.5d multiplies a fixed adjacency and "
-          "GAT's attention changes it every step; use parallel.algorithm = 'halo' with model.arch = 'gat'")
+    check_combination(cfg, where=where)
     return cfg
 
 
@@ -238,7 +219,14 @@ def _build_section(cls: type, section: str, table: dict, where: str):
 
 
 def _coerce(value: Any, type_name: Any, key: str, where: str) -> Any:
-    """Check a TOML value against the field's type (ints are accepted for floats)."""
+    """Check a TOML value against the field's type (ints are accepted for floats; a ``tuple``
+    field takes an array of numbers)."""
+    if str(type_name) == "tuple":
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{where}: {key} = {value!r} must be an array of numbers, "
+                              f"e.g. [0.9, 0.999]")
+        return tuple(float(v) for v in value)
     want = {"int": int, "float": float, "bool": bool, "str": str}[str(type_name)]
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

@@ -37,6 +37,7 @@ from hpcgnn.data.shard import part_name
 from hpcgnn.log import get_logger
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.records import CONFIG_NAME, SCHEDULE_NAME
+from hpcgnn.train.build import prepare_trainer
 from hpcgnn.train.trainer import Trainer
 
 PRED_VERSION = 1
@@ -126,7 +127,7 @@ def build_predictor(ctx: CommContext, args) -> Predictor:
     if (run_dir / SCHEDULE_NAME).is_file():
         from hpcgnn.schedule import load_schedule
         policy = load_schedule(run_dir / SCHEDULE_NAME)
-    trainer = Trainer.prepare(ctx, cfg, args.shards, run_dir, policy)
+    trainer = prepare_trainer(ctx, cfg, args.shards, run_dir, policy)
     data = _checked_checkpoint(trainer) if ctx.is_root else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

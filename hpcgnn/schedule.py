@@ -419,9 +419,14 @@ class SchedulePolicy(CompressionPolicy):
         return self._codec(rule.codec, self._ratio(rule, epoch), width)
 
     def layer_modules(self, layer: int, width: int):
-        if self._rules(layer).forward.codec.learned and self._compressed(layer, self.num_layers):
+        if layer in self.learned_layers(self.num_layers):
             return learned_pair(width)
         return None, None
+
+    def learned_layers(self, num_layers: int | None) -> list[int]:
+        n = num_layers if num_layers is not None else max([0, *self.layers]) + 1
+        return [i for i in range(n)
+                if self._rules(i).forward.codec.learned and self._compressed(i, num_layers)]
 
 
 def parse_schedule(top: dict, path: str = "<schedule>") -> SchedulePolicy:

@@ -65,12 +65,12 @@ def train_here(shard_dir: Path, out: Path, *sets: str, config: str | None = "con
 
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
-    from hpcgnn.train.trainer import Trainer
+    from hpcgnn.train.build import prepare_trainer
     saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
     try:
         ctx = CommContext.from_world("cpu")
         assert ctx.size == 1
-        trainer = Trainer.prepare(ctx, load_config(config, list(sets)), shard_dir, out, resume=resume,
+        trainer = prepare_trainer(ctx, load_config(config, list(sets)), shard_dir, out, resume=resume,
                                   stop_after=stop_after)
         trainer.start()
         trainer.run()

@@ -117,12 +117,12 @@ def _expected_grad(shard, rank_count: int) -> torch.Tensor:
 
 
 def _check(ctx, shard, plan, codec, overlap: bool) -> None:
-    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+    from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, HaloExchanger
     stats = ExchangeStats()
     exch = HaloExchanger(ctx, plan, layer=1, seed=7, stats=stats, overlap=overlap)
-    exch.configure(epoch=3, forward_codec=codec, backward_codec=codec)
+    settings = ExchangeSettings(epoch=3, forward=codec, backward=codec)
     x = _values(shard.global_id).requires_grad_(True)
-    halo = exch.exchange(x)
+    halo = exch.exchange(x, settings)
     assert torch.equal(halo, _values(shard.halo_global_id)), (codec.name, overlap)
     (halo * _weights(ctx.rank, shard.halo_global_id)).sum().backward()
     assert torch.equal(x.grad, _expected_grad(shard, ctx.size)), (codec.name, overlap)

@@ -51,7 +51,7 @@ def test_exchange_on_gpus(aware, transport, shards):
 
 def _worker(shard_dir: str) -> None:
     from hpcgnn.comm.context import CommContext
-    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+    from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, HaloExchanger
     from hpcgnn.comm.plan import HaloPlan
     from hpcgnn.train.inputs import load_part
     ctx = CommContext.from_world("cuda")
@@ -61,7 +61,7 @@ def _worker(shard_dir: str) -> None:
         exch = HaloExchanger(ctx, plan, layer=0, seed=0, stats=ExchangeStats(), overlap=overlap)
         x = torch.as_tensor(shard.global_id, dtype=torch.float32, device=ctx.device)[:, None]
         x = x.repeat(1, 3).requires_grad_(True)
-        halo = exch.exchange(x)
+        halo = exch.exchange(x, ExchangeSettings(0))
         want = torch.as_tensor(shard.halo_global_id, dtype=torch.float32, device=ctx.device)
         assert halo.device.type == "cuda" and torch.equal(halo[:, 0], want)
         halo.sum().backward()
@@ -81,7 +81,7 @@ def _codecs_on_gpu_equal_cpu(ctx, shard) -> None:
     from dataclasses import replace
 
     from hpcgnn.codecs import WireCodec
-    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+    from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, HaloExchanger
     from hpcgnn.comm.plan import HaloPlan
     cpu_ctx = replace(ctx, device=torch.device("cpu"), cuda_aware=False)
     codecs = [(WireCodec(keep=0.5), WireCodec()), (WireCodec(channels="random", k=3), WireCodec(bits=4)),
@@ -93,10 +93,9 @@ def _codecs_on_gpu_equal_cpu(ctx, shard) -> None:
         plan = HaloPlan.from_shard(shard, c.device)
         for i, (fwd, bwd) in enumerate(codecs):
             exch = HaloExchanger(c, plan, layer=1, seed=3, stats=ExchangeStats())
-            exch.configure(7, fwd, bwd)
             x = torch.as_tensor(shard.global_id, dtype=torch.float32, device=c.device)[:, None]
             x = (x.repeat(1, 8) * torch.arange(1, 9, device=c.device) % 13).requires_grad_(True)
-            halo = exch.exchange(x)
+            halo = exch.exchange(x, ExchangeSettings(7, fwd, bwd))
             (halo * torch.arange(halo.numel(), device=c.device).reshape(halo.shape).sin()).sum().backward()
             out.setdefault(i, []).append((halo.detach().cpu(), x.grad.cpu()))
     for i, ((h_gpu, g_gpu), (h_cpu, g_cpu)) in out.items():

@@ -109,7 +109,7 @@ def _worker(shard_dir: str, out: str) -> None:
 
     from hpcgnn.codecs import IDENTITY, WireCodec
     from hpcgnn.comm.context import CommContext
-    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+    from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, HaloExchanger
     from hpcgnn.comm.plan import HaloPlan
     from hpcgnn.train.inputs import load_part
     ctx = CommContext.from_world("cpu")
@@ -119,9 +119,10 @@ def _worker(shard_dir: str, out: str) -> None:
     for name, (keep, channels, k, bits) in CODECS.items():
         stats = ExchangeStats()
         exch = HaloExchanger(ctx, plan, layer=LAYER, seed=SEED, stats=stats)
-        exch.configure(EPOCH, WireCodec(keep=keep, channels=channels, k=k, bits=bits), IDENTITY)
+        settings = ExchangeSettings(EPOCH, WireCodec(keep=keep, channels=channels, k=k, bits=bits),
+                                    IDENTITY)
         x = torch.tensor(f(shard.global_id, cols), dtype=torch.float32, requires_grad=True)
-        halo = exch.exchange(x)
+        halo = exch.exchange(x, settings)
         weight = torch.tensor(w(ctx.rank, shard.halo_global_id, cols), dtype=torch.float32)
         (halo * weight).sum().backward()
         Path(out, f"{name}-{ctx.rank}.json").write_text(json.dumps(

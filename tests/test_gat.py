@@ -1,8 +1,8 @@
 """GAT (``model.arch = "gat"``): the layer against a dense attention matrix written here (and
 PyG's ``GATConv`` when installed); training on 2, 3 and 4 ranks (uneven METIS parts, dropout
 and attention dropout on) against 1 rank; a ``truncate``-compressed run and a staleness-1 run
-against whole-graph computations written here (each part sees its halo rows truncated, or as
-posted the epoch before); ``hpcgnn predict`` of a GAT run against the dense GAT. This file is
+against whole-graph computations written here (each part sees its halo rows truncated; or,
+with staleness 1, the other parts' layer inputs as posted the epoch before: ``_pipegcn.py``); ``hpcgnn predict`` of a GAT run against the dense GAT. This file is
 also the MPI worker (several variants per launch).
 """
 from __future__ import annotations
@@ -30,8 +30,10 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
     # layer 0: 24 -> 2 x 4 (exchanges h, width 8: k = 4); layer 1: 8 -> 4 (h, width 4: k = 2)
     "truncate": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4"),
                  'codec = "truncate"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'),
-    # layer 0: 24 -> 2 x 8 exchanges the constant input x (24 < 32); layer 1 exchanges h (width 4)
-    "stale": ((*NO_DROPOUT, "model.heads=2", "model.hidden=8", "train.staleness=1"), None),
+    # PipeGCN: layer 0's constant input crosses once; layer 1 exchanges its input (16 wide)
+    # before dropout; dropout and attention dropout on
+    "stale": (("model.arch=gat", "model.dropout=0.5", "model.attn_dropout=0.3", "model.heads=2",
+               "model.hidden=8", "train.staleness=1", f"train.epochs={EPOCHS}"), None),
 }
 LAUNCHES = [(2, ("gat", "truncate", "stale", "predict:gat")), (3, ("gat", "gat-deep")), (4, ("gat",))]
 
@@ -74,11 +76,14 @@ def one_rank_layer(shard, in_dim, out_dim, heads, concat, attn_dropout=0.0, epoc
     from hpcgnn.nn.gat import GATLayer
     from hpcgnn.nn.graph import LocalGraph
     ctx = CommContext.from_world("cpu")
+    from hpcgnn.comm.exchange import ExchangeSettings
+    from hpcgnn.nn.propagation import HaloPropagation
+    from hpcgnn.nn.step import LayerStep
     ex = HaloExchanger(ctx, HaloPlan.from_shard(shard), layer=1, seed=7, stats=ExchangeStats())
-    ex.configure(epoch)
     torch.manual_seed(0)
-    layer = GATLayer(in_dim, out_dim, LocalGraph.from_shard(shard, "gat"), ex, heads=heads,
-                     concat=concat, attn_dropout=attn_dropout).double()
+    layer = GATLayer(in_dim, out_dim, LocalGraph.from_shard(shard, "gat"), HaloPropagation(ex),
+                     heads=heads, concat=concat, attn_dropout=attn_dropout).double()
+    layer.step = LayerStep(epoch, True, 7, 1, ExchangeSettings(epoch))   # seed 7, layer 1
     with torch.no_grad():
         layer.bias.normal_()
     return layer
@@ -98,7 +103,7 @@ def test_layer_equals_dense_attention(small, heads, concat, p):
     layer = one_rank_layer(shard, g.feature_dim, 5, heads, concat, attn_dropout=p, epoch=3)
     x = torch.from_numpy(g.dense_features()).double().requires_grad_(True)
     params = [x, layer.weight, layer.att_src, layer.att_dst, layer.bias]
-    got = layer(x)
+    got = layer(x, layer.step)
     n = g.num_nodes
     h = (x @ layer.weight).view(n, heads, 5)
     alpha, _ = dense_attention(h, h, adj, layer.att_src, layer.att_dst)
@@ -129,7 +134,7 @@ def test_layer_equals_pyg_gatconv(small, heads, concat):
     edge_index = torch.from_numpy(np.stack([g.indices, np.repeat(np.arange(g.num_nodes),
                                                                  np.diff(g.indptr))]))
     x = torch.from_numpy(g.dense_features()).double().requires_grad_(True)
-    got, want = layer(x), conv(x, edge_index)
+    got, want = layer(x, layer.step), conv(x, edge_index)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     ours = grads_of(got, [x, layer.weight, layer.att_src, layer.att_dst, layer.bias])
     theirs = grads_of(want, [x, conv.lin.weight, conv.att_src, conv.att_dst, conv.bias])
@@ -163,15 +168,15 @@ def test_resume_check_takes_keys_added_since_as_defaults():
 
 
 def test_sample_codec_is_refused(shards, tmp_path):
+    """Refused at start-up, before any exchange (issue 19: it used to fail at the first step
+    that sampled)."""
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
     from hpcgnn.schedule import load_schedule
-    from hpcgnn.train.trainer import Trainer
-    trainer = Trainer.prepare(CommContext.from_world("cpu"), load_config(None, ["model.arch=gat"]),
-                              shards(CSBM, 1), tmp_path, load_schedule("configs/schedules/sample-all.toml"))
-    trainer.n_train = 1
+    from hpcgnn.train.build import prepare_trainer
     with pytest.raises(ValueError, match="layer 0: the schedule's 'sample' stage .* use truncate"):
-        trainer.train_step(0)
+        prepare_trainer(CommContext.from_world("cpu"), load_config(None, ["model.arch=gat"]),
+                        shards(CSBM, 1), tmp_path, load_schedule("configs/schedules/sample-all.toml"))
 
 
 def test_config_checks():
@@ -263,69 +268,6 @@ class Truncated:
         pass
 
 
-class Stale:
-    """Staleness 1 (PipeGCN) on layer 1 (layer 0 exchanges the constant input): at epoch t >= 1
-    the halo rows are the ``h`` of epoch t - 1; their gradients reach the owners' ``h`` one
-    epoch later (the gradients of epoch 0's synchronous exchange were delivered then)."""
-
-    def __init__(self, parts):
-        self.parts, self.posted, self.grads, self.halos, self.owned = parts, {}, {}, {}, None
-
-    def __call__(self, layer, h, q, t):
-        if layer == 0 or t == 0:
-            if layer == 1:
-                self._post(h, t)
-            return h
-        if q == 0:
-            self._post(h, t)
-        halo = self.posted[t - 1].clone().requires_grad_(True)
-        self.halos[q] = halo
-        return torch.where((self.parts == q)[:, None, None], h, halo)
-
-    def _post(self, h, t):
-        if t not in self.posted:
-            self.posted[t] = h.detach().clone()
-            back = self.grads.pop(t - 1, None)
-            if back is not None:
-                h.register_hook(lambda grad, inj=back: grad + inj)
-
-    def after(self, t):
-        if self.halos:                   # each part's halo gradient, summed at the owners
-            self.grads[t] = sum(torch.where((self.parts == q)[:, None, None], 0.0, hq.grad)
-                                for q, hq in self.halos.items())
-        self.halos = {}
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks,variants", LAUNCHES, ids=[f"{r}-ranks" for r, _ in LAUNCHES])
-def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
-    shard_dir = shards(CSBM, ranks, "metis")
-    check_ok(run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path), *variants], timeout=240))
-    parts = part_of(shard_dir, ranks)
-    assert len(set(torch.bincount(parts).tolist())) > 1                 # uneven parts
-    for variant in variants:
-        if variant.startswith("predict:"):
-            check_predictions(tmp_path / variant, tmp_path / variant.split(":")[1])
-            continue
-        got = read_metrics(tmp_path / variant)
-        want, init = one_rank(variant)
-        losses = [r["loss"] for r in got]
-        assert len(losses) == EPOCHS and losses[-1] < losses[0], variant
-        if variant == "truncate":
-            assert losses == pytest.approx(whole_graph_losses(init, parts, 2, 4, Truncated(parts)),
-                                           rel=2e-5)
-            assert all(r["bytes_sent"] * 2 == r["bytes_full"] > 0 for r in got)
-            assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
-        elif variant == "stale":
-            ref = whole_graph_losses(init, parts, 2, 8, Stale(parts))
-            assert losses == pytest.approx(ref, rel=2e-5)
-            assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
-        else:
-            assert losses == pytest.approx([r["loss"] for r in want], rel=1e-5), variant
-            assert [r["val_acc"] for r in got] == pytest.approx([r["val_acc"] for r in want], abs=2e-3)
-            assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
-
-
 def check_predictions(pred_dir: Path, run_dir: Path) -> None:
     """``hpcgnn predict`` of a GAT run: logits and embedding (the ELU output of layer 0) equal
     the dense whole-graph GAT with the checkpoint's weights, no dropout."""
@@ -352,7 +294,7 @@ def _worker(shard_dir: str, out: str, variants: list[str]) -> None:
     from hpcgnn.config import load_config
     from hpcgnn.log import setup_logging
     from hpcgnn.schedule import load_schedule
-    from hpcgnn.train.trainer import Trainer
+    from hpcgnn.train.build import prepare_trainer
     ctx = CommContext.from_world("cpu")
     setup_logging(ctx.rank, ctx.size)
     for variant in variants:
@@ -371,7 +313,7 @@ def _worker(shard_dir: str, out: str, variants: list[str]) -> None:
                 path.write_text(sched)
             ctx.comm.Barrier()
             policy = load_schedule(path)
-        trainer = Trainer.prepare(ctx, load_config(None, list(sets)), shard_dir,
+        trainer = prepare_trainer(ctx, load_config(None, list(sets)), shard_dir,
                                   Path(out) / variant, policy)
         trainer.start()
         trainer.run()

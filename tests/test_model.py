@@ -114,8 +114,8 @@ def test_training_steps_free_their_autograd_graphs(shards, tmp_path):
     from hpcgnn.comm.context import CommContext
     from hpcgnn.comm.exchange import InFlight
     from hpcgnn.config import load_config
-    from hpcgnn.train.trainer import Trainer
-    trainer = Trainer.prepare(CommContext.from_world("cpu"),
+    from hpcgnn.train.build import prepare_trainer
+    trainer = prepare_trainer(CommContext.from_world("cpu"),
                               load_config("configs/cora.toml", ["train.epochs=3"]),
                               shards("cora", 1), tmp_path)
     trainer.n_train = 140

@@ -234,12 +234,12 @@ def test_learned_codec_is_refused(shards, tmp_path):
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
     from hpcgnn.schedule import load_schedule
-    from hpcgnn.train.trainer import Trainer
+    from hpcgnn.train.build import prepare_trainer
     sched = tmp_path / "l.toml"
     sched.write_text('codec = "learned"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n')
     cfg = load_config(None, list(SETS))
     with pytest.raises(ValueError, match="'learned' codec does not combine with train.method"):
-        Trainer.prepare(CommContext.from_world("cpu"), cfg, shards(CSBM, 1), tmp_path / "run",
+        prepare_trainer(CommContext.from_world("cpu"), cfg, shards(CSBM, 1), tmp_path / "run",
                         load_schedule(sched))
 
 

@@ -88,12 +88,12 @@ def _worker(shard_dir: str, out: str, variants: list[str]) -> None:
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
     from hpcgnn.log import setup_logging
-    from hpcgnn.train.trainer import Trainer
+    from hpcgnn.train.build import prepare_trainer
     ctx = CommContext.from_world("cpu")
     setup_logging(ctx.rank, ctx.size)
     for variant in variants:
         cfg = load_config(CORA_CFG, _sets(variant))
-        trainer = Trainer.prepare(ctx, cfg, shard_dir, Path(out) / variant)
+        trainer = prepare_trainer(ctx, cfg, shard_dir, Path(out) / variant)
         trainer.start()
         trainer.run()
 

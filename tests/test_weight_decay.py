@@ -17,10 +17,10 @@ def _trainer(shard_dir, tmp_path, *sets):
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
     from hpcgnn.schedule import load_schedule
-    from hpcgnn.train.trainer import Trainer
+    from hpcgnn.train.build import prepare_trainer
     (tmp_path / "learned.toml").write_text(SCHEDULE)
     cfg = load_config("configs/cora.toml", [f"train.weight_decay={WD}", f"train.lr={LR}", *sets])
-    return Trainer.prepare(CommContext.from_world("cpu"), cfg, shard_dir, tmp_path / "run",
+    return prepare_trainer(CommContext.from_world("cpu"), cfg, shard_dir, tmp_path / "run",
                            load_schedule(tmp_path / "learned.toml"))
 
 
@@ -67,9 +67,9 @@ def test_default_groups_keep_the_losses(shards, tmp_path):
     from conftest import check_ok, read_metrics, train
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
-    from hpcgnn.train.trainer import Trainer
+    from hpcgnn.train.build import prepare_trainer
     check_ok(train(2, shards("cora", 2), tmp_path / "run", "train.epochs=5", config="configs/cora.toml"))
-    tr = Trainer.prepare(CommContext.from_world("cpu"), load_config("configs/cora.toml", ["train.epochs=5"]),
+    tr = prepare_trainer(CommContext.from_world("cpu"), load_config("configs/cora.toml", ["train.epochs=5"]),
                          shards("cora", 1), tmp_path / "ref")
     tr.opt = torch.optim.Adam(tr.params, lr=0.01, weight_decay=5e-4)       # as before the groups
     saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}

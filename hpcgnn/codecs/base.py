@@ -227,5 +227,9 @@ class CompressionPolicy:
         """(encoder, decoder) applied around ``layer``'s exchange; ``(None, None)`` for none."""
         return None, None
 
+    def learned_layers(self, num_layers: int) -> list[int]:
+        """The layers whose exchange uses a learned encoder/decoder (``layer_modules``)."""
+        return []
+
 
 FULL_PRECISION = CompressionPolicy()

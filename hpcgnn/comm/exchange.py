@@ -11,7 +11,9 @@ decode), two autograd functions, so a layer aggregates its owned rows while the 
 on the wire; in backward, ``finish``'s backward posts the reverse exchange and ``start``'s
 backward waits for it, with the owned-row aggregation's backward in between.
 
-Codecs: the forward uses the epoch's forward codec; the backward sends the *adjoint* of the
+Codecs: every call takes the step's ``ExchangeSettings`` (the epoch of its keys, the forward and
+backward codecs) as data; nothing about a step is set on the long-lived exchanger. The
+forward uses the settings' forward codec; the backward sends the *adjoint* of the
 forward's selection (``codecs.base.backward_codec``: the gradients of exactly the rows and
 channels the forward sent) with the backward codec's value stage. Both ends derive the block
 keys of an exchange from pair keys made once per exchanger and the epoch (``codecs.rng``), in
@@ -41,6 +43,18 @@ from hpcgnn.comm.transport import Layout, Transport
 NO_EXCHANGE_ENV = "HPCGNN_BENCH_NO_EXCHANGE"
 """Benchmarks only (``bench/network.py``'s no-communication floor): when set to 1, exchanges
 send nothing and the halo rows are zeros — the same compute without the wire. Wrong results."""
+
+
+@dataclass(frozen=True)
+class ExchangeSettings:
+    """What one layer's exchange does in one step, passed per call: the epoch its block keys
+    and rounding noise are drawn for, and the forward and backward codecs (the backward
+    exchange sends ``backward_codec(forward, backward)``, the adjoint of the forward's
+    selection). ``ExchangeSettings(epoch)`` is the identity both ways."""
+
+    epoch: int = 0
+    forward: WireCodec = IDENTITY
+    backward: WireCodec = IDENTITY
 
 
 class CodecError(RuntimeError):
@@ -83,6 +97,7 @@ class InFlight:
 
     fwd: Pending | None = None
     bwd: Pending | None = None
+    settings: ExchangeSettings | None = None
 
 
 @dataclass
@@ -95,7 +110,8 @@ class Handle:
 
 @dataclass
 class HaloExchanger:
-    """The exchange of one layer: plan, codecs of the current epoch, shared stats."""
+    """The exchange of one layer: its plan, pair keys and transport, made once, and the shared
+    stats; the codecs and epoch of each exchange come with the call (``ExchangeSettings``)."""
 
     ctx: CommContext
     plan: HaloPlan
@@ -103,9 +119,6 @@ class HaloExchanger:
     seed: int
     stats: ExchangeStats
     overlap: bool = False                      # train.overlap; off by default (bench/epoch.py)
-    epoch: int = 0
-    forward_codec: WireCodec = IDENTITY
-    backward_codec: WireCodec = IDENTITY
     _pinned: dict = field(default_factory=dict)
     _counts: dict = field(default_factory=dict)
 
@@ -119,19 +132,15 @@ class HaloExchanger:
         self._skip_wire = os.environ.get(NO_EXCHANGE_ENV) == "1"
         self._transport = Transport(self.ctx, self.plan)      # collective: same order everywhere
 
-    def configure(self, epoch: int, forward_codec: WireCodec = IDENTITY,
-                  backward_codec: WireCodec = IDENTITY) -> None:
-        """Set the epoch (for the codec keys) and the codecs of the next exchanges."""
-        self.epoch, self.forward_codec, self.backward_codec = epoch, forward_codec, backward_codec
-
-    def start(self, x_owned: torch.Tensor, encoder: torch.nn.Module | None = None) -> Handle:
+    def start(self, x_owned: torch.Tensor, settings: ExchangeSettings,
+              encoder: torch.nn.Module | None = None) -> Handle:
         """Post the exchange of the boundary rows of ``x_owned`` ``(n_owned, width)``."""
         flight = InFlight()
         if encoder is None:
-            token = _Start.apply(x_owned, self, self.plan.send_index, flight)
+            token = _Start.apply(x_owned, self, self.plan.send_index, flight, settings)
         else:
             rows = encoder(x_owned.index_select(0, self.plan.send_index))
-            token = _Start.apply(rows, self, None, flight)
+            token = _Start.apply(rows, self, None, flight, settings)
         return Handle(token, flight)
 
     def finish(self, handle: Handle, decoder: torch.nn.Module | None = None) -> torch.Tensor:
@@ -139,28 +148,32 @@ class HaloExchanger:
         halo = _Finish.apply(handle.token, self, handle.flight)
         return halo if decoder is None else decoder(halo)
 
-    def exchange(self, x_owned: torch.Tensor) -> torch.Tensor:
-        """Blocking convenience: ``finish(start(x_owned))``."""
-        return self.finish(self.start(x_owned))
+    def exchange(self, x_owned: torch.Tensor, settings: ExchangeSettings) -> torch.Tensor:
+        """Blocking convenience: ``finish(start(x_owned, settings))``."""
+        return self.finish(self.start(x_owned, settings))
 
     # -- the two directions -------------------------------------------------------------
-    def post(self, rows: torch.Tensor, direction: int, of: tuple[int, WireCodec] | None = None,
-             nonblocking: bool | None = None, slot: str = "") -> Pending:
+    def post(self, rows: torch.Tensor, direction: int, settings: ExchangeSettings,
+             noise_epoch: int | None = None, nonblocking: bool | None = None,
+             slot: str = "") -> Pending:
         """Encode ``rows`` (packed, grouped by peer) and post the Alltoallv of ``direction``.
 
-        ``of``: (epoch, forward codec) of the forward exchange this one belongs to — its keys
-        and, for the backward, its selection (default: this epoch's). ``nonblocking``: post an
-        ``Ialltoallv`` (default: ``overlap``); ``slot`` names its staging buffers."""
+        ``settings``: the forward exchange this one belongs to — its epoch gives the block keys
+        and, for the backward, its forward codec the selection. ``noise_epoch``: the epoch of
+        the sender's rounding noise (default: ``settings.epoch``; a stale backward sends at a
+        later epoch than its forward). ``nonblocking``: post an ``Ialltoallv`` (default:
+        ``overlap``); ``slot`` names its staging buffers."""
         fwd = direction == FORWARD
         sblocks, rblocks = ((self._send_blocks, self._recv_blocks) if fwd
                             else (self._recv_blocks, self._send_blocks))
-        epoch, fcodec = of if of is not None else (self.epoch, self.forward_codec)
-        codec = fcodec if fwd else backward_codec(fcodec, self.backward_codec)
+        epoch = settings.epoch
+        codec = settings.forward if fwd else backward_codec(settings.forward, settings.backward)
         width = int(rows.shape[1])
         # block keys: the forward pair's in both directions (the backward is the forward's adjoint)
         skeys = epoch_keys(self._pairs_out if fwd else self._pairs_in, epoch)
         rkeys = epoch_keys(self._pairs_in if fwd else self._pairs_out, epoch)
-        noise = mix(self.seed, self.epoch, self.layer, direction, self.ctx.rank)
+        noise = mix(self.seed, epoch if noise_epoch is None else noise_epoch, self.layer,
+                    direction, self.ctx.rank)
         t0 = time.perf_counter()
         lay, full = self._layout(codec, width, fwd)
         buf = codec.encode(rows.detach(), sblocks, skeys, noise).reshape(-1)
@@ -220,9 +233,11 @@ class _Start(torch.autograd.Function):
     gradients and scatter-add them into the owned rows they came from."""
 
     @staticmethod
-    def forward(ctx, x, exchanger: HaloExchanger, index, flight: InFlight):
+    def forward(ctx, x, exchanger: HaloExchanger, index, flight: InFlight,
+                settings: ExchangeSettings):
         rows = x if index is None else x.index_select(0, index)
-        flight.fwd = exchanger.post(rows, FORWARD)
+        flight.fwd = exchanger.post(rows, FORWARD, settings)
+        flight.settings = settings               # the backward sends the same step's adjoint
         ctx.exchanger, ctx.index, ctx.flight, ctx.shape = exchanger, index, flight, x.shape
         return x.new_empty(0)
 
@@ -231,12 +246,12 @@ class _Start(torch.autograd.Function):
         grad_rows = ctx.exchanger.complete(ctx.flight.bwd).to(grad_token.dtype)
         ctx.flight.bwd = None
         if ctx.index is None:
-            return grad_rows, None, None, None
+            return grad_rows, None, None, None, None
         if ctx.index.numel() == 0:                   # nothing was sent: no gradient comes back
-            return None, None, None, None
+            return None, None, None, None, None
         grad = grad_rows.new_zeros(ctx.shape)
         grad.index_add_(0, ctx.index, grad_rows)     # scatter-add into the owned rows
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 class _Finish(torch.autograd.Function):
@@ -252,5 +267,5 @@ class _Finish(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_halo):
-        ctx.flight.bwd = ctx.exchanger.post(grad_halo.contiguous(), BACKWARD)
+        ctx.flight.bwd = ctx.exchanger.post(grad_halo.contiguous(), BACKWARD, ctx.flight.settings)
         return grad_halo.new_empty(0), None, None

@@ -25,10 +25,14 @@ As GCN's layers do (``choose_order``), a layer whose input needs no gradient (th
 narrower than ``2 H C`` exchanges its input ``x_j`` instead (forward only) and the receiver
 transforms the halo rows itself: ``h_j = x_j W``.
 
-Codecs: truncate, random, learned and quant apply to the exchanged rows as for GCN; the
-``sample`` stage (BNS-GCN) is refused at its first use: a dropped halo row would enter the
-softmax as a zero row, not as a missing edge, and a kept row's ``rows / kept`` scale would
-scale its attention logit.
+Codecs: truncate, random, learned and quant apply to the exchanged rows as for GCN; a schedule
+whose ``sample`` stage (BNS-GCN) is on at any epoch is refused at start-up
+(``hpcgnn.combinations``): a dropped halo row would enter the softmax as a zero row, not as a
+missing edge, and a kept row's ``rows / kept`` scale would scale its attention logit.
+
+Staleness (PipeGCN): a stale step exchanges the layer's input ``x`` (before dropout), drops out
+``[x; x_halo]`` on the receiving side and computes ``h = [x; x_halo] W`` and the attention with
+the current parameters (``with_halo``).
 
 Per layer: one forward exchange of ``sum(send_counts) * w * 4`` bytes (identity codec), ``w =
 H*C`` (or ``F_in``), and, when the exchanged rows need a gradient, one backward exchange of
@@ -40,11 +44,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpcgnn.comm.exchange import HaloExchanger
 from hpcgnn.config import ModelConfig
 from hpcgnn.nn.dropout import edge_dropout
 from hpcgnn.nn.graph import LocalGraph
 from hpcgnn.nn.layers import HaloLayer, choose_order, glorot_
+from hpcgnn.nn.step import LayerStep
 
 NEGATIVE_SLOPE = 0.2
 
@@ -77,11 +81,11 @@ class GATLayer(HaloLayer):
 
     activation = staticmethod(F.elu)           # as the GAT paper and PyG's GAT example
 
-    def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, exchanger: HaloExchanger,
-                 codec_modules=(None, None), input_needs_grad: bool = True, heads: int = 1,
-                 concat: bool = True, attn_dropout: float = 0.0):
+    def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, prop,
+                 input_needs_grad: bool = True, heads: int = 1, concat: bool = True,
+                 attn_dropout: float = 0.0, **common):
         transform_first, width = choose_order(in_dim, heads * out_dim, input_needs_grad)
-        super().__init__(graph, exchanger, width, codec_modules)
+        super().__init__(graph, prop, in_dim if prop.exchanges_input else width, **common)
         self.transform_first, self.heads, self.out_dim = transform_first, heads, out_dim
         self.concat, self.attn_dropout = concat, attn_dropout
         self.weight = nn.Parameter(glorot_(torch.empty(in_dim, heads * out_dim)))
@@ -106,32 +110,35 @@ class GATLayer(HaloLayer):
     def wire_width(in_dim: int, out_dim: int, input_needs_grad: bool, heads: int = 1, **_) -> int:
         return choose_order(in_dim, heads * out_dim, input_needs_grad)[1]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.exchanger.forward_codec.keep < 1.0:
-            raise ValueError(
-                f"layer {self.exchanger.layer}: the schedule's 'sample' stage (BNS-GCN) sends "
-                f"a fraction of the halo rows, scaled; GAT's softmax would take the missing rows "
-                f"as zero rows, not as absent edges. With model.arch = 'gat' use truncate, "
-                f"random, learned or quant, or sample with model.arch = 'gcn' or 'sage'")
+    def forward_owned(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         src = x @ self.weight if self.transform_first else x
         # one exchange: h (or x) of the boundary rows; the owned rows' transform overlaps it
-        h, halo = self.halo_rows(src, lambda: src if self.transform_first else x @ self.weight,
-                                 self.weight if self.transform_first else None)
+        h, halo = self.halo_rows(src, step, lambda: src if self.transform_first else x @ self.weight)
         if halo is not None:
             h = torch.cat([h, halo if self.transform_first else halo @ self.weight])
-        out = self.attend(h.view(-1, self.heads, self.out_dim))
+        return self.output(self.attend(h.view(-1, self.heads, self.out_dim), step))
+
+    def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
+                  step: LayerStep | None = None) -> torch.Tensor:
+        """The layer on ``x`` ``(n_owned, F_in)`` and given halo input rows ``(n_halo, F_in)``
+        (a stale step), no exchange."""
+        h = torch.cat([x, x_halo]) @ self.weight
+        return self.output(self.attend(h.view(-1, self.heads, self.out_dim), step))
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """``(n_owned, H, C)`` -> heads concatenated or averaged, plus the bias."""
         return (out.flatten(1) if self.concat else out.mean(dim=1)) + self.bias
 
-    def attend(self, h: torch.Tensor) -> torch.Tensor:
+    def attend(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
         """``(n_owned + n_halo, H, C)`` transformed rows -> ``(n_owned, H, C)`` attention sums."""
-        n, ex = self.graph.n_owned, self.exchanger
+        n = self.graph.n_owned
         s = (h * self.att_src).sum(dim=-1)                       # (n_owned + n_halo, H)
         d = (h[:n] * self.att_dst).sum(dim=-1)                   # (n_owned, H)
         e = F.leaky_relu(s[self.src] + d[self.dst], NEGATIVE_SLOPE)
         alpha = edge_softmax(e, self.dst, n)                     # (E + n_owned, H)
-        if self.training and self.attn_dropout:                  # the epoch clock: the exchanger's
+        if step is not None and step.training and self.attn_dropout:
             ids = self.graph.node_ids
-            alpha = edge_dropout(alpha, ids[self.dst], ids[self.src], self.attn_dropout, ex.seed,
-                                 ex.epoch, ex.layer, self.training)
+            alpha = edge_dropout(alpha, ids[self.dst], ids[self.src], self.attn_dropout, step.seed,
+                                 step.epoch, step.layer, step.training)
         return h.new_zeros(n, self.heads, self.out_dim).index_add_(
             0, self.dst, alpha.unsqueeze(-1) * h[self.src])

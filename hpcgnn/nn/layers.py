@@ -1,15 +1,17 @@
-"""GCN and GraphSAGE (mean) layers over a rank's ``LocalGraph`` and a ``HaloExchanger``, and
-what every layer shares (``HaloLayer``; GAT, on the same contract: ``hpcgnn.nn.gat``).
+"""GCN and GraphSAGE (mean) layers over a rank's ``LocalGraph`` and a propagation object
+(``hpcgnn.nn.propagation``: the halo exchange, stale or not, or a CAGNET SpMM), and what every
+layer shares (``HaloLayer``; GAT, on the same contract: ``hpcgnn.nn.gat``).
 
 Shapes: input ``x`` ``(n_owned, F_in)`` -> output ``(n_owned, F_out)``; the halo rows
-``(n_halo, w)`` arrive through the exchanger. ``A (X W) = (A X) W``, so a layer may exchange
+``(n_halo, w)`` arrive through the propagation. ``A (X W) = (A X) W``, so a layer may exchange
 and aggregate its input (``w = F_in``, aggregate first) or its transformed features
 (``w = F_out``, transform first); it picks the one that moves fewer rows x channels per step
 (``choose_order``): the narrower, except that the first layer's input needs no gradient, so
 aggregating it first costs no backward exchange and no backward sparse product.
 
 Per layer: one forward exchange of ``sum(send_counts) * w * 4`` bytes (identity codec) and,
-when the exchanged rows need a gradient, one backward exchange of the same size.
+when the exchanged rows need a gradient, one backward exchange of the same size. A stale layer
+(PipeGCN) always exchanges its input, ``w = F_in``.
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
-from hpcgnn.comm.exchange import HaloExchanger
 from hpcgnn.config import ModelConfig
+from hpcgnn.nn.dropout import counter_dropout
 from hpcgnn.nn.graph import LocalGraph
+from hpcgnn.nn.step import LayerStep
 
 T = TypeVar("T")
 
@@ -43,19 +46,29 @@ def choose_order(in_dim: int, out_dim: int, input_needs_grad: bool) -> tuple[boo
 
 
 class HaloLayer(nn.Module):
-    """What the layers share: the graph, the exchanger, the optional codec modules, the
-    exchange of a tensor's boundary rows (``halo_rows``), and the stack of layers a model
-    config builds (``stack``; GAT overrides it for its heads)."""
+    """What the layers share: the graph, the propagation object (``hpcgnn.nn.propagation``),
+    the optional codec modules, dropout on the layer's input, and the stack of layers a model
+    config builds (``stack``; GAT overrides it for its heads).
+
+    ``forward(h, step)``: ``h`` ``(n_owned, F_in)`` is the layer's input before dropout (the
+    previous layer's activation output, or the features). A synchronous step drops ``h`` out
+    (counter-based, keyed by global id) and runs ``forward_owned``, whose exchange carries
+    the dropped rows (or their transform). A stale training step (PipeGCN) exchanges ``h``
+    itself, drops out ``[h; h_halo]`` on the receiving side with the same keys, and runs
+    ``with_halo``: the same function of the same masks, so ``s = 0`` would give the same
+    model."""
 
     activation = staticmethod(torch.relu)      # between layers (the model applies it)
 
-    def __init__(self, graph: LocalGraph, exchanger: HaloExchanger, width: int,
-                 codec_modules: tuple[nn.Module | None, nn.Module | None] = (None, None)):
+    def __init__(self, graph: LocalGraph, prop, width: int, dropout: float = 0.0,
+                 codec_modules: tuple[nn.Module | None, nn.Module | None] = (None, None),
+                 sparse_input: bool = False):
         super().__init__()
-        self.graph, self.exchanger, self.width = graph, exchanger, width
+        self.graph, self.prop, self.p = graph, prop, dropout
+        self.width = width                     # channels of the rows the exchange carries
         self.encoder, self.decoder = codec_modules
-        self.stale = None        # a StaleExchange when train.staleness >= 1 (hpcgnn.comm.stale)
-        self.spmm = None         # a Spmm15D with parallel.algorithm = '1.5d' (hpcgnn.comm.cagnet)
+        self.sparse_input = sparse_input       # the (constant) features: cache their non-zeros
+        self._nz: dict[str, tuple] = {}
 
     @classmethod
     def stack(cls, cfg: ModelConfig, in_dim: int, num_classes: int) -> list[tuple[int, int, dict]]:
@@ -65,54 +78,81 @@ class HaloLayer(nn.Module):
 
     @staticmethod
     def wire_width(in_dim: int, out_dim: int, input_needs_grad: bool, **_) -> int:
-        """Channels of the rows the layer exchanges (what its codec modules see)."""
+        """Channels of the rows a synchronous layer exchanges (what its codec modules see)."""
         return choose_order(in_dim, out_dim, input_needs_grad)[1]
 
-    def halo_rows(self, src: torch.Tensor, local: Callable[[], T],
-                  weight: torch.Tensor | None = None) -> tuple[T, torch.Tensor | None]:
-        """``(local(), halo rows (n_halo, w) of src (n_owned, w))``; ``local()`` runs while the
-        rows travel. On one rank the halo is None (no collective kept in the autograd graph).
-        ``weight``: ``src = x @ weight`` for the layer's (dropped-out) input ``x``; None when
-        ``src`` is ``x`` itself. A stale exchange needs it to send a late halo gradient back
-        through the dropout mask of the epoch whose rows it belongs to (``hpcgnn.comm.stale``)."""
-        if self.stale is not None and self.training and self.exchanger.ctx.size > 1:
-            halo = self.stale.exchange(src, weight)           # rows posted s epochs ago
-            return local(), halo
-        handle = self.exchanger.start(src, self.encoder)      # (I)Alltoallv posted
-        out = local()                                         # no communication needed
-        halo = self.exchanger.finish(handle, self.decoder)    # wait, decode
-        return out, (halo if self.exchanger.ctx.size > 1 else None)
+    # -- the step ---------------------------------------------------------------------------
+    def forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        if step.training and self.prop.exchanges_input:
+            halo = self.prop.input_halo(h, step.exchange)         # rows of t - s, not dropped
+            return self.with_halo(self.dropped(h, step, "owned"), self.dropped(halo, step, "halo"),
+                                  step)
+        return self.forward_owned(self.dropped(h, step, "owned"), step)
 
-    def propagate(self, src: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
-        if self.spmm is not None:                             # CAGNET 1.5D: A[i, :] @ H
-            return self.spmm(src)
-        local, halo = self.halo_rows(src, lambda: self.graph.owned @ src, weight)
-        return local if halo is None else local + (self.graph.halo @ halo)
+    def forward_owned(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        """The layer on its dropped-out input ``x`` ``(n_owned, F_in)``, exchanging through
+        ``self.prop`` with the step's settings."""
+        raise NotImplementedError
+
+    def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
+                  step: LayerStep | None = None) -> torch.Tensor:
+        """The layer on ``x`` ``(n_owned, F_in)`` and given halo rows ``(n_halo, F_in)``, no
+        exchange."""
+        raise NotImplementedError
+
+    def dropped(self, x: torch.Tensor, step: LayerStep, rows: str) -> torch.Tensor:
+        """Counter-based dropout of the ``rows`` (``owned`` | ``halo``) rows ``x`` with the
+        keys (seed, epoch, layer, global id, channel)."""
+        if not step.training or self.p == 0.0 or x.numel() == 0:
+            return x
+        n = self.graph.n_owned
+        ids = self.graph.node_ids[:n] if rows == "owned" else self.graph.node_ids[n:]
+        nz = self._nonzeros(x, rows) if self.sparse_input else None
+        return counter_dropout(x, ids, self.p, step.seed, step.epoch, step.layer, True, nz)
+
+    def _nonzeros(self, x: torch.Tensor, rows: str):
+        """Non-zeros of the constant input rows when they are sparse (bag-of-words), cached."""
+        key = (x.data_ptr(), x._version, tuple(x.shape))
+        cached = self._nz.get(rows)
+        if cached is None or cached[0] != key:
+            sparse = bool(x.numel()) and float(torch.count_nonzero(x)) / x.numel() < 0.5
+            self._nz[rows] = cached = (key, x.nonzero(as_tuple=True) if sparse else None)
+        return cached[1]
+
+    # -- exchanges ----------------------------------------------------------------------------
+    def halo_rows(self, src: torch.Tensor, step: LayerStep, local: Callable[[], T]
+                  ) -> tuple[T, torch.Tensor | None]:
+        """``(local(), halo rows (n_halo, w) of src (n_owned, w))`` through the propagation."""
+        return self.prop.halo_rows(src, step.exchange, local, (self.encoder, self.decoder))
+
+    def propagate(self, src: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        """``A @ [src_owned; src_halo]`` ``(n_owned, w)`` through the propagation."""
+        return self.prop.aggregate(self.graph, src, step.exchange, (self.encoder, self.decoder))
 
 
 class GCNLayer(HaloLayer):
     """``out = Â X W + b`` (Kipf & Welling), exchanging ``X`` or ``X W`` (``choose_order``)."""
 
-    def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, exchanger: HaloExchanger,
-                 codec_modules=(None, None), input_needs_grad: bool = True):
+    def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, prop,
+                 input_needs_grad: bool = True, **common):
         transform_first, width = choose_order(in_dim, out_dim, input_needs_grad)
-        super().__init__(graph, exchanger, width, codec_modules)
+        super().__init__(graph, prop, in_dim if prop.exchanges_input else width, **common)
         self.transform_first = transform_first
         self.weight = nn.Parameter(glorot_(torch.empty(in_dim, out_dim)))
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_owned(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         if self.transform_first:
-            return self.propagate(x @ self.weight, self.weight) + self.bias
-        return self.propagate(x) @ self.weight + self.bias
+            return self.propagate(x @ self.weight, step) + self.bias
+        return self.propagate(x, step) @ self.weight + self.bias
 
     def from_aggregate(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
         """The layer given ``agg = Â [x; x_halo]`` ``(n_owned, F_in)`` (RETEXO: halo rows fixed,
         no exchange): ``agg W + b``; ``x`` is unused (Â holds the self-loop)."""
         return agg @ self.weight + self.bias
 
-    def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor) -> torch.Tensor:
+    def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
+                  step: LayerStep | None = None) -> torch.Tensor:
         """The layer on ``x`` ``(n_owned, F_in)`` and given halo rows ``(n_halo, F_in)``, no
         exchange; the narrower side is aggregated."""
         if self.weight.shape[1] < self.weight.shape[0]:
@@ -124,10 +164,10 @@ class SAGELayer(HaloLayer):
     """``out_i = W_s x_i + W_n mean_{j->i} x_j + b`` (GraphSAGE-mean), exchanging ``X`` or
     ``X W_n`` (``choose_order``)."""
 
-    def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, exchanger: HaloExchanger,
-                 codec_modules=(None, None), input_needs_grad: bool = True):
+    def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, prop,
+                 input_needs_grad: bool = True, **common):
         transform_first, width = choose_order(in_dim, out_dim, input_needs_grad)
-        super().__init__(graph, exchanger, width, codec_modules)
+        super().__init__(graph, prop, in_dim if prop.exchanges_input else width, **common)
         self.transform_first = transform_first
         self.out_dim = out_dim
         # [W_s | W_n] as one parameter (one optimiser entry); used as two column views
@@ -135,18 +175,19 @@ class SAGELayer(HaloLayer):
                                               glorot_(torch.empty(in_dim, out_dim))], dim=1))
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_owned(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         w_self, w_neigh = self.weight[:, :self.out_dim], self.weight[:, self.out_dim:]
         if self.transform_first:                  # two GEMMs: no slice copies of (n, 2 F_out)
-            return x @ w_self + self.propagate(x @ w_neigh, w_neigh) + self.bias
-        return x @ w_self + self.propagate(x) @ w_neigh + self.bias
+            return x @ w_self + self.propagate(x @ w_neigh, step) + self.bias
+        return x @ w_self + self.propagate(x, step) @ w_neigh + self.bias
 
     def from_aggregate(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
         """The layer given ``agg = mean_{j->i} x_j`` ``(n_owned, F_in)`` (RETEXO: halo rows
         fixed, no exchange): ``x W_s + agg W_n + b``."""
         return x @ self.weight[:, :self.out_dim] + agg @ self.weight[:, self.out_dim:] + self.bias
 
-    def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor) -> torch.Tensor:
+    def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
+                  step: LayerStep | None = None) -> torch.Tensor:
         """The layer on ``x`` ``(n_owned, F_in)`` and given halo rows ``(n_halo, F_in)``, no
         exchange; the narrower side is aggregated."""
         if self.out_dim < self.weight.shape[0]:

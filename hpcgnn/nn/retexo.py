@@ -6,49 +6,37 @@ input), ``head_l(h)`` ``(n, C)`` its logits. Stage ``L-1``: ``conv_{L-1}(x)`` ``
 logits (no norm, no head), as in aashishkolluri/retexo-distributed's ``get_nth_layer``.
 
 The convolutions are the full model's ``GCNLayer`` / ``SAGELayer`` (built in the same order,
-so a seed gives them the same initial weights as ``GNN``'s); each keeps its ``HaloExchanger``,
-which RETEXO uses once per stage. Shapes: ``x`` ``(n_owned, F_l)``, halo rows ``(n_halo, F_l)``.
+so a seed gives them the same initial weights as ``GNN``'s); each keeps its halo propagation,
+whose exchanger RETEXO uses once per stage. Shapes: ``x`` ``(n_owned, F_l)``, halo rows ``(n_halo, F_l)``.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
-from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
-from hpcgnn.comm.plan import HaloPlan
-from hpcgnn.config import ModelConfig
-from hpcgnn.nn.graph import LocalGraph
-from hpcgnn.nn.model import LAYERS, Step
+from hpcgnn.nn.step import Step
 
 
 class RetexoGNN(nn.Module):
     """Convolutions ``layers[l]``, and for ``l < L-1`` ``norms[l]`` (LayerNorm(hidden)) and
-    ``heads[l]`` (Linear(hidden, C)). Identical parameters on every rank."""
+    ``heads[l]`` (Linear(hidden, C)). Identical parameters on every rank. The convolutions are
+    built by ``hpcgnn.train.build`` (synchronous halo propagation, no dropout of their own:
+    RETEXO's trainer drops the stage input)."""
 
-    def __init__(self, cfg: ModelConfig, in_dim: int, num_classes: int, graph: LocalGraph,
-                 plan: HaloPlan, ctx: CommContext, seed: int, overlap: bool = False,
-                 policy: CompressionPolicy = FULL_PRECISION):
+    def __init__(self, layers: list[nn.Module], stats: ExchangeStats, hidden: int,
+                 num_classes: int):
         super().__init__()
-        self.cfg, self.graph = cfg, graph
-        self.stats = ExchangeStats()
-        self.layers = nn.ModuleList()
-        kind = LAYERS[cfg.arch]
-        for i, (a, b, extra) in enumerate(kind.stack(cfg, in_dim, num_classes)):
-            if policy.layer_modules(i, a) != (None, None):
-                raise ValueError("the 'learned' codec does not combine with train.method = "
-                                 "'retexo' (no gradient crosses RETEXO's exchange, so its encoder "
-                                 "could not train); use truncate, random, quant or sample")
-            exch = HaloExchanger(ctx, plan, layer=i, seed=seed, stats=self.stats, overlap=overlap)
-            self.layers.append(kind(a, b, graph, exch, input_needs_grad=i > 0, **extra))
-        stages = cfg.layers - 1
-        self.norms = nn.ModuleList(nn.LayerNorm(cfg.hidden) for _ in range(stages))
-        self.heads = nn.ModuleList(nn.Linear(cfg.hidden, num_classes) for _ in range(stages))
+        self.graph = layers[0].graph
+        self.stats = stats
+        self.layers = nn.ModuleList(layers)
+        stages = len(layers) - 1
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(stages))
+        self.heads = nn.ModuleList(nn.Linear(hidden, num_classes) for _ in range(stages))
 
     @property
     def exchangers(self) -> list[HaloExchanger]:
-        return [layer.exchanger for layer in self.layers]
+        return [layer.prop.exchanger for layer in self.layers]
 
     def stage_prefixes(self, stage: int) -> tuple[str, ...]:
         """``named_parameters`` prefixes of stage ``stage``'s parameters."""
@@ -86,7 +74,7 @@ class RetexoGNN(nn.Module):
         if step.training:
             raise RuntimeError("RetexoGNN trains stage by stage (hpcgnn.train.retexo), not as a stack")
         for i, layer in enumerate(self.layers):
-            x = layer(x)
+            x = layer(x, step.layer(i))
             if i < len(self.layers) - 1:
                 x = torch.relu(self.norms[i](x))
         return x

@@ -12,6 +12,7 @@ from hpcgnn.comm.collectives import any_true
 from hpcgnn.comm.context import CommContext
 from hpcgnn.config import ConfigError, load_config
 from hpcgnn.log import get_logger
+from hpcgnn.train.build import prepare_trainer
 from hpcgnn.train.trainer import Trainer
 
 # Errors a user can cause and fix (bad file, bad key, bad value); anything else is a bug and
@@ -37,7 +38,7 @@ def build_trainer(ctx: CommContext, args) -> Trainer:
         cfg = replace(cfg, run=replace(cfg.run, out=str(args.out)))
     policy = load_policy(args.schedule)
     run_dir = Path(cfg.run.out)
-    return Trainer.prepare(ctx, cfg, args.shards, run_dir, policy, resume=args.resume,
+    return prepare_trainer(ctx, cfg, args.shards, run_dir, policy, resume=args.resume,
                            force=getattr(args, "force", False),
                            stop_after=getattr(args, "stop_after", None))
 

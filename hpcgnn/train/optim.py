@@ -48,4 +48,4 @@ def param_groups(model: torch.nn.Module, cfg: TrainConfig, prefixes: tuple[str, 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, prefixes: tuple[str, ...] = ("",)
                    ) -> torch.optim.Adam:
-    return torch.optim.Adam(param_groups(model, cfg, prefixes), lr=cfg.lr)
+    return torch.optim.Adam(param_groups(model, cfg, prefixes), lr=cfg.lr, betas=tuple(cfg.betas))

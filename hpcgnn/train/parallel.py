@@ -4,7 +4,6 @@ beyond the rank's shard; ``1.5d`` (CAGNET, ``hpcgnn.comm.cagnet``) builds the pr
 """
 from __future__ import annotations
 
-from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
 from hpcgnn.comm.cagnet import ProcessGrid, Spmm15D, block_columns, check_rank_count, part_sizes
 from hpcgnn.comm.context import CommContext
 from hpcgnn.config import Config
@@ -12,12 +11,10 @@ from hpcgnn.nn.graph import gcn_values, mean_values
 from hpcgnn.train.inputs import load_part
 
 
-def load_15d(ctx: CommContext, cfg: Config, shards, policy: CompressionPolicy):
-    """(meta, shard of my row group, Spmm15D) for a K-part set on K * c ranks."""
+def load_15d(ctx: CommContext, cfg: Config, shards):
+    """(meta, shard of my row group, Spmm15D) for a K-part set on K * c ranks (a schedule and
+    staleness are refused by ``hpcgnn.combinations``)."""
     c = cfg.parallel.replication
-    if policy is not FULL_PRECISION or cfg.train.staleness:
-        raise ValueError("parallel.algorithm = '1.5d' runs uncompressed and synchronous: drop "
-                         "--schedule and train.staleness, or use parallel.algorithm = 'halo'")
     k = check_rank_count(shards, ctx, c)
     grid = ProcessGrid.make(ctx, c)
     meta, shard = load_part(shards, grid.i, k)

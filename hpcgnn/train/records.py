@@ -147,6 +147,8 @@ def to_toml(config: dict) -> str:
 
 
 def _toml_value(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float) and not math.isfinite(v):

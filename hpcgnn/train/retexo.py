@@ -75,12 +75,11 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcgnn.codecs.base import IDENTITY
+from hpcgnn.comm.exchange import ExchangeSettings
 from hpcgnn.nn.dropout import counter_dropout
-from hpcgnn.nn.retexo import RetexoGNN
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.optim import make_optimizer
-from hpcgnn.train.trainer import Trainer
+from hpcgnn.train.trainer import RunOptions, RunParts, Trainer
 
 
 @dataclass
@@ -102,21 +101,17 @@ def stage_record(stage: int) -> dict:
 class RetexoTrainer(Trainer):
     """The ``Trainer`` with RETEXO's model and step; see the module docstring."""
 
-    def __init__(self, ctx, cfg, run_dir, meta, shard, *args, **kwargs):
+    def __init__(self, parts: RunParts, options: RunOptions = RunOptions()):
+        cfg, graph = parts.cfg, parts.model.graph
         self.rounds, self.num_stages = cfg.train.rounds_per_layer, cfg.model.layers
-        self.halo_gid = torch.as_tensor(shard.halo_global_id, dtype=torch.long).to(ctx.device)
+        self.halo_gid = graph.node_ids[graph.n_owned:]
         self.inputs: StageInputs | None = None      # None: not built yet (start, resume, predict)
         self.opt_stage = 0                          # the stage self.opt optimises
         self.best_state: dict | None = None         # the stage's best-validation parameters
         self.stages = [stage_record(s) for s in range(cfg.model.layers)]
-        super().__init__(ctx, cfg, run_dir, meta, shard, *args, **kwargs)
+        super().__init__(parts, options)
 
     # -- the pieces the Trainer asks for ------------------------------------------------------
-    def build_model(self, shard, meta, graph, spmm) -> RetexoGNN:
-        cfg = self.cfg
-        return RetexoGNN(cfg.model, shard.feature_dim, int(meta["num_classes"]), graph, self.plan,
-                         self.ctx, cfg.train.seed, cfg.train.overlap, self.policy)
-
     def make_optimizer(self) -> torch.optim.Optimizer:
         """A fresh Adam over stage ``opt_stage``'s parameters."""
         return make_optimizer(self.model, self.cfg.train, self.model.stage_prefixes(self.opt_stage))
@@ -192,10 +187,10 @@ class RetexoTrainer(Trainer):
         """ONE exchange of the boundary rows of ``x`` ``(n_owned, F)`` through layer
         ``stage``'s exchanger: ``sum(send_counts) * F * 4`` bytes per rank (identity codec)."""
         start, width = stage * self.rounds, int(x.shape[1])
-        ex = self.model.layers[stage].exchanger
-        ex.configure(start, self.policy.forward_codec(start, stage, self.num_stages, width), IDENTITY)
+        ex = self.model.layers[stage].prop.exchanger
+        codec = self.policy.forward_codec(start, stage, self.num_stages, width)
         x = x.contiguous()
-        halo = ex.exchange(x)
+        halo = ex.exchange(x, ExchangeSettings(start, codec))
         nonzeros = None
         if x.numel() and float(torch.count_nonzero(x)) / x.numel() < 0.5:   # e.g. bag-of-words
             nonzeros = (x.nonzero(as_tuple=True), halo.nonzero(as_tuple=True))

@@ -19,17 +19,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hpcgnn.codecs.base import FULL_PRECISION, IDENTITY, CompressionPolicy
+from hpcgnn.codecs.base import CompressionPolicy
 from hpcgnn.comm.collectives import allreduce_sum_, broadcast_params_, sum_float64
 from hpcgnn.comm.context import CommContext, mpi_library
-from hpcgnn.comm.plan import HaloPlan
+from hpcgnn.comm.exchange import ExchangeSettings
 from hpcgnn.config import Config
 from hpcgnn.log import get_logger
-from hpcgnn.nn.graph import LocalGraph
-from hpcgnn.nn.model import GNN, Step
+from hpcgnn.nn.step import Step
 from hpcgnn.train import checkpoint as ckpt
-from hpcgnn.train.inputs import load_part, part_tensors
-from hpcgnn.train.parallel import load_15d
+from hpcgnn.train.inputs import PartInputs
 from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
 from hpcgnn.train.optim import make_optimizer
@@ -55,68 +53,53 @@ class Progress:
     final_test_acc: float = 0.0
 
 
+@dataclass
+class RunParts:
+    """What the builder (``hpcgnn.train.build``) made for one rank: the run's context, config,
+    directory, the shard set's ``meta.json``, this rank's tensors, the model and the bound
+    compression policy."""
+
+    ctx: CommContext
+    cfg: Config
+    run_dir: Path
+    meta: dict
+    data: PartInputs
+    model: torch.nn.Module
+    policy: CompressionPolicy
+
+
+@dataclass
+class RunOptions:
+    """How this start of the run goes: ``resume`` (with rank 0's ``resume_bytes`` of the
+    checkpoint), the run ``record`` (written to RUN_DIR, checked on ``--resume`` unless
+    ``force``), ``stop_after`` (checkpoint and stop once this many epochs are done)."""
+
+    resume: bool = False
+    resume_bytes: bytes | None = None
+    record: RunRecord | None = None
+    force: bool = False
+    stop_after: int | None = None
+
+
 class Trainer:
     """Holds one rank's state: context, config, data, model, optimiser, progress."""
 
-    def __init__(self, ctx: CommContext, cfg: Config, run_dir: Path, meta: dict, shard,
-                 policy: CompressionPolicy = FULL_PRECISION, resume_bytes: bytes | None = None,
-                 resume: bool = False, spmm=None, record: RunRecord | None = None,
-                 force: bool = False, stop_after: int | None = None):
-        """Local set-up only (no collectives), so every rank can fail here cleanly.
-        ``spmm``: the 1.5D operator (``parallel.algorithm = '1.5d'``), else None (halo).
-        ``record``: how the run was started (written to RUN_DIR, checked on ``--resume`` unless
-        ``force``); ``stop_after``: checkpoint and stop once this many epochs are done."""
-        self.ctx, self.cfg, self.run_dir, self.meta = ctx, cfg, Path(run_dir), meta
-        self.record, self.force, self.stop_after = record, force, stop_after
-        self.policy = policy.bind(cfg.train.epochs, cfg.model.layers)
-        self.data = part_tensors(shard, cfg.data.normalize_features, ctx.device)
-        self.plan = HaloPlan.from_shard(shard, ctx.device) if spmm is None else HaloPlan.empty(
-            ctx.size, shard.n_owned, ctx.device)      # 1.5D: no halo exchange
-        graph = LocalGraph.from_shard(shard, cfg.model.arch, ctx.device)
-        torch.manual_seed(cfg.train.seed)            # same initial parameters on every rank
-        self.model = self.build_model(shard, meta, graph, spmm)
-        if spmm is not None:
-            spmm.stats = self.model.stats
-        self.model.to(ctx.device)
+    def __init__(self, parts: RunParts, options: RunOptions = RunOptions()):
+        """Local set-up only (no collectives), so every rank can fail here cleanly."""
+        self.ctx, self.cfg, self.run_dir, self.meta = parts.ctx, parts.cfg, Path(parts.run_dir), parts.meta
+        self.data, self.model, self.policy = parts.data, parts.model, parts.policy
+        self.record, self.force, self.stop_after = options.record, options.force, options.stop_after
         self.params = list(self.model.parameters())
         self.opt = self.make_optimizer()
         self.progress = Progress()
-        self.resume = resume
-        self.resume_bytes = resume_bytes
-        if resume_bytes is not None:                 # rank 0 checks the file before any comm
-            self._check_state(ckpt.decode_checkpoint(resume_bytes, self.run_dir))
-        self.sink = MetricsSink(self.run_dir, enabled=ctx.is_root)
+        self.resume, self.resume_bytes = options.resume, options.resume_bytes
+        if self.resume_bytes is not None:            # rank 0 checks the file before any comm
+            self._check_state(ckpt.decode_checkpoint(self.resume_bytes, self.run_dir))
+        self.sink = MetricsSink(self.run_dir, enabled=self.ctx.is_root)
         self.preempt = PreemptFlag()
-
-    def build_model(self, shard, meta: dict, graph: LocalGraph, spmm) -> torch.nn.Module:
-        """The model this method trains (here: the GNN trained as a whole)."""
-        cfg = self.cfg
-        return GNN(cfg.model, shard.feature_dim, int(meta["num_classes"]), graph, self.plan,
-                   self.ctx, self.data.global_id, cfg.train.seed, cfg.train.overlap, self.policy,
-                   cfg.train.staleness, cfg.train.smoothing, spmm)
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model, self.cfg.train)        # groups: train.weight_decay_on
-
-    @classmethod
-    def prepare(cls, ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
-                policy: CompressionPolicy = FULL_PRECISION, resume: bool = False,
-                force: bool = False, stop_after: int | None = None) -> "Trainer":
-        """Read this rank's shard (and, on rank 0, the checkpoint) and build the trainer of
-        ``train.method`` (``full``: this class; ``retexo``: ``hpcgnn.train.retexo``)."""
-        if cfg.train.method == "retexo" and cls is Trainer:
-            from hpcgnn.train.retexo import RetexoTrainer
-            cls = RetexoTrainer
-        spmm = None
-        if cfg.parallel.algorithm == "1.5d":
-            meta, shard, spmm = load_15d(ctx, cfg, shards, policy)
-        else:
-            meta, shard = load_part(shards, ctx.rank, ctx.size)
-        run_dir = Path(run_dir)
-        record = RunRecord.make(cfg, getattr(policy, "path", None), shards)
-        data = ckpt.read_checkpoint_bytes(run_dir) if (resume and ctx.is_root) else None
-        return cls(ctx, cfg, run_dir, meta, shard, policy, data, resume, spmm, record, force,
-                   stop_after)
 
     # -- start-up (collectives) ---------------------------------------------------------
     def start(self) -> None:
@@ -219,13 +202,13 @@ class Trainer:
 
     def train_step(self, epoch: int) -> dict:
         """One full-batch step: forward, backward, ONE gradient Allreduce, Adam."""
-        ratios = self._configure_codecs(epoch)
+        step = self.make_step(epoch, training=True)
         self.model.stats.reset()
         t0 = time.perf_counter()
         self.model.train()
         self.opt.zero_grad(set_to_none=False)
-        logits = self.model(self.data.x, Step(epoch, training=True))
-        return self.finish_step(logits, self.params, ratios, t0)
+        logits = self.model(self.data.x, step)
+        return self.finish_step(logits, self.params, self.ratios(epoch), t0)
 
     def finish_step(self, logits: torch.Tensor, params: list, ratios: list[float], t0: float) -> dict:
         """Loss of ``logits`` ``(n_owned, C)`` (sum over owned training nodes / global count),
@@ -247,24 +230,31 @@ class Trainer:
         return {"loss": float(loss_buf.item()), "ratio": ratios, "allreduce_bytes": nbytes,
                 "allreduce_s": t2 - t1, "epoch_s": time.perf_counter() - t0}
 
-    def _configure_codecs(self, epoch: int) -> list[float]:
-        """Ask the policy for this epoch's codecs, layer by layer; returns the ratios."""
-        num_layers, ratios = len(self.model.layers), []
-        for i, layer in enumerate(self.model.layers):
-            width = layer.width
-            layer.exchanger.configure(epoch, self.policy.forward_codec(epoch, i, num_layers, width),
-                                      self.policy.backward_codec(epoch, i, num_layers, width))
-            ratios.append(float(self.policy.ratio(epoch, i, num_layers)))
-        return ratios
+    def make_step(self, epoch: int, training: bool, codecs: bool = True) -> Step:
+        """The step's settings, as data: the dropout seed and, per layer, the exchange settings
+        of the schedule at ``epoch`` (``codecs = False``: the identity codec everywhere)."""
+        if not codecs:
+            return Step(epoch, training, self.cfg.train.seed)
+        n = len(self.model.layers)
+        exchanges = tuple(
+            ExchangeSettings(epoch, self.policy.forward_codec(epoch, i, n, layer.width),
+                             self.policy.backward_codec(epoch, i, n, layer.width))
+            for i, layer in enumerate(self.model.layers))
+        return Step(epoch, training, self.cfg.train.seed, exchanges)
+
+    def ratios(self, epoch: int) -> list[float]:
+        """The schedule's ratio of every layer's exchange at ``epoch`` (for the metrics)."""
+        n = len(self.model.layers)
+        return [float(self.policy.ratio(epoch, i, n)) for i in range(n)]
 
     @torch.no_grad()
     def eval_logits(self, epoch: int) -> torch.Tensor:
-        """Logits ``(n_owned, C)`` of the uncompressed forward without dropout (one exchange
-        per layer, every rank)."""
-        for ex in self.model.exchangers:
-            ex.configure(epoch, IDENTITY, IDENTITY)
+        """Logits ``(n_owned, C)`` of the forward without dropout (one synchronous exchange per
+        layer, every rank): uncompressed, or through the training codecs of ``epoch`` with
+        ``train.eval_codec = 'train'``."""
         self.model.eval()
-        return self.model(self.data.x, Step(epoch, training=False))
+        step = self.make_step(epoch, training=False, codecs=self.cfg.train.eval_codec == "train")
+        return self.model(self.data.x, step)
 
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:

@@ -1,0 +1,110 @@
+"""Which combinations of settings a run can train with: the ONE place every refusal lives.
+
+``check_combination(cfg, policy, where)`` refuses, before any rank communicates, every
+combination of training method, parallel algorithm, architecture, staleness and schedule
+(over all its epochs and layers) that hpcgnn does not support, naming the keys and the fix.
+``load_config`` calls it without a schedule (so a config that can never run is a config error
+at once); the builder (``hpcgnn.train.build``) calls it again with the run's schedule.
+
+What is refused, and why:
+- ``train.method = 'retexo'``: GAT (not built for it), an algorithm other than ``halo``,
+  staleness (RETEXO exchanges once per layer: nothing to make stale), ``train.epochs`` other
+  than ``model.layers * train.rounds_per_layer``, and the ``learned`` codec (no gradient
+  crosses RETEXO's exchange, so its encoder could not train).
+- ``parallel.algorithm`` other than ``halo`` (CAGNET): a schedule or staleness (its products
+  run uncompressed and synchronous) and GAT (its attention changes the adjacency every step).
+- ``train.staleness >= 1`` with the ``learned`` codec (its encoder would train on rows of
+  another epoch).
+- ``model.arch = 'gat'`` with a schedule whose ``sample`` stage is on at any epoch of any layer,
+  forward or backward: a dropped halo row would enter the softmax as a zero row, not as a
+  missing edge.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
+from hpcgnn.errors import ConfigError
+
+RETEXO_ARCHS = ("gcn", "sage")
+
+
+def _need(ok: bool, where: str, key: str, value: Any, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {key} = {value!r} is not allowed; {fix}")
+
+
+def check_combination(cfg, policy: CompressionPolicy | None = None,
+                      where: str = "<config>") -> None:
+    """Raise ``ConfigError`` naming the keys and the fix for an unsupported combination of the
+    run config ``cfg`` (an ``hpcgnn.config.Config``). ``policy``: the run's schedule (None:
+    check the config alone)."""
+    _check_method(cfg, where)
+    _check_algorithm(cfg, policy, where)
+    if policy is None or policy is FULL_PRECISION:
+        return
+    bound = policy.bind(cfg.train.epochs, cfg.model.layers)
+    sched = f"schedule {getattr(policy, 'path', '<schedule>')}"
+    learned = bound.learned_layers(cfg.model.layers)
+    _need(not (learned and cfg.train.method == "retexo"), sched, "codec", "learned",
+          "the 'learned' codec does not combine with train.method = 'retexo' (no gradient "
+          "crosses RETEXO's exchange, so its encoder could not train); use truncate, random, "
+          "quant or sample")
+    _need(not (learned and cfg.train.staleness), sched, "codec", "learned",
+          "train.staleness >= 1 does not combine with the 'learned' codec (its encoder would "
+          "train on rows of another epoch); use truncate, random, quant or sample, or "
+          "staleness = 0")
+    if cfg.model.arch == "gat":
+        _check_gat_sampling(cfg, bound, sched)
+
+
+def _check_method(cfg, where: str) -> None:
+    """What ``train.method = 'retexo'`` needs from the other sections."""
+    t, m = cfg.train, cfg.model
+    if t.method != "retexo":
+        return
+    _need(m.arch in RETEXO_ARCHS, where, "model.arch", m.arch,
+          "train.method = 'retexo' supports 'gcn' and 'sage' only (GAT is not built for it); "
+          "use one of those or train.method = 'full'")
+    _need(cfg.parallel.algorithm == "halo", where, "parallel.algorithm", cfg.parallel.algorithm,
+          "train.method = 'retexo' runs on the halo algorithm; use parallel.algorithm = 'halo'")
+    _need(t.staleness == 0, where, "train.staleness", t.staleness,
+          "train.method = 'retexo' exchanges once per layer, so there is nothing to make stale; "
+          "use train.staleness = 0")
+    want = m.layers * t.rounds_per_layer
+    _need(t.epochs == want, where, "train.epochs", t.epochs,
+          f"train.method = 'retexo' trains model.layers = {m.layers} layers for "
+          f"train.rounds_per_layer = {t.rounds_per_layer} rounds each, {want} epochs in all; "
+          f"set train.epochs = {want}, or train.rounds_per_layer = train.epochs / {m.layers}")
+
+
+def _check_algorithm(cfg, policy: CompressionPolicy | None, where: str) -> None:
+    """CAGNET's algorithms: uncompressed, synchronous, a fixed adjacency."""
+    algo = cfg.parallel.algorithm
+    if algo == "halo":
+        return
+    _need(cfg.model.arch != "gat", where, "parallel.algorithm", algo,
+          f"{algo} multiplies a fixed adjacency and GAT's attention changes it every step; use "
+          f"parallel.algorithm = 'halo' with model.arch = 'gat'")
+    _need(not cfg.train.staleness, where, "train.staleness", cfg.train.staleness,
+          f"parallel.algorithm = '{algo}' runs uncompressed and synchronous: drop "
+          f"train.staleness, or use parallel.algorithm = 'halo'")
+    _need(policy is None or policy is FULL_PRECISION, where, "--schedule",
+          getattr(policy, "path", "given"),
+          f"parallel.algorithm = '{algo}' runs uncompressed and synchronous: drop --schedule, "
+          f"or use parallel.algorithm = 'halo'")
+
+
+def _check_gat_sampling(cfg, policy: CompressionPolicy, sched: str) -> None:
+    """Refuse GAT when the schedule samples halo rows at any epoch, layer or direction."""
+    layers = cfg.model.layers
+    for epoch in range(cfg.train.epochs):
+        for layer in range(layers):
+            for direction, codec in (("forward", policy.forward_codec(epoch, layer, layers, 64)),
+                                     ("backward", policy.backward_codec(epoch, layer, layers, 64))):
+                _need(codec.keep == 1.0, sched, "codec", codec.name,
+                      f"layer {layer}: the schedule's 'sample' stage (BNS-GCN) is on from epoch "
+                      f"{epoch} ({direction}); it sends a fraction of the halo rows, scaled, and "
+                      f"GAT's softmax would take the missing rows as zero rows, not as absent "
+                      f"edges. With model.arch = 'gat' use truncate, random, learned or quant, or "
+                      f"sample with model.arch = 'gcn' or 'sage'")

@@ -1,0 +1,133 @@
+"""How a layer reaches its neighbours' rows: one propagation object per layer, chosen by the
+builder (``hpcgnn.train.build``) from the run config. Every kind takes the step's settings per
+call and holds nothing of a step between calls.
+
+- ``HaloPropagation`` (``parallel.algorithm = "halo"``, ``train.staleness = 0``): the halo
+  exchange of whatever the layer hands it (its input or its transformed rows), synchronous; the
+  owned-row work runs while the rows travel.
+- ``StalePropagation`` (``train.staleness = s >= 1``; PipeGCN): training steps exchange the
+  layer's *input* before dropout and use the halo rows of ``s`` epochs ago
+  (``hpcgnn.comm.stale``); evaluation runs the synchronous exchange.
+- ``ConstantPropagation`` (the first layer of a stale run): the input is the constant feature
+  matrix, so its halo rows cross the wire once (uncompressed) and are kept; training steps use
+  them like a stale layer's halo input, with receiver-side dropout and no backward.
+- ``SpmmPropagation`` (``parallel.algorithm = "1.5d"``, CAGNET): ``A[i, :] @ H`` through a
+  distributed sparse-dense product; there are no halo rows (GAT is refused).
+
+Contract: ``aggregate(graph, src, settings, modules)`` returns ``A @ [src; src_halo]``
+``(n_owned, w)``; ``halo_rows(src, settings, local, modules)`` returns ``(local(), halo rows
+(n_halo, w) or None on one rank)``; ``exchanges_input`` says whether training steps call
+``input_halo(h, settings)`` instead, before dropout.
+"""
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import torch
+
+from hpcgnn.comm.exchange import ExchangeSettings, HaloExchanger
+from hpcgnn.comm.stale import StaleExchange
+
+T = TypeVar("T")
+Modules = tuple[torch.nn.Module | None, torch.nn.Module | None]
+
+
+class HaloPropagation:
+    """The synchronous halo exchange of one layer (one (I)Alltoallv each way)."""
+
+    exchanges_input = False
+
+    def __init__(self, exchanger: HaloExchanger):
+        self.exchanger = exchanger
+
+    @property
+    def single(self) -> bool:
+        return self.exchanger.ctx.size == 1
+
+    def halo_rows(self, src: torch.Tensor, settings: ExchangeSettings, local: Callable[[], T],
+                  modules: Modules = (None, None)) -> tuple[T, torch.Tensor | None]:
+        """``(local(), halo rows (n_halo, w) of src (n_owned, w))``; ``local()`` runs while the
+        rows travel. On one rank the halo is None (no collective kept in the autograd graph)."""
+        encoder, decoder = modules
+        handle = self.exchanger.start(src, settings, encoder)   # (I)Alltoallv posted
+        out = local()                                           # no communication needed
+        halo = self.exchanger.finish(handle, decoder)           # wait, decode
+        return out, (None if self.single else halo)
+
+    def aggregate(self, graph, src: torch.Tensor, settings: ExchangeSettings,
+                  modules: Modules = (None, None)) -> torch.Tensor:
+        """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
+        local, halo = self.halo_rows(src, settings, lambda: graph.owned @ src, modules)
+        return local if halo is None else local + (graph.halo @ halo)
+
+    def state_dict(self) -> dict | None:
+        """What a checkpoint keeps of this propagation (None: nothing)."""
+        return None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        pass
+
+
+class StalePropagation(HaloPropagation):
+    """PipeGCN's stale exchange of the layer input in training; synchronous in evaluation."""
+
+    exchanges_input = True
+
+    def __init__(self, exchanger: HaloExchanger, stale: StaleExchange):
+        super().__init__(exchanger)
+        self.stale = stale
+
+    def input_halo(self, h: torch.Tensor, settings: ExchangeSettings) -> torch.Tensor:
+        """The halo rows of the input ``h`` that this training step uses (posted ``s`` ago)."""
+        return self.stale.exchange(h, settings)
+
+    def state_dict(self) -> dict:
+        return self.stale.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is not None:
+            self.stale.load_state_dict(state)
+
+
+class ConstantPropagation(HaloPropagation):
+    """The first layer of a stale run: its input never changes, so its halo rows are exchanged
+    once (identity codec, no backward: the features need no gradient) and kept on the rank,
+    ``(n_halo, F_in)`` fp32. A resume exchanges them once more."""
+
+    exchanges_input = True
+
+    def __init__(self, exchanger: HaloExchanger):
+        super().__init__(exchanger)
+        self._rows: torch.Tensor | None = None
+        self._key: tuple | None = None
+
+    def input_halo(self, h: torch.Tensor, settings: ExchangeSettings) -> torch.Tensor:
+        key = (h.data_ptr(), h._version, tuple(h.shape))
+        if self._key != key:                     # the first step (or another input tensor)
+            with torch.no_grad():
+                self._rows = self.exchanger.exchange(h.detach(), ExchangeSettings(settings.epoch))
+            self._key = key
+        return self._rows
+
+
+class SpmmPropagation:
+    """CAGNET's distributed SpMM (``hpcgnn.comm.cagnet``): ``spmm(src)`` is ``A[i, :] @ H``."""
+
+    exchanges_input = False
+
+    def __init__(self, spmm):
+        self.spmm = spmm
+
+    def aggregate(self, graph, src: torch.Tensor, settings: ExchangeSettings,
+                  modules: Modules = (None, None)) -> torch.Tensor:
+        return self.spmm(src)
+
+    def halo_rows(self, src, settings, local, modules=(None, None)):
+        raise NotImplementedError("a distributed SpMM has no halo rows (refused by "
+                                  "hpcgnn.combinations.check_combination)")
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state) -> None:
+        pass

@@ -1,0 +1,168 @@
+"""The one place a run's pieces are chosen and built from its config: the parallel algorithm's
+set-up, the propagation object of every layer, the layers, the model and the trainer of the
+training method. Each choice is a table entry; the trainer then drives whatever was built.
+
+- ``ALGORITHMS`` (``parallel.algorithm``): reads this rank's shard and makes the distributed
+  SpMM operator where the algorithm has one (``halo``: none; ``1.5d``: CAGNET's).
+- ``PROPAGATIONS`` (from the algorithm and ``train.staleness``): how each layer reaches its
+  neighbours' rows (``hpcgnn.nn.propagation``).
+- ``LAYERS`` (``model.arch``, ``hpcgnn.nn.model``): the layer class.
+- ``METHODS`` (``train.method``): the trainer class and the model that wraps the layers.
+
+Everything unsupported is refused first, by ``hpcgnn.combinations.check_combination``. Nothing
+here communicates: every rank can fail cleanly before the start-up agreement
+(``hpcgnn.train.launch``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
+from hpcgnn.combinations import check_combination
+from hpcgnn.comm.context import CommContext
+from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+from hpcgnn.comm.plan import HaloPlan
+from hpcgnn.comm.progress import Progress
+from hpcgnn.comm.stale import StaleExchange
+from hpcgnn.config import Config
+from hpcgnn.data.shard import Shard
+from hpcgnn.nn.graph import LocalGraph
+from hpcgnn.nn.model import GNN, LAYERS
+from hpcgnn.nn.propagation import (ConstantPropagation, HaloPropagation, SpmmPropagation,
+                                   StalePropagation)
+from hpcgnn.nn.retexo import RetexoGNN
+from hpcgnn.train import checkpoint as ckpt
+from hpcgnn.train.inputs import load_part, part_tensors
+from hpcgnn.train.parallel import load_15d
+from hpcgnn.train.records import RunRecord
+from hpcgnn.train.retexo import RetexoTrainer
+from hpcgnn.train.trainer import RunOptions, RunParts, Trainer
+
+
+@dataclass
+class AlgorithmSetup:
+    """What a parallel algorithm's set-up gives the builder for one rank."""
+
+    meta: dict
+    shard: Shard
+    spmm: object | None = None      # the distributed SpMM (CAGNET), None for the halo algorithm
+
+
+def load_halo(ctx: CommContext, cfg: Config, shards) -> AlgorithmSetup:
+    """The halo algorithm: this rank's part (K/R parts merged when R divides K)."""
+    return AlgorithmSetup(*load_part(shards, ctx.rank, ctx.size))
+
+
+def load_cagnet15d(ctx: CommContext, cfg: Config, shards) -> AlgorithmSetup:
+    return AlgorithmSetup(*load_15d(ctx, cfg, shards))
+
+
+ALGORITHMS: dict[str, Callable[[CommContext, Config, object], AlgorithmSetup]] = {
+    "halo": load_halo, "1.5d": load_cagnet15d}
+
+
+@dataclass(frozen=True)
+class Method:
+    """A training method: the trainer that drives it and the model that wraps its layers."""
+
+    trainer: type
+    model: Callable[..., torch.nn.Module]
+    layer_dropout: bool              # layers drop out their own input (RETEXO's trainer does it)
+
+
+METHODS = {
+    "full": Method(Trainer, lambda layers, stats, cfg, classes: GNN(layers, stats), True),
+    "retexo": Method(RetexoTrainer, lambda layers, stats, cfg, classes:
+                     RetexoGNN(layers, stats, cfg.model.hidden, classes), False),
+}
+
+
+# -- propagations ------------------------------------------------------------------------------
+@dataclass
+class Wiring:
+    """What the propagations of one model share."""
+
+    ctx: CommContext
+    cfg: Config
+    plan: HaloPlan | None
+    stats: ExchangeStats
+    spmm: object | None
+    progress: Progress | None = None
+
+
+def propagation_kind(cfg: Config, ctx: CommContext, spmm, layer: int) -> str:
+    """``spmm`` (CAGNET), ``constant`` / ``stale`` (a stale run's first / later layers) or
+    ``halo``. Staleness needs peers: one rank runs synchronously."""
+    if spmm is not None:
+        return "spmm"
+    if cfg.train.staleness and ctx.size > 1 and cfg.train.method == "full":
+        return "constant" if layer == 0 else "stale"
+    return "halo"
+
+
+def _exchanger(w: Wiring, layer: int) -> HaloExchanger:
+    return HaloExchanger(w.ctx, w.plan, layer=layer, seed=w.cfg.train.seed, stats=w.stats,
+                         overlap=w.cfg.train.overlap)
+
+
+def _stale(w: Wiring, layer: int) -> StalePropagation:
+    ex = _exchanger(w, layer)
+    w.progress = w.progress or Progress(w.ctx)          # one for all layers' exchanges
+    t = w.cfg.train
+    return StalePropagation(ex, StaleExchange(ex, t.staleness, t.smoothing, w.progress))
+
+
+PROPAGATIONS: dict[str, Callable[[Wiring, int], object]] = {
+    "halo": lambda w, i: HaloPropagation(_exchanger(w, i)),
+    "constant": lambda w, i: ConstantPropagation(_exchanger(w, i)),
+    "stale": _stale,
+    "spmm": lambda w, i: SpmmPropagation(w.spmm),
+}
+
+
+# -- the model ---------------------------------------------------------------------------------
+def build_model(ctx: CommContext, cfg: Config, policy: CompressionPolicy, setup: AlgorithmSetup
+                ) -> torch.nn.Module:
+    """The model of ``train.method`` with ``model.arch`` layers over this rank's part, with the
+    same initial parameters on every rank (seeded by ``train.seed``)."""
+    shard, method = setup.shard, METHODS[cfg.train.method]
+    classes = int(setup.meta["num_classes"])
+    graph = LocalGraph.from_shard(shard, cfg.model.arch, ctx.device)
+    plan = HaloPlan.from_shard(shard, ctx.device) if setup.spmm is None else None
+    wiring = Wiring(ctx, cfg, plan, ExchangeStats(), setup.spmm)
+    if setup.spmm is not None:
+        setup.spmm.stats = wiring.stats
+    kind = LAYERS[cfg.model.arch]
+    dropout = cfg.model.dropout if method.layer_dropout else 0.0
+    torch.manual_seed(cfg.train.seed)                  # same initial parameters on every rank
+    layers = []
+    for i, (a, b, extra) in enumerate(kind.stack(cfg.model, shard.feature_dim, classes)):
+        prop = PROPAGATIONS[propagation_kind(cfg, ctx, setup.spmm, i)](wiring, i)
+        modules = policy.layer_modules(i, kind.wire_width(a, b, i > 0, **extra))
+        layers.append(kind(a, b, graph, prop, input_needs_grad=i > 0, dropout=dropout,
+                           codec_modules=modules, sparse_input=i == 0, **extra))
+    return method.model(layers, wiring.stats, cfg, classes).to(ctx.device)
+
+
+# -- the trainer -------------------------------------------------------------------------------
+def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
+                    policy: CompressionPolicy = FULL_PRECISION, resume: bool = False,
+                    force: bool = False, stop_after: int | None = None) -> Trainer:
+    """Check the combination, read this rank's shard (and, on rank 0, the checkpoint), build
+    the model and the trainer of ``train.method``. Local work only (no collectives)."""
+    check_combination(cfg, policy)
+    policy = policy.bind(cfg.train.epochs, cfg.model.layers)
+    setup = ALGORITHMS[cfg.parallel.algorithm](ctx, cfg, shards)
+    data = part_tensors(setup.shard, cfg.data.normalize_features, ctx.device)
+    model = build_model(ctx, cfg, policy, setup)
+    run_dir = Path(run_dir)
+    options = RunOptions(
+        resume=resume, force=force, stop_after=stop_after,
+        record=RunRecord.make(cfg, getattr(policy, "path", None), shards),
+        resume_bytes=ckpt.read_checkpoint_bytes(run_dir) if (resume and ctx.is_root) else None)
+    parts = RunParts(ctx, cfg, run_dir, setup.meta, data, model, policy)
+    return METHODS[cfg.train.method].trainer(parts, options)

@@ -1,0 +1,128 @@
+"""An independent whole-graph computation of PipeGCN's bounded staleness (Wan et al., ICLR 2022;
+GATECH-EIC/PipeGCN ``module/model.py``, ``helper/feature_buffer.py``), written for the tests.
+
+Every part ``q`` sees, at epoch ``t``, the rows of its own nodes as they are and the rows of
+every other node as they were *posted* ``s`` epochs ago: each layer's input (before dropout),
+so the layer applies dropout and its current weights to both. The gradient of the loss with
+respect to those stale rows is sent back to the owners, who add it into the gradient of their
+rows' input ``s`` epochs later. The first layer's input is the constant feature matrix, so its
+"stale" rows are the features themselves. Epochs ``t < s`` are synchronous. Smoothing ``m``:
+``avg <- m * avg + (1 - m) * received`` for rows and gradients, starting at the first received
+value. Dropout keeps an element with the counter-based mask of (seed, epoch, layer, node id,
+channel) (hpcgnn's ``keep_mask`` is the random source; which mask applies where is written
+here). GCN, SAGE (mean) and GAT (dense attention, attention dropout) on dense whole-graph
+matrices; Adam with coupled weight decay; mean cross-entropy on the training nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Model:
+    arch: str                  # gcn | sage | gat
+    layers: int
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    heads: tuple = ()          # gat: heads of every layer (the last averaged)
+    seed: int = 0
+
+
+def dense_graph(g):
+    """(A_hat (GCN), mean operator (SAGE), adjacency with self-loops (GAT, bool)), dense."""
+    a = sp.csr_matrix((np.ones(g.num_edges), g.indices, g.indptr), shape=(g.num_nodes,) * 2).toarray()
+    a = (a > 0).astype(np.float64)
+    d = 1.0 / np.sqrt(a.sum(1) + 1.0)
+    gcn = d[:, None] * (a + np.eye(g.num_nodes)) * d[None, :]
+    mean = a / np.maximum(a.sum(1, keepdims=True), 1.0)
+    adj = torch.from_numpy(a > 0) | torch.eye(g.num_nodes, dtype=torch.bool)
+    return torch.from_numpy(gcn).float(), torch.from_numpy(mean).float(), adj
+
+
+def keep(n: int, width: int, p: float, seed: int, epoch: int, layer: int) -> torch.Tensor:
+    from hpcgnn.nn.dropout import keep_mask
+    return keep_mask(torch.arange(n), width, p, seed, epoch, layer).float() / (1.0 - p)
+
+
+def gat_layer(x, p, layer, heads, last, adj, model: Model, epoch):
+    from hpcgnn.nn.dropout import edge_keep_mask
+    n = x.shape[0]
+    h = (x @ p[f"layers.{layer}.weight"]).view(n, heads, -1)
+    s = (h * p[f"layers.{layer}.att_src"]).sum(-1)
+    d = (h * p[f"layers.{layer}.att_dst"]).sum(-1)
+    e = F.leaky_relu(d[:, None, :] + s[None, :, :], 0.2)
+    alpha = torch.softmax(e.masked_fill(~adj[:, :, None], float("-inf")), dim=1)
+    if model.attn_dropout:
+        i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+        k = edge_keep_mask(i.reshape(-1), j.reshape(-1), heads, model.attn_dropout, model.seed,
+                           epoch, layer).view(n, n, heads)
+        alpha = alpha * k / (1.0 - model.attn_dropout)
+    out = torch.einsum("ijh,jhc->ihc", alpha, h)
+    return (out.mean(1) if last else out.flatten(1)) + p[f"layers.{layer}.bias"]
+
+
+def layer_fn(x, p, layer, model: Model, ops, epoch):
+    """Layer ``layer`` on the whole-graph input ``x`` (already dropped out): ``(N, F_out)``."""
+    gcn, mean, adj = ops
+    last = layer == model.layers - 1
+    w, b = p.get(f"layers.{layer}.weight"), p.get(f"layers.{layer}.bias")
+    if model.arch == "gcn":
+        return gcn @ (x @ w) + b
+    if model.arch == "sage":
+        out = w.shape[1] // 2
+        return x @ w[:, :out] + mean @ (x @ w[:, out:]) + b
+    return gat_layer(x, p, layer, model.heads[layer], last, adj, model, epoch)
+
+
+def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: float,
+                   epochs: int, lr: float = 0.01, weight_decay: float = 5e-4) -> list[float]:
+    """Per-epoch training losses of PipeGCN with staleness ``s`` (0: synchronous) over the
+    node partition ``parts`` (``part[v]``), from the parameters ``init``."""
+    ops = dense_graph(g)
+    x0, y = torch.from_numpy(g.dense_features()).float(), torch.from_numpy(g.labels)
+    train = torch.from_numpy(g.train_idx)
+    n = g.num_nodes
+    part = torch.from_numpy(parts)
+    own = [(part == q)[:, None] for q in range(int(part.max()) + 1)]
+    p = {k: v.clone().float().requires_grad_(True) for k, v in init.items()}
+    opt = torch.optim.Adam(p.values(), lr=lr, weight_decay=weight_decay)
+    act = F.elu if model.arch == "gat" else torch.relu
+    posted = [dict() for _ in range(model.layers)]     # layer -> epoch -> rows it posted
+    sent_grads = [dict() for _ in range(model.layers)]  # layer -> epoch -> halo gradient posted
+    avg_x, avg_g = [None] * model.layers, [None] * model.layers
+    losses = []
+    for t in range(epochs):
+        h, leaves = x0, {}
+        for layer in range(model.layers):
+            stale = s > 0 and layer > 0 and t >= s
+            if layer > 0 and s > 0:
+                posted[layer][t] = h.detach().clone()
+                back = sent_grads[layer].pop(t - s, None)      # posted s epochs ago
+                if back is not None:
+                    avg_g[layer] = back if (m == 0 or avg_g[layer] is None) else \
+                        m * avg_g[layer] + (1 - m) * back
+                    h.register_hook(lambda grad, add=avg_g[layer]: grad + add)   # grad[boundary] += recv
+            if stale:
+                recv = posted[layer].pop(t - s)
+                avg_x[layer] = recv if (m == 0 or avg_x[layer] is None) else \
+                    m * avg_x[layer] + (1 - m) * recv
+                leaves[layer] = avg_x[layer].clone().requires_grad_(True)
+            mask = keep(n, h.shape[1], model.dropout, model.seed, t, layer) if model.dropout else 1.0
+            out = 0.0
+            for q, rows in enumerate(own):
+                seen = torch.where(rows, h, leaves[layer]) if stale else h
+                out = out + rows * layer_fn(seen * mask, p, layer, model, ops, t)
+            h = act(out) if layer < model.layers - 1 else out
+        loss = F.cross_entropy(h[train], y[train])
+        opt.zero_grad()
+        loss.backward()
+        for layer, leaf in leaves.items():               # each owner's rows, summed over peers
+            sent_grads[layer][t] = leaf.grad.clone()
+        opt.step()
+        losses.append(loss.item())
+    return losses
