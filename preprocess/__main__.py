@@ -125,10 +125,10 @@ def _rank_tag() -> str:
 
 
 def _say_error(line: str) -> None:
-    """One write(2) of the whole line: the ranks of a job share stderr (a pipe through the
-    launcher), and a line written in pieces can run into another rank's."""
+    """The whole line in one write and flushed at once: the ranks of a job share stderr (a
+    pipe through the launcher), and a line written in pieces can run into another rank's."""
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
-    os.write(2, (line + "\n").encode(errors="replace"))
 
 
 def main(argv: list[str] | None = None) -> int:
