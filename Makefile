@@ -17,12 +17,13 @@ export OMP_NUM_THREADS ?= 1
 setup:
 	bash env/setup.sh
 
-# Preprocess Cora once (reused when a verified shard set is already there), then train on $(RANKS) ranks.
+# Preprocess Cora once (reused when a verified shard set is already there), then train on $(RANKS)
+# ranks; a second `make demo` replaces the demo's own run ($(RUN)) with --force.
 demo: setup
 	$(PY) -m preprocess verify $(SHARDS) >/dev/null 2>&1 || \
 	  $(PY) -m preprocess --dataset cora --parts $(RANKS) --partitioner metis --out $(SHARDS) --force
 	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py -m hpcgnn train --shards $(SHARDS) \
-	  --config configs/cora.toml --out $(RUN)
+	  --config configs/cora.toml --out $(RUN) --force
 	$(PY) -m hpcgnn summary $(RUN)
 
 test: setup

@@ -46,7 +46,7 @@ def run(ranks: int, tree: Path, mode: str | None, epochs: int, work: Path) -> di
     out = work / f"run-{ranks}-{tree.name}-{mode}"
     cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(ranks), "--oversubscribe",
            sys.executable, "-m", "mpi4py", "-m", "hpcgnn", "train", "--shards",
-           str(shard_set(ranks, work)), "--out", str(out), "--device", "cpu",
+           str(shard_set(ranks, work)), "--out", str(out), "--force", "--device", "cpu",
            "--set", "model.hidden=8", "--set", f"train.epochs={epochs}",
            "--set", f"train.eval_every={epochs}"]
     env = {**os.environ, **MPI_ENV, "PYTHONPATH": str(tree)}

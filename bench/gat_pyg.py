@@ -91,7 +91,7 @@ def hpcgnn_run(dataset: str, ranks: int, seed: int, shard_root: Path, out_root: 
     mpiexec = Path(sys.executable).parent / "mpiexec"
     subprocess.run([str(mpiexec), "-n", str(ranks), "--oversubscribe", sys.executable, "-m",
                     "mpi4py", "-m", "hpcgnn", "train", "--shards", str(shards), "--config",
-                    str(CONFIG), "--out", str(out), "--set", f"train.seed={seed}"],
+                    str(CONFIG), "--out", str(out), "--force", "--set", f"train.seed={seed}"],
                    check=True, cwd=REPO, env=env, capture_output=True)
     summary = json.loads((out / "summary.json").read_text())
     return {"test_acc": summary["test_acc"], "best_val_acc": summary["best_val_acc"]}

@@ -31,7 +31,7 @@ step "GPU tests" $PY -m pytest -q -ra -m gpu tests/
 train() {  # ranks shards device run [extra...]
     local n=$1 sh=$2 dev=$3 run=$4; shift 4
     $MPIEXEC -n "$n" --oversubscribe $PY -m mpi4py -m hpcgnn train --shards "$sh" --config "${CFG:-configs/cora.toml}" \
-        --device "$dev" --out "$out/$run" "$@" > "$out/$run.log" 2>&1 && $PY -m hpcgnn summary "$out/$run"
+        --device "$dev" --out "$out/$run" --force "$@" > "$out/$run.log" 2>&1 && $PY -m hpcgnn summary "$out/$run"
 }
 step "Cora, 1 rank, cpu" train 1 shards/gpu-cora-1 cpu cora-cpu-1
 step "Cora, 1 rank, cuda" train 1 shards/gpu-cora-1 cuda cora-cuda-1

@@ -19,7 +19,7 @@ for seed in 0 1 2; do
     case $m in truncate) sched=(--schedule configs/schedules/varco.toml);;
       learned) sched=(--schedule "$work/learned.toml");;
       learned-wd) sched=(--schedule "$work/learned.toml"); sets+=(--set train.weight_decay_codec=true);; esac
-    mpiexec -n 4 --oversubscribe python -m mpi4py -m hpcgnn train --shards $S --config configs/cora.toml --out "$work"/$m-$seed "${sched[@]}" "${sets[@]}" >/dev/null 2>"$work"/$m-$seed.err || echo FAIL $m $seed
+    mpiexec -n 4 --oversubscribe python -m mpi4py -m hpcgnn train --shards $S --config configs/cora.toml --out "$work"/$m-$seed --force "${sched[@]}" "${sets[@]}" >/dev/null 2>"$work"/$m-$seed.err || echo FAIL $m $seed
     python -c "import json;s=json.load(open('"$work"/$m-$seed/summary.json'));print('$m',$seed,s['test_acc'],s['final_test_acc'],round(s['bytes_sent']/s['bytes_full'],3))"
   done
 done

@@ -95,7 +95,7 @@ def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config
     sched = [] if schedule in ("full", "floor") else ["--schedule", str(REPO / "configs" / "schedules" / f"{schedule}.toml")]
     train = [str(mpiexec), "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "mpi4py",
              "-m", "hpcgnn", "train", "--shards", str(shards), "--config", str(config),
-             "--out", str(run_dir), "--device", "cpu", *sched, *sets]
+             "--out", str(run_dir), "--force", "--device", "cpu", *sched, *sets]
     env = {**os.environ, **MPI_ENV}
     if schedule == "floor":
         env["HPCGNN_BENCH_NO_EXCHANGE"] = "1"

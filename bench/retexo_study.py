@@ -101,7 +101,7 @@ def batch(listing: str) -> None:
             continue
         sets = [f"train.seed={job['seed']}", *job.get("sets", [])]
         code = hpcgnn_main(["train", "--shards", job["shards"], "--config", job["config"],
-                            "--out", job["out"], *[a for x in sets for a in ("--set", x)]])
+                            "--out", job["out"], "--force", *[a for x in sets for a in ("--set", x)]])
         if code:
             raise SystemExit(code)
 

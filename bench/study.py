@@ -203,7 +203,7 @@ def batch(listing: str) -> None:
         if (Path(job["out"]) / "summary.json").is_file():
             continue
         code = hpcgnn_main(["train", "--shards", job["shards"], "--config", job["config"],
-                            "--schedule", job["schedule"], "--out", job["out"],
+                            "--schedule", job["schedule"], "--out", job["out"], "--force",
                             "--set", f"train.seed={job['seed']}"])
         if code:
             raise SystemExit(code)

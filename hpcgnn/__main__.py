@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt "
                     "(refused when the config, schedule or shard set differs from the run's)")
     tr.add_argument("--force", action="store_true",
-                    help="with --resume: continue even though the config/schedule/shards differ")
+                    help="with --resume: continue even though the config/schedule/shards differ; "
+                    "without it: start a new run in an --out that holds one (its checkpoint, "
+                    "summary and metrics are replaced)")
     tr.add_argument("--stop-after", type=int, metavar="N",
                     help="checkpoint and stop once N epochs are done (continue with --resume)")
     tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -87,10 +89,21 @@ def cmd_predict(args) -> int:
 
 def cmd_train(args) -> int:
     trainer = _start(args)
+    if args.force and not args.resume and trainer.ctx.is_root:   # all ranks agreed to start
+        _replace_old_run(trainer.run_dir)
     trainer.start()
     outcome = trainer.run()
     get_logger().info("%s; run directory %s", outcome, trainer.run_dir)
     return 0
+
+
+def _replace_old_run(run_dir: Path) -> None:
+    """``train --force`` without ``--resume``: the old run's checkpoint, marker and summary go."""
+    from hpcgnn.train.rundir import clear_old_run, describe_run
+    what = describe_run(run_dir)
+    if what is not None:
+        clear_old_run(run_dir)
+        get_logger().warning("--force: starting a new run in %s over %s", run_dir, what)
 
 
 def _finalize_and_exit(code: int) -> None:
@@ -130,10 +143,22 @@ def cmd_summary(run_dir: Path) -> int:
     print(f"run {run_dir}: {s['ranks']} ranks, {s['epochs']} epochs on {s['device']}")
     print(f"  test accuracy {s['test_acc']:.4f} (at best validation {s['best_val_acc']:.4f}); "
           f"final {s['final_test_acc']:.4f}")
-    print(f"  halo bytes exchanged {s['bytes_sent']:,} (fp32 would be {s['bytes_full']:,}); "
+    print(f"  {_traffic_name(run_dir)} {s['bytes_sent']:,} (fp32 would be {s['bytes_full']:,}); "
           f"gradient allreduce {s['allreduce_bytes']:,}")
     print(f"  training time {s['train_time_s']:.2f} s, median epoch {1e3 * s['epoch_time_s_median']:.1f} ms")
     return 0
+
+
+def _traffic_name(run_dir: Path) -> str:
+    """What the run's training traffic is, by its ``parallel.algorithm`` (RUN_DIR/config.toml)."""
+    from hpcgnn.config import ConfigError, load_config
+    try:
+        algorithm = load_config(run_dir / "config.toml").parallel.algorithm
+    except ConfigError:
+        return "bytes exchanged"
+    if algorithm == "1.5d":
+        return "1.5D bytes exchanged (block broadcasts, row all-reduces)"
+    return "halo bytes exchanged"
 
 
 if __name__ == "__main__":

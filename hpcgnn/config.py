@@ -6,6 +6,7 @@ the file, the key and the fix; an unknown section or key is an error, not a sile
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -195,7 +196,8 @@ def build_config(raw: dict, where: str = "<config>") -> Config:
     parts = {}
     for section, table in raw.items():
         if section not in _SECTION_TYPES:
-            raise ConfigError(f"{where}: unknown section [{section}]; valid sections are "
+            raise ConfigError(f"{where}: unknown section [{section}]; "
+                              f"{_did_you_mean(section, _SECTION_TYPES)}valid sections are "
                               f"{sorted(_SECTION_TYPES)}")
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: '{section}' must be a table [{section}]")
@@ -212,10 +214,24 @@ def _build_section(cls: type, section: str, table: dict, where: str):
     values = {}
     for key, value in table.items():
         if key not in known:
-            raise ConfigError(f"{where}: unknown key {section}.{key}; valid keys of [{section}] "
-                              f"are {sorted(known)}")
+            raise ConfigError(f"{where}: unknown key {section}.{key}; "
+                              f"{_did_you_mean_key(section, key)}valid keys of "
+                              f"[{section}] are {sorted(known)}")
         values[key] = _coerce(value, known[key].type, f"{section}.{key}", where)
     return replace(cls(), **values)
+
+
+def _did_you_mean(name: str, valid, prefix: str = "") -> str:
+    """'did you mean 'train.epochs'? ' for the closest valid name, or '' when none is close."""
+    near = difflib.get_close_matches(name, sorted(valid), n=1)
+    return f"did you mean '{prefix}{near[0]}'? " if near else ""
+
+
+def _did_you_mean_key(section: str, key: str) -> str:
+    """The closest key of ``[section]``, else the same key in another section ('' if none)."""
+    hint = _did_you_mean(key, [f.name for f in fields(_SECTION_TYPES[section])], f"{section}.")
+    elsewhere = [s for s, cls in _SECTION_TYPES.items() if key in {f.name for f in fields(cls)}]
+    return hint or (f"did you mean '{elsewhere[0]}.{key}'? " if elsewhere else "")
 
 
 def _coerce(value: Any, type_name: Any, key: str, where: str) -> Any:

@@ -5,7 +5,8 @@
 #   HPCGNN_TRAIN_OPTS="--time=1:00:00" HPCGNN_ARRAY_MAX=4 jobs/sweep.sh shards/cora-4 configs/cora.toml configs/schedules/*.toml
 #
 # Array task i trains with the i-th schedule; its run directory is runs/sweep-<array id>/<schedule
-# name> (HPCGNN_RUNS changes "runs"). Every task has --ntasks = the shard set's num_parts.
+# name> (HPCGNN_RUNS changes "runs"), with the task's log, slurm-<array id>_<task>.out. Every task
+# has --ntasks = the shard set's num_parts.
 # HPCGNN_ARRAY_MAX caps how many tasks run at once; HPCGNN_DEPENDENCY (e.g. afterok:123) waits
 # for another job. Prints the array job id.
 set -euo pipefail
@@ -30,8 +31,7 @@ list=$(cd "$runs/sweep-lists" && pwd)/$(date +%Y%m%d-%H%M%S)-$$.txt
 printf '%s\n' "${schedules[@]}" > "$list"
 
 range="0-$(( ${#schedules[@]} - 1 ))${HPCGNN_ARRAY_MAX:+%$HPCGNN_ARRAY_MAX}"
-opts=(--parsable --array="$range" --ntasks="$parts" --output=%x-%A_%a.out
-      --export="ALL,HPCGNN_SCHEDULES=$list")
+opts=(--parsable --array="$range" --ntasks="$parts" --export="ALL,HPCGNN_SCHEDULES=$list")
 [[ -n ${HPCGNN_DEPENDENCY:-} ]] && opts+=(--dependency="$HPCGNN_DEPENDENCY")
 # shellcheck disable=SC2086  # a list of sbatch options, split on spaces
 id=$(sbatch "${opts[@]}" ${HPCGNN_TRAIN_OPTS:-} "$jobs/train.sbatch" "$shards" "$config" "$@")

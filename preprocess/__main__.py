@@ -116,6 +116,21 @@ def _verify(args: argparse.Namespace) -> None:
     print(f"OK {args.dir}: {report}")
 
 
+def _rank_tag() -> str:
+    """' (rank r of P)' when this process is one of several MPI ranks, else ''."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.size == 1:
+        return ""
+    return f" (rank {mpi.COMM_WORLD.rank} of {mpi.COMM_WORLD.size})"
+
+
+def _say_error(line: str) -> None:
+    """The whole line in one write and flushed at once: the ranks of a job share stderr (a
+    pipe through the launcher), and a line written in pieces can run into another rank's."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sub = argv[0] if argv and argv[0] in ("verify", "convert") else None
@@ -127,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         {"verify": _verify, "convert": _convert, None: _run}[sub](args)
     except (DatasetError, PreprocessError, ShardFormatError) as exc:
-        print(f"preprocess{' verify' if verify else ''}: error: {exc}", file=sys.stderr)
+        _say_error(f"preprocess{' verify' if verify else ''}: error{_rank_tag()}: {exc}")
         return 1
     except KeyboardInterrupt:
         print("preprocess: interrupted; no shard set was written", file=sys.stderr)

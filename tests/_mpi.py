@@ -1,11 +1,15 @@
 """Launch real MPI ranks from a test: the venv's ``mpiexec``, a timeout, no stdin.
 
 Every multi-rank test goes through ``run_mpi`` so a deadlock fails the test (``timeout``)
-instead of hanging CI, and so the Open MPI settings for this kind of machine (root allowed,
-more ranks than cores, one thread per rank) live in one place.
+instead of hanging CI, and so the settings for this kind of machine (root allowed, more ranks
+than cores, one thread per rank) live in one place. The venv's ``mpiexec`` may be Open MPI's
+(``bash env/setup.sh``) or MPICH's Hydra (``HPCGNN_MPI=mpich``): ``mpi_family()`` asks it
+(``mpiexec --version``) and ``mpi_command`` passes only that family's flags — Open MPI needs
+``--oversubscribe`` for more ranks than cores, Hydra oversubscribes by itself and rejects it.
 """
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -31,9 +35,30 @@ def mpi_env(env: dict | None = None) -> dict:
     return out
 
 
+# The launcher flags each family needs here (more ranks than cores; root is allowed by MPI_ENV).
+FAMILY_FLAGS = {"openmpi": ["--oversubscribe"], "mpich": []}
+
+
+@functools.lru_cache(maxsize=None)
+def mpi_family(mpiexec: str | os.PathLike = MPIEXEC) -> str:
+    """'openmpi' or 'mpich' (MPICH's Hydra, also MVAPICH and Intel MPI), from
+    ``mpiexec --version``; raises RuntimeError naming the launcher when it is neither."""
+    try:
+        out = subprocess.run([str(mpiexec), "--version"], capture_output=True, text=True,
+                             timeout=30, stdin=subprocess.DEVNULL, env=mpi_env())
+    except OSError as exc:
+        raise RuntimeError(f"{mpiexec}: cannot run it ({exc}); make the venv with env/setup.sh") from exc
+    text = out.stdout + out.stderr
+    if "Open MPI" in text or "OpenRTE" in text:
+        return "openmpi"
+    if "HYDRA" in text or "Intel(R) MPI" in text:
+        return "mpich"
+    raise RuntimeError(f"{mpiexec} --version names neither Open MPI nor MPICH's Hydra:\n{text[:500]}")
+
+
 def mpi_command(nranks: int, args: list[str]) -> list[str]:
-    """``mpiexec -n N --oversubscribe python -m mpi4py ARGS`` with the venv's interpreter."""
-    return [str(MPIEXEC), "-n", str(nranks), "--oversubscribe",
+    """``mpiexec -n N [family flags] python -m mpi4py ARGS`` with the venv's interpreter."""
+    return [str(MPIEXEC), "-n", str(nranks), *FAMILY_FLAGS[mpi_family()],
             sys.executable, "-m", "mpi4py", *[str(a) for a in args]]
 
 

@@ -29,6 +29,13 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(s))
     proc = _run("summary", str(tmp_path))
     assert proc.returncode == 0 and "0.8123" in proc.stdout and "1,234,567" in proc.stdout
+    assert "halo bytes" not in proc.stdout                      # no config.toml: algorithm unknown
+    (tmp_path / "config.toml").write_text('[parallel]\nalgorithm = "1.5d"\nreplication = 2\n')
+    cagnet = _run("summary", str(tmp_path))
+    assert "1.5D bytes exchanged (block broadcasts, row all-reduces) 1,234,567" in cagnet.stdout
+    assert "halo" not in cagnet.stdout
+    (tmp_path / "config.toml").write_text('[parallel]\nalgorithm = "halo"\n')
+    assert "halo bytes exchanged 1,234,567" in _run("summary", str(tmp_path)).stdout
     missing = _run("summary", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "summary.json: not found" in missing.stderr
 
@@ -44,7 +51,10 @@ def test_config_defaults_file_and_overrides(tmp_path):
 
 @pytest.mark.parametrize("text,words", [
     ("[model]\nwidth = 4\n", ["unknown key model.width", "valid keys"]),
+    ("[model]\nhiden = 4\n", ["unknown key model.hiden", "did you mean 'model.hidden'?"]),
+    ("[model]\nepochs = 4\n", ["unknown key model.epochs", "did you mean 'train.epochs'?"]),
     ("[optim]\nlr = 1\n", ["unknown section [optim]"]),
+    ("[trian]\nlr = 1\n", ["unknown section [trian]", "did you mean 'train'?"]),
     ("[model]\nhidden = 'big'\n", ["model.hidden", "must be a int"]),
     ("[train]\nepochs = 0\n", ["train.epochs = 0", ">= 1"]),
     ("[model\n", ["not valid TOML"]),

@@ -72,10 +72,11 @@ def test_predict_errors_end_the_job_on_every_rank(shards, tmp_path):
                    extra=("--stop-after", "0")))                  # records written, no checkpoint
     proc = predict(2, run, shards("cora", 2), tmp_path / "pred")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "[rank 0/2] ERROR" in proc.stderr and "checkpoint.pt: not found" in proc.stderr
-    assert "[rank 1/2] ERROR stopping: another rank failed at start-up (rank 0:" in proc.stderr
+    assert "[rank 0/2] ERROR rank 0: " in proc.stderr and "checkpoint.pt: not found" in proc.stderr
+    assert "[rank 0/2] ERROR rank 1: no error; stopping with the others" in proc.stderr
     shutil.rmtree(run)
     proc = predict(2, run, shards("cora", 2), tmp_path / "pred")
-    assert proc.returncode == 2 and proc.stderr.count("config.toml: not found") == 2
+    assert proc.returncode == 2 and proc.stderr.count("config.toml: not found") == 1
+    assert "[rank 0/2] ERROR ranks 0-1: " in proc.stderr
     with pytest.raises(PredictError, match="meta.json: not found"):
         read_predictions(tmp_path / "pred")

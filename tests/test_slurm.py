@@ -182,6 +182,49 @@ class LocalSlurm:
         return rec
 
 
+def _subreaper(on: bool) -> None:
+    """Make this process adopt orphaned descendants (prctl PR_SET_CHILD_SUBREAPER), so that
+    env/slurm/reaper.py, orphaned when up.sh exits, is our child and can be reaped here."""
+    import ctypes
+    ctypes.CDLL(None).prctl(36, int(on), 0, 0, 0)
+
+
+def slurm_up(priv: list[str], root: Path) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
+    """env/slurm/up.sh ROOT with this process as the subreaper of what it leaves running;
+    returns the run and the PIDs it recorded (munged, slurmctld, slurmd, reaper)."""
+    _subreaper(True)
+    try:
+        up = run([*priv, "bash", REPO / "env" / "slurm" / "up.sh", root], timeout=120)
+    finally:
+        _subreaper(False)
+    pids = {p.stem: int(p.read_text()) for p in (root / "pids").glob("*.pid")}
+    return up, pids
+
+
+def slurm_down(priv: list[str], root: Path, pids: dict[str, int]) -> subprocess.CompletedProcess:
+    """env/slurm/down.sh ROOT, then reap the reaper (our adopted child) if it has ended."""
+    down = run([*priv, "bash", REPO / "env" / "slurm" / "down.sh", root], timeout=120)
+    if "reaper" in pids:
+        try:
+            os.waitpid(pids["reaper"], os.WNOHANG)
+        except ChildProcessError:
+            pass
+    return down
+
+
+def zombies(pids) -> list[int]:
+    """Those of ``pids`` that are zombies (ended, never reaped)."""
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z":
+            out.append(pid)
+    return out
+
+
 @pytest.fixture(scope="session")
 def slurm():
     priv = _privilege()
@@ -190,13 +233,14 @@ def slurm():
         pytest.skip(why)
     _install(priv)
     root = Path(tempfile.mkdtemp(prefix="hpcgnn-slurm-"))   # short: the munge socket path
+    pids: dict[str, int] = {}
     try:
-        up = run([*priv, "bash", REPO / "env" / "slurm" / "up.sh", root], timeout=120)
+        up, pids = slurm_up(priv, root)
         assert up.returncode == 0, f"env/slurm/up.sh failed:\n{up.stderr[-4000:]}"
         conf = re.search(r"export SLURM_CONF=(\S+)", up.stdout).group(1)
         yield LocalSlurm(root, {"SLURM_CONF": conf})
     finally:
-        down = run([*priv, "bash", REPO / "env" / "slurm" / "down.sh", root], timeout=120)
+        down = slurm_down(priv, root, pids)
         print(down.stderr, file=sys.stderr)
         run([*priv, "rm", "-rf", root])
 
@@ -446,3 +490,61 @@ def test_a_cancelled_training_job_stays_cancelled(slurm, chain_run, tmp_path):
     queue = run(["squeue", "-h", "-o", "%i %j"], env={**os.environ, **slurm.env})
     assert "hpcgnn-train" not in queue.stdout, queue.stdout
     assert "requeueing" not in log.read_text() and "submitted job" not in log.read_text()
+
+
+@pytest.mark.slurm
+def test_sweep_without_hpcgnn_home_runs_every_schedule(slurm, chain_run, tmp_path):
+    """No HPCGNN_HOME: each array task finds the repository from its own job record. One task
+    of an array has the array's own job id, and `scontrol show job <that id>` lists every
+    task: that task must still find it, and every schedule must get its run and summary."""
+    names = ("full", "fixed-128", "quant2-all")
+    schedules = [REPO / "configs" / "schedules" / f"{n}.toml" for n in names]
+    env = {k: v for k, v in job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_ARRAY_MAX="2").items()
+           if k != "HPCGNN_HOME"}
+    array = slurm.script(JOBS / "sweep.sh", chain_run.shards, CORA, *schedules, "--",
+                         "--set", "train.epochs=3", cwd=tmp_path, env=env)
+    ids = []
+    for task, name in enumerate(names):
+        run_dir = tmp_path / "runs" / f"sweep-{array}" / name
+        rec = slurm.completed(f"{array}_{task}", 240, run_dir / f"slurm-{array}_{task}.out")
+        ids.append(rec["JobId"])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["epochs"] == 3 and summary["ranks"] == 2
+        assert "job log moved to" in (run_dir / f"slurm-{array}_{task}.out").read_text()
+    assert array in ids, (array, ids)              # the task that shares the array's id ran too
+    assert not list(tmp_path.glob("*.out")), "job logs left in the submission directory"
+
+
+@pytest.mark.slurm
+def test_four_ranks_run_on_the_local_node_and_log_under_the_run_dir(slurm, tmp_path):
+    """The README's `sbatch --ntasks=4` on the local SLURM, whatever the machine's cores (the
+    node declares at least 8 CPUs); the job's log moves from the submission directory into
+    its run directory."""
+    shards = tmp_path / "cora-4"
+    assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 4, "--out",
+                shards, "-q"], timeout=120).returncode == 0
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"))
+    job = slurm.sbatch("--ntasks=4", JOBS / "train.sbatch", shards, CORA, "--set", "train.epochs=3",
+                       cwd=tmp_path, env=env)
+    log = tmp_path / "runs" / f"slurm-{job}" / f"slurm-{job}.out"
+    slurm.completed(job, 240, log)
+    summary = json.loads((log.parent / "summary.json").read_text())
+    assert summary["ranks"] == 4 and summary["epochs"] == 3
+    assert not list(tmp_path.glob("*.out")), "job log left in the submission directory"
+
+
+@pytest.mark.slurm
+def test_down_reaps_the_daemons(slurm, tmp_path):
+    """A second SLURM in its own directory: after down.sh none of its daemons is a zombie."""
+    priv = _privilege()
+    root = Path(tempfile.mkdtemp(prefix="hpcgnn-slurm2-"))
+    try:
+        up, pids = slurm_up(priv, root)
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert set(pids) == {"munged", "slurmctld", "slurmd", "reaper"}, pids
+        down = slurm_down(priv, root, pids)
+        assert down.returncode == 0, down.stderr
+        assert zombies(pids.values()) == [], (pids, down.stderr)
+        assert not [p for p in pids.values() if Path(f"/proc/{p}").exists()], pids
+    finally:
+        run([*priv, "rm", "-rf", root])

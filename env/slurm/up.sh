@@ -5,15 +5,20 @@
 #   sbatch ... ; squeue ; ...
 #   bash env/slurm/down.sh /tmp/slurm-xyz           # stops them by the PIDs recorded here
 #
-# Needs root, or sudo (`sudo bash env/slurm/up.sh DIR`: slurmd runs jobs as their users), and
-# the Debian/Ubuntu packages slurm-wlm and munge (and libpmix-dev, for srun --mpi=pmix).
+# Run it as root (slurmd starts jobs as their owners), with the Debian/Ubuntu packages slurm-wlm
+# and munge (and libpmix-dev, for srun --mpi=pmix).
 # Nothing outside DIR is touched: its own munge key and socket, free TCP ports, its own
-# slurm.conf. The PIDs go to DIR/pids/<daemon>.pid; on any failure the daemons already
-# started are stopped and the logs are shown. Variables: SLURM_LOCAL_CPUS (default: online CPUs),
-# SLURM_LOCAL_MEM_MB (default 90 % of MemTotal), SLURM_LOCAL_TIMEOUT (s, default 60).
+# slurm.conf. The daemons run under env/slurm/reaper.py, which reaps them when down.sh stops
+# them; the PIDs go to DIR/pids/<daemon>.pid; on any failure the daemons already started are
+# stopped and the logs are shown. The node declares at least 8 CPUs, more than a small machine
+# has (oversubscribed, SlurmdParameters=config_overrides), so 4-rank examples run on 2 cores.
+# Variables: SLURM_LOCAL_CPUS (default: the online CPUs, at least 8), SLURM_LOCAL_MEM_MB
+# (default 90 % of MemTotal), SLURM_LOCAL_TIMEOUT (s, default 60).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+inner=0
+[[ ${1:-} == --start ]] && { inner=1; shift; }      # the part run under reaper.py
 [[ $# -eq 1 ]] || { echo "usage: $0 DIR" >&2; exit 2; }
 dir=$(mkdir -p "$1" && cd "$1" && pwd)
 say() { printf '[env/slurm/up] %s\n' "$*" >&2; }
@@ -28,9 +33,12 @@ free_port() {
 }
 
 write_conf() {
-    # getconf, not nproc: nproc obeys OMP_NUM_THREADS (the Makefile sets 1), and slurmd would
-    # then be declared with 1 CPU and every 2-task job would pend forever (PartitionConfig)
-    local cpus=${SLURM_LOCAL_CPUS:-$(getconf _NPROCESSORS_ONLN)}
+    # getconf, not nproc: nproc obeys OMP_NUM_THREADS (the Makefile sets 1). At least 8 CPUs
+    # (more than the cores: oversubscribed), else `sbatch --ntasks=4` on a 2-core machine
+    # would pend forever (PartitionConfig)
+    local online cpus
+    online=$(getconf _NPROCESSORS_ONLN)
+    cpus=${SLURM_LOCAL_CPUS:-$(( online > 8 ? online : 8 ))}
     local mem=${SLURM_LOCAL_MEM_MB:-$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)}
     local p1 p2
     p1=$(free_port); p2=$(free_port)
@@ -80,8 +88,24 @@ fail() {
     exit 1
 }
 
+# The daemons must outlive this script, and be reaped when they end: start them from a child
+# of reaper.py (a child subreaper that outlives this script); wait for that start to finish.
 main() {
     install -d -m 0755 "$dir/state" "$dir/spool/slurmd" "$dir/log" "$dir/pids"
+    local status=$dir/pids/up.status
+    rm -f "$status"
+    setsid python3 "$here/reaper.py" "$status" -- bash "${BASH_SOURCE[0]}" --start "$dir" \
+        > "$dir/log/up.out" 2> "$dir/log/up.err" < /dev/null &
+    echo $! > "$dir/pids/reaper.pid"
+    local reaper=$!
+    while [[ ! -f $status ]] && kill -0 "$reaper" 2>/dev/null; do sleep 0.2; done
+    cat "$dir/log/up.err" >&2
+    [[ -f $status ]] || { say "the start of the daemons ended without a status (see $dir/log)"; exit 1; }
+    cat "$dir/log/up.out"
+    return "$(cat "$status")"
+}
+
+start_daemons() {
     write_conf
     export SLURM_CONF=$dir/slurm.conf
     start_munge || fail
@@ -92,4 +116,4 @@ main() {
     echo "export SLURM_CONF=$SLURM_CONF"
 }
 
-main
+if (( inner )); then start_daemons; else main; fi

@@ -56,14 +56,45 @@ def _read_part(shards: Path, meta: dict, part: int, verify_hash: bool) -> Shard:
     return read_shard(path, part_id=part, num_parts=int(meta["num_parts"]))
 
 
-def row_normalize(x: np.ndarray) -> np.ndarray:
-    """Each row divided by its sum (rows summing to 0 stay 0)."""
+# A row is divided by its sum only when the sum is at least this share of the row's absolute
+# sum: bag-of-words rows (non-negative) have share 1; signed rows can sum to ~0 and explode.
+MIN_SUM_SHARE = 1e-2
+SHOWN_ROWS = 5
+
+
+class FeatureNormError(ValueError):
+    """``data.normalize_features`` on rows that cannot be row-normalised (signed features)."""
+
+
+def row_normalize(x: np.ndarray, global_id: np.ndarray | None = None, part: int | None = None) -> np.ndarray:
+    """Each row divided by its sum (all-zero rows stay 0), float32 ``(n, F)``.
+
+    Raises ``FeatureNormError`` naming a few rows (``global_id``, else row numbers) when a
+    non-zero row's sum is not positive or under ``MIN_SUM_SHARE`` of its absolute sum: dividing
+    by it would blow the row up (real-valued features want ``data.normalize_features = false``)."""
+    s64 = x.sum(axis=1, dtype=np.float64)
+    bad = np.flatnonzero(s64 < MIN_SUM_SHARE * np.abs(x).sum(axis=1, dtype=np.float64))
+    bad = bad[np.any(x[bad] != 0, axis=1)]
+    if bad.size:
+        raise FeatureNormError(_norm_error(s64, bad, global_id, part))
     s = x.sum(axis=1, keepdims=True)
     return (x / np.where(s == 0, 1.0, s)).astype(np.float32)
 
 
+def _norm_error(s: np.ndarray, bad: np.ndarray, global_id: np.ndarray | None, part: int | None) -> str:
+    ids = bad if global_id is None else np.asarray(global_id)[bad]
+    shown = ", ".join(f"{int(i)} (sum {s[r]:.3g})" for i, r in zip(ids[:SHOWN_ROWS], bad[:SHOWN_ROWS]))
+    more = f" and {bad.size - SHOWN_ROWS} more" if bad.size > SHOWN_ROWS else ""
+    where = f" of part {part}" if part is not None else ""
+    return (f"data.normalize_features = true, but {bad.size} feature row(s){where} have a sum that is "
+            f"not positive or is near zero next to their absolute values (global ids {shown}{more}); "
+            f"dividing by it would blow those rows up. Fix: set data.normalize_features = false "
+            f"in the run config (or --set data.normalize_features=false) for real-valued or signed "
+            f"features; row normalisation is for non-negative (bag-of-words) features")
+
+
 def part_tensors(shard: Shard, normalize: bool, device: torch.device) -> PartInputs:
-    x = row_normalize(shard.features) if normalize else shard.features
+    x = row_normalize(shard.features, shard.global_id, shard.part_id) if normalize else shard.features
     t = lambda a, dt: torch.as_tensor(np.ascontiguousarray(a), dtype=dt).to(device)  # noqa: E731
     return PartInputs(x=t(x, torch.float32), y=t(shard.label, torch.long),
                       train=t(shard.train_mask, torch.bool), val=t(shard.val_mask, torch.bool),

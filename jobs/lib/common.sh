@@ -31,6 +31,31 @@ hpcgnn_env() {
     fi
 }
 
+# This job's name for scontrol: A_T for an array task (its plain id may equal the array's id, and
+# `scontrol show job`/`requeue` of that id means every task of the array), else the job id.
+hpcgnn_job_ref() {
+    if [[ -n ${SLURM_ARRAY_TASK_ID:-} ]]; then echo "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+    else echo "${SLURM_JOB_ID:-none}"; fi
+}
+
+# SLURM opened the job's output file in the submission directory (#SBATCH --output=%x-%j.out):
+# move it into DIR as NAME, so the log lies with the run it describes, not in the repository.
+# The open file keeps receiving the output (a rename on one file system). An --output of the
+# user's choosing, or a DIR on another file system, leaves the file where it is.
+hpcgnn_keep_log() {
+    local dir=$1 name=$2 default out
+    [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_SUBMIT_DIR:-} ]] || return 0
+    default=$SLURM_SUBMIT_DIR/${SLURM_JOB_NAME}-${SLURM_JOB_ID}.out
+    out=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | sed -n 's/.* StdOut=\([^ ]*\).*/\1/p' | head -n 1)
+    [[ -f $default && $out == "$default" ]] || return 0
+    mkdir -p "$dir"
+    if [[ $(stat -c %d "$dir") != "$(stat -c %d "$SLURM_SUBMIT_DIR")" ]]; then
+        hpcgnn_say "job log stays in $default ($dir is on another file system)"
+        return 0
+    fi
+    mv "$default" "$dir/$name" && hpcgnn_say "job log moved to $dir/$name"
+}
+
 # Print the MPI library mpi4py was built against, without initialising MPI.
 hpcgnn_mpi_flavour() {
     python - <<'PY'
@@ -49,6 +74,12 @@ srun_has_mpi() {
     srun --mpi="$1" --ntasks=1 --cpus-per-task=1 true >/dev/null 2>&1
 }
 
+# Does this node's allocation hold more CPUs than the node has online? (A SLURM that declares
+# extra CPUs, as env/slurm/up.sh does on small machines, SlurmdParameters=config_overrides.)
+hpcgnn_oversubscribed() {
+    [[ ${SLURM_CPUS_ON_NODE:-0} -gt $(getconf _NPROCESSORS_ONLN) ]]
+}
+
 # Fill the array LAUNCH with the command that starts $SLURM_NTASKS ranks of one program.
 hpcgnn_launcher() {
     local want=${HPCGNN_LAUNCHER:-auto} flavour plugin
@@ -57,7 +88,10 @@ hpcgnn_launcher() {
     case $flavour in openmpi) plugin=pmix ;; *) plugin=pmi2 ;; esac
     plugin=${HPCGNN_SRUN_MPI:-$plugin}
     if [[ $want == auto ]]; then
-        if [[ -n ${SLURM_JOB_ID:-} ]] && srun_has_mpi "$plugin"; then want=srun; else want=mpirun; fi
+        if hpcgnn_oversubscribed; then
+            want=mpirun   # srun's direct launch of pip's Open MPI fails for ranks past the cores
+            hpcgnn_say "node oversubscribed ($SLURM_CPUS_ON_NODE CPUs allocated, $(getconf _NPROCESSORS_ONLN) online): mpirun, unbound ranks"
+        elif [[ -n ${SLURM_JOB_ID:-} ]] && srun_has_mpi "$plugin"; then want=srun; else want=mpirun; fi
     fi
     case $want in
         # srun no longer passes --cpus-per-task from sbatch to the step (Slurm >= 22.05): say it.
@@ -65,6 +99,8 @@ hpcgnn_launcher() {
         mpirun)
             LAUNCH=(mpirun -n "$ntasks")
             [[ $flavour == openmpi && $cpus -gt 1 ]] && LAUNCH+=(--map-by "slot:pe=$cpus")
+            # Binding to cores the machine lacks is refused ("overload-allowed"): leave ranks unbound.
+            [[ $flavour == openmpi ]] && hpcgnn_oversubscribed && LAUNCH+=(--bind-to none)
             ;;
         *) hpcgnn_die "HPCGNN_LAUNCHER=$want is not one of auto, srun, mpirun" ;;
     esac

@@ -24,6 +24,7 @@ has_arg() { local want=$1; shift; for a in "$@"; do [[ $a == "$want" ]] && retur
 hpcgnn_preprocess_main() {
     local dataset=$1 parts=$2 out=$3; shift 3
     hpcgnn_env
+    hpcgnn_keep_log "${HPCGNN_RUNS:-runs}/logs" "${SLURM_JOB_NAME:-hpcgnn-prep}-$(hpcgnn_job_ref).out"
     local force=() why
     if [[ -f $out/meta.json ]] && python -m preprocess verify -q "$out" >&2; then
         if why=$(hpcgnn_same_settings "$dataset" "$parts" "$out" "$@"); then

@@ -33,6 +33,12 @@ hpcgnn_check_shards() {
     (( parts % ntasks == 0 || ntasks % parts == 0 )) || hpcgnn_die "$shards has num_parts=$parts but the job has $ntasks tasks: submit with --ntasks=$parts or a divisor of $parts (each rank then loads num_parts/ntasks parts), or num_parts * c for parallel.algorithm = 1.5d"
 }
 
+# The job log's name in RUN_DIR: slurm-<job>.out, one file per start of a requeued job.
+hpcgnn_log_name() {
+    local restarts=${SLURM_RESTART_COUNT:-0}
+    echo "slurm-$(hpcgnn_job_ref)$( ((restarts > 0)) && echo ".restart$restarts").out"
+}
+
 # A run is resumed when its last segment was preempted and it has not finished since; or when
 # SLURM restarted the job without our marker (node failure, a preemption whose TERM never
 # reached the ranks, scontrol requeue by hand) and a periodic checkpoint is there
@@ -72,8 +78,8 @@ hpcgnn_continue_later() {
         requeue)
             hpcgnn_ended_by_slurm && exit 0   # a scancel must not be undone
             # Say it first: the requeue ends this shell at once.
-            hpcgnn_say "checkpointed; requeueing job $SLURM_JOB_ID (restart $((restarts + 1)))"
-            scontrol requeue "$SLURM_JOB_ID" && exit 0
+            hpcgnn_say "checkpointed; requeueing job $(hpcgnn_job_ref) (restart $((restarts + 1)))"
+            scontrol requeue "$(hpcgnn_job_ref)" && exit 0
             hpcgnn_ended_by_slurm && exit 0
             hpcgnn_say "scontrol requeue failed; resubmitting instead"
             hpcgnn_resubmit "$run_dir" "$@" ;;
@@ -88,7 +94,7 @@ hpcgnn_continue_later() {
 # requeue or resubmission of ours would undo a cancel or run RUN_DIR twice.
 hpcgnn_ended_by_slurm() {
     local info restarts state
-    info=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || return 1
+    info=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null) || return 1
     restarts=$(sed -n 's/.*Restarts=\([0-9]*\).*/\1/p' <<< "$info")
     state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<< "$info")
     [[ $state != RUNNING || ${restarts:-0} -gt ${SLURM_RESTART_COUNT:-0} ]] || return 1
@@ -98,7 +104,7 @@ hpcgnn_ended_by_slurm() {
 # Submit the same training again as a new job that resumes RUN_DIR once this one has ended.
 hpcgnn_resubmit() {
     local run_dir=$1; shift
-    local opts=(--dependency="afterany:$SLURM_JOB_ID" --ntasks="$SLURM_NTASKS"
+    local opts=(--dependency="afterany:$(hpcgnn_job_ref)" --ntasks="$SLURM_NTASKS"
                 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --job-name="$SLURM_JOB_NAME"
                 --export="ALL,HPCGNN_RUN_DIR=$run_dir")
     [[ -n ${SLURM_JOB_PARTITION:-} ]] && opts+=(--partition="$SLURM_JOB_PARTITION")
@@ -117,9 +123,14 @@ hpcgnn_train_main() {
     schedule=$(hpcgnn_array_schedule)
     run_dir=$(hpcgnn_run_dir "$schedule" "$@")
     mkdir -p "$run_dir"
+    hpcgnn_keep_log "$run_dir" "$(hpcgnn_log_name)"
     local extra=(--out "$run_dir") resumed=0
     [[ -n $schedule ]] && extra+=(--schedule "$schedule")
-    if hpcgnn_needs_resume "$run_dir"; then extra+=(--resume); resumed=1; fi
+    if hpcgnn_needs_resume "$run_dir"; then
+        extra+=(--resume); resumed=1
+    elif [[ ${SLURM_RESTART_COUNT:-0} -gt 0 ]]; then
+        extra+=(--force)   # this job's own run, restarted before any checkpoint: start it again
+    fi
     hpcgnn_launcher
     hpcgnn_record_segment "$run_dir" "$resumed"
     hpcgnn_say "run dir $run_dir (resume: $resumed)"

@@ -1,0 +1,94 @@
+"""Whether ``--out`` already holds a run, and what: so that ``hpcgnn train`` never silently
+starts afresh over a stopped (resumable) or finished run.
+
+``check_run_dir(run_dir, resume, force)`` runs on every rank at start-up, before any exchange
+(``hpcgnn.train.launch.build_trainer``): a directory holding a run is refused unless
+``--resume`` (continue it) or ``--force`` (start a new run over it). ``clear_old_run`` then
+removes, on rank 0 and only after every rank agreed to start, the old run's checkpoint,
+preemption marker and summary, so a forced restart that dies early leaves nothing of the old
+run that looks like its own.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpcgnn.train.checkpoint import CHECKPOINT_NAME
+from hpcgnn.train.metrics import METRICS_NAME, SUMMARY_NAME
+from hpcgnn.train.preempt import PREEMPTED_NAME
+from hpcgnn.train.records import RUN_NAME
+
+RUN_FILES = (CHECKPOINT_NAME, METRICS_NAME, RUN_NAME, PREEMPTED_NAME, SUMMARY_NAME)
+STALE_FILES = (CHECKPOINT_NAME, PREEMPTED_NAME, SUMMARY_NAME)   # replaced by --force
+
+
+class RunDirError(ValueError):
+    """``--out`` holds a run and neither ``--resume`` nor ``--force`` was given."""
+
+
+def check_run_dir(run_dir: str | Path, resume: bool, force: bool) -> None:
+    """Raise ``RunDirError`` naming ``run_dir``, what it holds and both fixes when it holds a
+    run and the command neither resumes nor forces. Reads a few small files; no MPI."""
+    run_dir = Path(run_dir)
+    if resume or force:
+        return
+    what = describe_run(run_dir)
+    if what is None:
+        return
+    raise RunDirError(
+        f"{run_dir}: holds {what}; `hpcgnn train` does not start a new run over it. Fix: add "
+        f"--resume to continue that run (same config, schedule and shards), or --force to start "
+        f"a new run that replaces it (or give another --out directory)")
+
+
+def describe_run(run_dir: Path) -> str | None:
+    """What ``run_dir`` holds, e.g. 'a run stopped after 30 epochs (checkpoint.pt, ...)'; None
+    when it holds no run (absent, empty, or files of other tools only)."""
+    found = [name for name in RUN_FILES if (run_dir / name).is_file()]
+    if not found:
+        return None
+    files = ", ".join(found)
+    summary = _read_json(run_dir / SUMMARY_NAME)
+    if summary is not None and not (run_dir / PREEMPTED_NAME).is_file():
+        return f"a finished run ({summary.get('epochs', '?')} epochs; {files})"
+    done = _epochs_done(run_dir)
+    when = f"after {done} epoch{'s' * (done != 1)}" if done else "before its first epoch ended"
+    if (run_dir / PREEMPTED_NAME).is_file():
+        return f"a preempted run, stopped {when} ({files})"
+    if (run_dir / CHECKPOINT_NAME).is_file():
+        return f"a run stopped {when} ({files})"
+    return f"a run stopped {when} without a checkpoint ({files})"
+
+
+def clear_old_run(run_dir: str | Path) -> list[str]:
+    """Rank 0, after all ranks agreed to start with ``--force`` and no ``--resume``: remove the
+    old run's checkpoint, preemption marker and summary (metrics and records are rewritten at
+    start). Returns the names removed."""
+    removed = []
+    for name in STALE_FILES:
+        path = Path(run_dir) / name
+        if path.is_file():
+            path.unlink()
+            removed.append(name)
+    return removed
+
+
+def _epochs_done(run_dir: Path) -> int:
+    """Epochs finished: preempted.json's count, else the last epoch in metrics.jsonl + 1."""
+    marker = _read_json(run_dir / PREEMPTED_NAME)
+    if marker and isinstance(marker.get("epochs_done"), int):
+        return marker["epochs_done"]
+    try:
+        lines = (run_dir / METRICS_NAME).read_text().splitlines()
+        epochs = [json.loads(line)["epoch"] for line in lines if line.strip()]
+        return int(epochs[-1]) + 1 if epochs else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

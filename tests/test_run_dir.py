@@ -1,0 +1,80 @@
+"""``hpcgnn train --out DIR`` on a DIR that holds a run: refused on every rank at start-up
+(before any exchange) with one message naming DIR, what it holds and both fixes, unless
+``--resume`` (continue it) or ``--force`` (a new run replaces it). Real ranks, real files."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import check_ok, read_metrics, train
+
+SETS = ("train.epochs=3", "model.hidden=8")
+
+
+def _files(run_dir) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file()}
+
+
+@pytest.mark.mpi
+def test_a_stopped_run_is_refused_then_resumed_then_replaced(shards, tmp_path):
+    shard_dir, run = shards("cora", 2), tmp_path / "run"
+    check_ok(train(2, shard_dir, run, *SETS, config="configs/cora.toml", extra=("--stop-after", "2")))
+    before = _files(run)
+    assert "checkpoint.pt" in before and "summary.json" not in before
+
+    again = train(2, shard_dir, run, *SETS, config="configs/cora.toml")
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    errors = [ln for ln in again.stderr.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1, again.stderr                      # once, by rank 0, for both ranks
+    line = errors[0]
+    assert line.startswith("[rank 0/2] ERROR ranks 0-1: ") and str(run) in line
+    assert "a run stopped after 2 epochs" in line and "checkpoint.pt" in line
+    assert "--resume" in line and "--force" in line
+    assert _files(run) == before                               # nothing touched
+
+    check_ok(train(2, shard_dir, run, *SETS, config="configs/cora.toml", extra=("--resume",)))
+    assert [r["epoch"] for r in read_metrics(run)] == [0, 1, 2]
+    finished = train(2, shard_dir, run, *SETS, config="configs/cora.toml")
+    assert finished.returncode == 2 and "a finished run (3 epochs" in finished.stderr
+
+    forced = train(2, shard_dir, run, "train.epochs=2", "model.hidden=8", config="configs/cora.toml",
+                   extra=("--force",))
+    check_ok(forced)
+    assert "--force: starting a new run in" in forced.stderr
+    assert [r["epoch"] for r in read_metrics(run)] == [0, 1]
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2
+    commands = json.loads((run / "run.json").read_text())["commands"]
+    assert len(commands) == 1 and "--force" in commands[0]["argv"]
+
+
+@pytest.mark.mpi
+def test_an_empty_or_foreign_directory_is_a_fine_out(shards, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine\n")                    # not a run's file
+    check_ok(train(2, shards("cora", 2), run, "train.epochs=1", "model.hidden=8"))
+    assert (run / "notes.txt").read_text() == "mine\n" and (run / "summary.json").is_file()
+
+
+def test_describe_names_what_a_directory_holds(tmp_path):
+    from hpcgnn.train.rundir import RunDirError, check_run_dir, clear_old_run, describe_run
+    run = tmp_path / "r"
+    assert describe_run(run) is None
+    run.mkdir()
+    assert describe_run(run) is None
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(7)))
+    assert describe_run(run).startswith("a run stopped after 7 epochs without a checkpoint")
+    (run / "checkpoint.pt").write_bytes(b"x")
+    (run / "preempted.json").write_text(json.dumps({"epoch": 29, "epochs_done": 30}))
+    assert describe_run(run).startswith("a preempted run, stopped after 30 epochs")
+    with pytest.raises(RunDirError, match=r"r: holds a preempted run, stopped after 30 epochs .*"
+                                          r"--resume to continue .* --force to start a new run"):
+        check_run_dir(run, resume=False, force=False)
+    check_run_dir(run, resume=True, force=False)
+    check_run_dir(run, resume=False, force=True)
+    (run / "preempted.json").unlink()
+    (run / "summary.json").write_text(json.dumps({"epochs": 200}))
+    assert describe_run(run).startswith("a finished run (200 epochs")
+    assert sorted(clear_old_run(run)) == ["checkpoint.pt", "summary.json"]
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
