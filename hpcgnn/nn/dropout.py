@@ -17,30 +17,18 @@ from __future__ import annotations
 
 import torch
 
-from hpcgnn.comm.keys import mix
+from hpcgnn.hashing import M32 as _M32, golden_hashes, hash32_ as _hash32, mix
 
-_M32 = 0xFFFFFFFF
 _CHUNK_ELEMS = 1 << 18          # CPU: a chunk's int64 temporaries stay in cache
 _CHUNK_ELEMS_GPU = 1 << 26      # GPU: few launches (a chunk per 256k elements cost 2,500
                                 # kernel launches per layer, 5x PyG's epoch on an H100)
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 (C. Wellons) on int64 tensors holding values in [0, 2^32); in place on ``x``."""
-    x ^= x >> 16
-    x.mul_(0x7FEB352D).bitwise_and_(_M32)
-    x ^= x >> 15
-    x.mul_(0x846CA68B).bitwise_and_(_M32)
-    x ^= x >> 16
-    return x
 
 
 def _row_col_hashes(global_id: torch.Tensor, width: int, seed: int, epoch: int, layer: int):
     """Per-row and per-channel 32-bit hashes; an element's bit mixes one of each."""
     key = mix(seed, epoch, layer, 0xD209) & _M32
     rows = _hash32(_hash32(global_id.to(torch.int64) & _M32) ^ key)
-    cols = _hash32(torch.arange(width, dtype=torch.int64, device=global_id.device) * 0x9E3779B1 & _M32)
-    return rows, cols
+    return rows, golden_hashes(width, global_id.device)
 
 
 def _keep(row_h: torch.Tensor, col_h: torch.Tensor, p: float) -> torch.Tensor:
@@ -91,8 +79,7 @@ def edge_keep_mask(dst_id: torch.Tensor, src_id: torch.Tensor, heads: int, p: fl
     ids) and head is kept (probability 1 - p)."""
     key = mix(seed, epoch, layer, 0xA77E) & _M32
     edge = _hash32(_hash32(_hash32(dst_id.to(torch.int64) & _M32) ^ key) ^ (src_id.to(torch.int64) & _M32))
-    cols = _hash32(torch.arange(heads, dtype=torch.int64, device=dst_id.device) * 0x9E3779B1 & _M32)
-    return _keep(edge[:, None], cols[None, :], p)
+    return _keep(edge[:, None], golden_hashes(heads, dst_id.device)[None, :], p)
 
 
 def edge_dropout(alpha: torch.Tensor, dst_id: torch.Tensor, src_id: torch.Tensor, p: float,
