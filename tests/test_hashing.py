@@ -5,6 +5,7 @@ import torch
 
 from hpcgnn import hashing
 from test_codecs import np_col, np_hash32
+from test_exchange_exact import mix as mix_reference
 
 
 def test_splitmix64_matches_the_published_sequence():
@@ -15,13 +16,8 @@ def test_splitmix64_matches_the_published_sequence():
 
 
 def test_mix_is_a_splitmix_chain_in_63_bits():
-    h = 0
-    for v in (3, 1, 4):
-        x = (h ^ v) + 0x9E3779B97F4A7C15 & (2**64 - 1)
-        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & (2**64 - 1)
-        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & (2**64 - 1)
-        h = x ^ (x >> 31)
-    assert hashing.mix(3, 1, 4) == h >> 1 < 2**63
+    for values in [(3, 1, 4), (0,), (2**64 - 1, 7, 2**40)]:
+        assert hashing.mix(*values) == mix_reference(*values) < 2**63
 
 
 def test_lowbias32_tensor_inplace_and_int_agree_with_numpy():
