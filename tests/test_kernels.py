@@ -253,3 +253,20 @@ def test_nn_dropout_sends_cuda_tensors_to_the_kernel(dev, monkeypatch):
     alpha = torch.rand(20, 4, device=dev)
     out = nd.edge_dropout(alpha, dst, src, 0.6, seed, epoch, layer, True)
     assert np.array_equal(out.cpu().numpy(), alpha.cpu().numpy() * np.where(ekeep, np.float32(2.5), 0))
+
+
+def test_a_kernel_that_fails_names_the_way_back(dev, monkeypatch):
+    """A Triton error (e.g. a Triton that cannot compile a kernel) names the version and
+    HPCGNN_TRITON=0."""
+    import triton
+    import triton.language as tl
+    from hpcgnn.kernels import codec as kc
+
+    @triton.jit
+    def broken(x_ptr, out_ptr, index_ptr, block_ptr, chan_ptr, scale_ptr, n_rows, width, k, row_bytes,
+               key, BITS: tl.constexpr, SAMPLE: tl.constexpr, RANDOM: tl.constexpr,
+               SCALE: tl.constexpr, BR: tl.constexpr, CW: tl.constexpr):
+        tl.static_assert(BITS == 0, "no such instruction here")
+    monkeypatch.setattr(kc, "_encode_kernel", broken)
+    with pytest.raises(RuntimeError, match=r"(?s)triton \S+ \(tested with 3.9.0\).*HPCGNN_TRITON=0"):
+        fused.encode_values(_input(4, 5, dev, seed=0), 2, 1)

@@ -1,4 +1,4 @@
-"""The Triton kernels compile for an H100 (sm_90) on a machine without a GPU, with the launch
+"""Triton stays optional: the CPU path never imports it. And the Triton kernels compile for an H100 (sm_90) on a machine without a GPU, with the launch
 arguments the launchers really pass; and the launch counts and float instructions the bit-exact
 contract needs: at most 2 launches per codec call (1 for quant alone), no FMA contraction, only
 correctly rounded divisions. (The interpreter tests check the values; this checks that a GPU
@@ -11,15 +11,28 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_cpu_path_never_imports_triton():
+    code = ("import sys, torch\n"
+            "from hpcgnn.codecs import WireCodec\nfrom hpcgnn.codecs.rng import Blocks\n"
+            "from hpcgnn.nn.dropout import counter_dropout\nimport hpcgnn.train.trainer\n"
+            "x = torch.randn(6, 5)\n"
+            "WireCodec(keep=0.5, channels='random', k=2, bits=2).encode(x, Blocks.of([6]), torch.tensor([3]), 1)\n"
+            "counter_dropout(x, torch.arange(6), 0.5, 0, 1, 0, True)\n"
+            "assert 'triton' not in sys.modules, 'triton was imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90_with_exact_float_ops():
+    pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_compile_kernels.py")), "90"],
                           capture_output=True, text=True, env=env, timeout=900,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     calls = {r["call"]: r["launches"] for r in lines if "call" in r}

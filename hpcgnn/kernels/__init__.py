@@ -11,6 +11,7 @@ before Triton is imported, and only where there is no GPU: a GPU machine must co
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -31,3 +32,20 @@ def use_triton(t: torch.Tensor) -> bool:
     """Whether ``t`` goes through the Triton kernels: on CUDA, with Triton installed, unless
     ``HPCGNN_TRITON=0`` asks for the torch path."""
     return t.is_cuda and os.environ.get("HPCGNN_TRITON", "1") != "0" and triton_importable()
+
+
+def explained(launcher):
+    """Decorate a kernel launcher: a Triton error (a kernel that does not compile with this Triton
+    or this GPU) is raised again naming the version and the way back to the torch path."""
+    @functools.wraps(launcher)
+    def launch(*args, **kwargs):
+        import triton  # noqa: PLC0415
+        try:
+            return launcher(*args, **kwargs)
+        except getattr(triton, "TritonError", ()) as exc:
+            raise RuntimeError(
+                f"hpcgnn's Triton kernel {launcher.__qualname__} failed with triton "
+                f"{triton.__version__} (tested with 3.9.0): {type(exc).__name__}: {exc}\n"
+                "Set HPCGNN_TRITON=0 to use the torch path on CUDA (same results, slower), or "
+                "install a Triton that matches your torch.") from exc
+    return launch

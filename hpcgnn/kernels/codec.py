@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hpcgnn.kernels import explained
 from hpcgnn.kernels.hash import col_seed, lowbias32
 
 HEADER = 6
@@ -119,8 +120,8 @@ def _threshold(key, salt, length, n, ROWS: tl.constexpr, CH: tl.constexpr):
     prefix = (key * 0).to(tl.uint32)          # the digits found so far
     high = (key * 0).to(tl.uint32)            # their mask
     need = n
-    for d in tl.static_range(8):
-        shift = 28 - 4 * d
+    for d in range(8):
+        shift = prefix * 0 + (28 - 4 * d)        # uint32, a runtime loop (fast to compile)
         hist = tl.zeros((16,), tl.int32)
         for c0 in range(0, length, CH):
             i = c0 + tl.arange(0, CH)
@@ -179,6 +180,7 @@ def _select_kernel(keys_ptr, counts_ptr, starts_ptr, kept_ptr, kept_start_ptr,
                            chan_pos_ptr + b.to(tl.int64) * width, 0, False, CH)
 
 
+@explained
 def select(lay: Layout) -> Selected:
     """The rows and channels ``lay``'s codec sends from each block (one launch)."""
     dev, p = lay.keys.device, int(lay.keys.shape[0])
@@ -305,6 +307,7 @@ def _encode_kernel(x_ptr, out_ptr, index_ptr, block_ptr, chan_ptr, scale_ptr,
                          BITS, BR, CW)
 
 
+@explained
 def encode(x: torch.Tensor, lay: Layout, sel: Selected, key: int) -> torch.Tensor:
     """float32 ``(R, F)`` -> uint8 ``[n_out * row_bytes]`` (one launch); ``key``: the sender's
     rounding key."""
@@ -372,6 +375,7 @@ def _decode_kernel(buf_ptr, out_ptr, slot_ptr, block_ptr, chan_pos_ptr, scale_pt
         tl.store(out_ptr + rows[:, None].to(tl.int64) * width + cols[None, :], tl.where(ok, v, 0.0), mask=cm)
 
 
+@explained
 def decode(buf: torch.Tensor, lay: Layout, sel: Selected) -> torch.Tensor:
     """uint8 ``[n_out * row_bytes]`` -> float32 ``(R, F)`` (one launch)."""
     out = torch.empty(lay.rows, lay.width, dtype=torch.float32, device=buf.device)

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hpcgnn.kernels import explained
 from hpcgnn.kernels.hash import golden_hash, lowbias32
 
 TILE = 4096
@@ -47,6 +48,7 @@ def _dropout_kernel(x_ptr, out_ptr, gid_ptr, src_ptr, n_rows, width, key, thresh
             tl.store(out_ptr + at, x * tl.where(keep, scale, 0.0), mask=m)
 
 
+@explained
 def _launch(x: torch.Tensor | None, out: torch.Tensor, gid: torch.Tensor, src: torch.Tensor | None,
             width: int, key: int, p: float) -> torch.Tensor:
     n = int(gid.shape[0])
