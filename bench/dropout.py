@@ -74,7 +74,8 @@ def main() -> None:
     note = (f"Dropout p = {P} of {args.rows} x {args.width} float32, {device_name(args.device)}, "
             f"torch {torch.__version__}, best of {args.repeat}; device copy bandwidth "
             f"{copy_bw / 1e9:.0f} GB/s (read + write).")
-    lines = [note, "", "| variant | pass | ms | GB/s | share of copy bw | launches |", "|---|---|---:|---:|---:|---:|"]
+    lines = [note, "", "| variant | pass | ms | GB/s | share of copy bw | launches |",
+             "|---|---|---:|---:|---:|---:|"]
     for r in results:
         n = "–" if r["launches"] is None else r["launches"]["kernels"]
         lines.append(f"| {r['variant']} | {r['pass']} | {r['ms']:.3f} | {r['GB_per_s']:.1f} | "

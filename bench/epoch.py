@@ -218,7 +218,8 @@ def drive(args) -> None:
     runs = [(r, o, "1") for r in wanted for o in ((1,) if r == 1 else (1, 0))]
     runs += [(1, 1, "0")] if args.torch_path else []
     for ranks, overlap, triton in runs:
-        name = f"hpcgnn-{ranks}rank" + ("" if overlap else "-no-overlap") + ("" if triton == "1" else "-torch-path")
+        name = (f"hpcgnn-{ranks}rank" + ("" if overlap else "-no-overlap")
+                + ("" if triton == "1" else "-torch-path"))
         cmd = [mpiexec, "-n", str(ranks), "--oversubscribe", *me, "ours", "--shards",
                str(shard_set(args.dataset, ranks, root, args.partitioner)), "--overlap", str(overlap),
                "--out", str(root / f"run-{name}"), *common]

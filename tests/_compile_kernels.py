@@ -61,11 +61,17 @@ def _drive() -> None:
     forward = [WireCodec(bits=b) for b in (1, 2, 4, 8)] + [
         WireCodec(keep=0.5), WireCodec(channels="random", k=5), WireCodec(channels="truncate", k=5, bits=4),
         WireCodec(keep=0.5, channels="random", k=5, bits=2)]
-    codecs = forward + [backward_codec(c, b) for c in forward if c.selects for b in (IDENTITY, WireCodec(bits=1))]
+    codecs = forward + [backward_codec(c, b) for c in forward if c.selects
+                        for b in (IDENTITY, WireCodec(bits=1))]
     for codec in codecs:
         wire = torch.zeros(sum(codec.byte_counts(counts, width)), dtype=torch.uint8)
         _call(f"encode {codec}", lambda: fused.encode(codec, x, blocks, keys, 2**32 - 1))
         _call(f"decode {codec}", lambda: fused.decode(codec, wire, blocks, width, keys))
+    big, wide = Blocks.of((3000, 0, 700)), 300          # wide select steps (8 warps), wide tiles
+    xb, codec = torch.randn(3700, wide), WireCodec(keep=0.5, channels="random", k=40, bits=4)
+    wire = torch.zeros(sum(codec.byte_counts(big.counts, wide)), dtype=torch.uint8)
+    _call(f"encode {codec}, 3700 x {wide}", lambda: fused.encode(codec, xb, big, keys, 1))
+    _call(f"decode {codec}, 3700 x {wide}", lambda: fused.decode(codec, wire, big, wide, keys))
     gid = torch.arange(sum(counts), dtype=torch.int64)
     xg = x.clone().requires_grad_()
     _call("dropout forward+backward", lambda: kd.dropout(xg, gid, 0.5, 2**32 - 3).sum().backward())

@@ -28,7 +28,8 @@ FORWARD = [WireCodec(bits=1), WireCodec(bits=2), WireCodec(bits=4), WireCodec(bi
            WireCodec(channels="random", k=5, bits=1), WireCodec(channels="truncate", k=5, bits=4),
            WireCodec(keep=0.5, channels="random", k=5, bits=8)]
 CODECS = FORWARD + [backward_codec(FORWARD[4], WireCodec(bits=2)), backward_codec(FORWARD[6], IDENTITY),
-                    backward_codec(FORWARD[8], WireCodec(bits=1)), backward_codec(FORWARD[9], WireCodec(bits=8))]
+                    backward_codec(FORWARD[8], WireCodec(bits=1)),
+                    backward_codec(FORWARD[9], WireCodec(bits=8))]
 
 
 @pytest.fixture(params=[

@@ -1,8 +1,8 @@
-"""Triton stays optional: the CPU path never imports it. And the Triton kernels compile for an H100 (sm_90) on a machine without a GPU, with the launch
-arguments the launchers really pass; and the launch counts and float instructions the bit-exact
-contract needs: at most 2 launches per codec call (1 for quant alone), no FMA contraction, only
-correctly rounded divisions. (The interpreter tests check the values; this checks that a GPU
-machine gets kernels at all.)"""
+"""Triton stays optional: the CPU path never imports it. And the Triton kernels compile for an
+H100 (sm_90) on a machine without a GPU, with the launch arguments the launchers really pass,
+into what the bit-exact contract needs: at most 2 launches per codec call (1 for quant alone),
+no FMA contraction, only correctly rounded divisions. (The interpreter tests check the values;
+this checks that a GPU machine gets kernels at all.)"""
 import json
 import os
 import subprocess
@@ -19,7 +19,8 @@ def test_the_cpu_path_never_imports_triton():
             "from hpcgnn.codecs import WireCodec\nfrom hpcgnn.codecs.rng import Blocks\n"
             "from hpcgnn.nn.dropout import counter_dropout\nimport hpcgnn.train.trainer\n"
             "x = torch.randn(6, 5)\n"
-            "WireCodec(keep=0.5, channels='random', k=2, bits=2).encode(x, Blocks.of([6]), torch.tensor([3]), 1)\n"
+            "codec = WireCodec(keep=0.5, channels='random', k=2, bits=2)\n"
+            "codec.encode(x, Blocks.of([6]), torch.tensor([3]), 1)\n"
             "counter_dropout(x, torch.arange(6), 0.5, 0, 1, 0, True)\n"
             "assert 'triton' not in sys.modules, 'triton was imported'\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)

@@ -24,8 +24,9 @@ backward codec is used as it is.
 Every call is batched over all peer blocks on the input's device (``rng.Blocks`` holds the
 layout). CUDA tensors go through the fused Triton kernels (``codecs.fused``: one or two launches
 a call, the same bytes) when Triton is installed; CPU tensors through the torch code below and
-the C kernels of the value stage. ``block_bytes`` depends only on the row count, the width and the codec, so every rank
-derives every peer's byte count from the plan and the schedule alone — no size handshake.
+the C kernels of the value stage. ``block_bytes`` depends only on the row count, the width and
+the codec, so every rank derives every peer's byte count from the plan and the schedule alone —
+no size handshake.
 """
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ def layout(codec, blocks: Blocks, keys: torch.Tensor, width: int):
         keys=keys, counts=blocks.counts_t, starts=blocks.starts_t, block_of_row=blocks.block_of_row,
         kept=kept, kept_start=kept_start, scale=scale, rows=blocks.rows, n_out=n_out,
         width=width, k=codec.width_sent(width), bits=codec.bits, random=codec.channels == "random",
-        adjoint=codec.adjoint, salt_rows=SALT_ROWS, salt_channels=SALT_CHANNELS)
+        adjoint=codec.adjoint, salt_rows=SALT_ROWS, salt_channels=SALT_CHANNELS,
+        longest=max((*blocks.counts, width if codec.channels == "random" else 0), default=0))
 
 
 def encode(codec, x: torch.Tensor, blocks: Blocks, keys: torch.Tensor, noise_key: int) -> torch.Tensor:

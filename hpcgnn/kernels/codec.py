@@ -33,7 +33,8 @@ from hpcgnn.kernels.hash import col_seed, lowbias32
 HEADER = 6
 TILE = 4096             # elements of one program's (rows x channels) tile
 MAX_CW = 1024           # channels of one tile; wider rows loop over channel chunks
-SELECT_CHUNK = 256      # scores per step of the select kernel
+SELECT_CHUNK = 1024     # the most scores per step of the select kernel (one program a block:
+                        # few, wide steps; 8 warps from 512 on)
 OPTS = {"enable_fp_fusion": False}
 
 
@@ -43,7 +44,8 @@ class Layout:
 
     ``keys`` int64 ``(P,)`` block keys; ``counts``/``starts`` int64 ``(P,)``; ``block_of_row``
     int64 ``(R,)``; ``kept``/``kept_start`` int64 ``(P,)`` and ``scale`` float32 ``(P,)`` (the
-    row sample; None without); ``n_out`` rows on the wire; ``k`` channels sent of ``width``."""
+    row sample; None without); ``n_out`` rows on the wire; ``k`` channels sent of ``width``;
+    ``longest`` the longest segment a select program scans (block rows or ``width``)."""
 
     keys: torch.Tensor
     counts: torch.Tensor
@@ -61,6 +63,7 @@ class Layout:
     adjoint: bool
     salt_rows: int
     salt_channels: int
+    longest: int = 0
 
     @property
     def sample(self) -> bool:
@@ -191,13 +194,15 @@ def select(lay: Layout) -> Selected:
     if lay.random:
         chan, chan_pos = torch.empty(p, lay.k, **i32), torch.empty(p, lay.width, **i32)
     programs = p * (int(lay.sample) + int(lay.random))
+    ch = _pow2(lay.longest, 16, SELECT_CHUNK)
     if programs:
         dummy = lay.counts
         _select_kernel[(programs,)](
             lay.keys, lay.counts, lay.starts, lay.kept if lay.sample else dummy,
             lay.kept_start if lay.sample else dummy, _or(index, dummy), _or(slot, dummy),
             _or(chan, dummy), _or(chan_pos, dummy), p, lay.width, lay.k, lay.salt_rows,
-            lay.salt_channels, SAMPLE=lay.sample, RANDOM=lay.random, CH=SELECT_CHUNK, **OPTS)
+            lay.salt_channels, SAMPLE=lay.sample, RANDOM=lay.random, CH=ch,
+            num_warps=8 if ch >= 512 else 4, **OPTS)
     return Selected(index, slot, chan, chan_pos)
 
 

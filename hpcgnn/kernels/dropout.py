@@ -62,7 +62,8 @@ def _launch(x: torch.Tensor | None, out: torch.Tensor, gid: torch.Tensor, src: t
     return out
 
 
-def keep_mask(gid: torch.Tensor, width: int, p: float, key: int, src: torch.Tensor | None = None) -> torch.Tensor:
+def keep_mask(gid: torch.Tensor, width: int, p: float, key: int,
+              src: torch.Tensor | None = None) -> torch.Tensor:
     """bool ``(n, width)`` keep bits of rows ``gid`` (int64 global ids; edges: ``gid`` = dst and
     ``src`` = src ids) under the 32-bit ``key``."""
     out = torch.empty(gid.shape[0], width, dtype=torch.uint8, device=gid.device)
@@ -89,4 +90,5 @@ class _Dropout(torch.autograd.Function):
     def backward(ctx, grad):
         gid, src = ctx.saved_tensors
         grad = grad.contiguous()
-        return _launch(grad, torch.empty_like(grad), gid, src, grad.shape[1], ctx.key, ctx.p), None, None, None, None
+        out = _launch(grad, torch.empty_like(grad), gid, src, grad.shape[1], ctx.key, ctx.p)
+        return out, None, None, None, None
