@@ -1,17 +1,23 @@
-"""Codec throughput: encode + decode of realistic halo buffers, in MB/s of fp32 input.
+"""Codec throughput: encode + decode of realistic halo buffers, against the device's copy bandwidth.
 
-    python bench/codecs.py [--rows 2000 20000] [--widths 16 128 256] [--peers 4] [--repeat 5]
-                           [--out bench/results/codecs]
+    python bench/codecs.py [--rows 2000 20000] [--widths 16 128 256] [--peers 4] [--repeat 20]
+                           [--device cpu|cuda] [--paths triton,torch] [--out bench/results/codecs]
 
 One buffer of ``rows`` boundary rows (Cora-sized and cSBM-sized halos) split evenly over
-``peers`` peer blocks, every codec at the ratios the study uses; best of ``repeat``. Writes
-``OUT.json`` and ``OUT.md``.
+``peers`` peer blocks, every codec at the ratios the study uses; best of ``repeat`` per
+direction. Reported per codec: encode and decode ms; GB/s of fp32 input (``4 R F`` bytes over
+encode + decode); the share of the device's copy bandwidth (a ``copy_`` measured in the same run)
+that the minimum traffic reaches (fp32 read + wire written, wire read + fp32 written); and on
+CUDA the kernel launches of one encode and one decode (torch profiler). On CUDA every codec runs
+on each of ``--paths``: ``triton`` (the fused kernels) and ``torch`` (``HPCGNN_TRITON=0``).
+Writes ``OUT.json`` and ``OUT.md``.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import time
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -19,6 +25,9 @@ import torch
 from hpcgnn.codecs import build_codec, parse_codec
 from hpcgnn.codecs.build import CodecSpec
 from hpcgnn.codecs.rng import Blocks, epoch_keys
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_meter import best_time, copy_bandwidth, device_name, launches  # noqa: E402
 
 CASES = [("none", 1), ("truncate", 8), ("truncate", 128), ("random", 8), ("quant", 4),
          ("quant", 8), ("quant", 16), ("quant", 32), ("sample", 4), ("truncate+quant", 8),
@@ -32,55 +41,59 @@ def _spec(name: str) -> CodecSpec:
     return CodecSpec(spec.sample, spec.channels, spec.quant, bits=fixed_bits, keep=fixed_keep)
 
 
-def _sync(x: torch.Tensor) -> None:
-    if x.device.type == "cuda":
-        torch.cuda.synchronize(x.device)
+def measure(codec, x, blocks, keys, repeat: int) -> dict:
+    """Times, rates and launches of one codec on one buffer."""
+    dev, width = x.device, x.shape[1]
+    buf = codec.encode(x, blocks, keys, 12345)
+    enc = best_time(lambda: codec.encode(x, blocks, keys, 12345), dev, repeat)
+    dec = best_time(lambda: codec.decode(buf, blocks, width, keys), dev, repeat)
+    fp32, wire = x.numel() * 4, buf.numel()
+    n_enc = launches(lambda: codec.encode(x, blocks, keys, 12345), dev)
+    n_dec = launches(lambda: codec.decode(buf, blocks, width, keys), dev)
+    return {"wire_ratio": fp32 / max(wire, 1), "encode_ms": enc * 1e3, "decode_ms": dec * 1e3,
+            "GB_per_s": fp32 / (enc + dec) / 1e9, "traffic_GB_per_s": 2 * (fp32 + wire) / (enc + dec) / 1e9,
+            "launches_encode": n_enc, "launches_decode": n_dec}
 
 
-def _time_one(codec, x, counts, keys, repeat: int) -> tuple[float, float, int]:
-    best_enc = best_dec = float("inf")
-    for _ in range(repeat + 1):                 # the first round warms up (CUDA: kernel loads)
-        _sync(x)
-        t0 = time.perf_counter()
-        buf = codec.encode(x, counts, keys, 12345)
-        _sync(x)
-        t1 = time.perf_counter()
-        codec.decode(buf, counts, x.shape[1], keys)
-        _sync(x)
-        t2 = time.perf_counter()
-        best_enc, best_dec = min(best_enc, t1 - t0), min(best_dec, t2 - t1)
-    return best_enc, best_dec, buf.numel()
-
-
-def run(row_sizes: list[int], widths: list[int], peers: int, repeat: int,
-        device: str = "cpu") -> list[dict]:
+def run(row_sizes: list[int], widths: list[int], peers: int, repeat: int, device: str = "cpu",
+        paths: tuple[str, ...] = ("cpu",)) -> list[dict]:
     torch.manual_seed(0)
     out = []
     keys = epoch_keys(torch.arange(1, peers + 1, device=device), 0)
     for rows, width in [(r, w) for r in row_sizes for w in widths]:
-        counts = Blocks.of([rows // peers] * peers, device)
-        x = torch.randn(counts.rows, width, device=device)
-        for name, ratio in CASES:
+        blocks = Blocks.of([rows // peers] * peers, device)
+        x = torch.randn(blocks.rows, width, device=device)
+        for (name, ratio), path in [(c, p) for c in CASES for p in paths]:
             codec = build_codec(_spec(name), ratio, width)
+            os.environ["HPCGNN_TRITON"] = "0" if path == "torch" else "1"
             try:
-                enc, dec, nbytes = _time_one(codec, x, counts, keys, repeat)
+                r = measure(codec, x, blocks, keys, repeat)
             except Exception as exc:            # noqa: BLE001  (reported, not hidden)
-                print(f"{name} at ratio {ratio}, {rows} x {width} on {device}: FAILED: {exc!r}")
+                print(f"{name} at ratio {ratio}, {rows} x {width} on {device} ({path}): FAILED: {exc!r}")
                 raise
-            mb = x.numel() * 4 / 1e6
             out.append({"codec": repr(codec) if name != "none" else "none", "ratio": ratio,
-                        "rows": counts.rows, "width": width, "wire_ratio": x.numel() * 4 / nbytes,
-                        "encode_ms": enc * 1e3, "decode_ms": dec * 1e3,
-                        "MB_per_s": mb / (enc + dec)})
+                        "path": path, "rows": blocks.rows, "width": width, **r})
+    os.environ.pop("HPCGNN_TRITON", None)
     return out
 
 
-def to_markdown(results: list[dict], note: str) -> str:
-    lines = [note, "", "| codec | width | rows | wire ratio | encode ms | decode ms | MB/s (enc+dec) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+def _n(counts: dict | None) -> str:
+    if counts is None:
+        return "–"
+    extra = [f"{v} {k}" for k, v in counts.items() if k != "kernels" and v]
+    return str(counts["kernels"]) + (f" (+{', '.join(extra)})" if extra else "")
+
+
+def to_markdown(results: list[dict], note: str, copy_bw: float) -> str:
+    lines = [note, "", f"Device copy bandwidth (``copy_``, read + write): {copy_bw / 1e9:.0f} GB/s.", "",
+             "| codec | path | width | rows | wire ratio | encode ms | decode ms | GB/s fp32 in "
+             "| traffic / copy bw | launches enc | launches dec |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r['codec']} | {r['width']} | {r['rows']} | {r['wire_ratio']:.1f} | "
-                     f"{r['encode_ms']:.2f} | {r['decode_ms']:.2f} | {r['MB_per_s']:.0f} |")
+        lines.append(f"| {r['codec']} | {r['path']} | {r['width']} | {r['rows']} | {r['wire_ratio']:.1f} | "
+                     f"{r['encode_ms']:.3f} | {r['decode_ms']:.3f} | {r['GB_per_s']:.2f} | "
+                     f"{100 * r['traffic_GB_per_s'] * 1e9 / copy_bw:.1f} % | "
+                     f"{_n(r['launches_encode'])} | {_n(r['launches_decode'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -89,20 +102,23 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[2000, 20000])
     ap.add_argument("--widths", type=int, nargs="+", default=[16, 128, 256])
     ap.add_argument("--peers", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out", default="bench/results/codecs")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--paths", default="triton,torch", help="cuda: which paths to run")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    results = run(args.rows, args.widths, args.peers, args.repeat, args.device)
-    where = "one thread" if args.device == "cpu" else f"{args.device} ({torch.cuda.get_device_name()})"
-    note = (f"Codec throughput, {where} (torch {torch.__version__}), rows split over "
-            f"{args.peers} peer blocks, best of {args.repeat}; MB/s counts fp32 input bytes.")
+    paths = tuple(args.paths.split(",")) if args.device.startswith("cuda") else ("cpu",)
+    copy_bw = copy_bandwidth(args.device)
+    results = run(args.rows, args.widths, args.peers, args.repeat, args.device, paths)
+    note = (f"Codec throughput, {device_name(args.device)} (torch {torch.__version__}), rows split "
+            f"over {args.peers} peer blocks, best of {args.repeat} per direction.")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"note": note, "results": results}, indent=1))
-    out.with_suffix(".md").write_text(to_markdown(results, note))
-    print(to_markdown(results, note))
+    out.with_suffix(".json").write_text(json.dumps({"note": note, "copy_GB_per_s": copy_bw / 1e9,
+                                                    "results": results}, indent=1))
+    out.with_suffix(".md").write_text(to_markdown(results, note, copy_bw))
+    print(to_markdown(results, note, copy_bw))
 
 
 if __name__ == "__main__":

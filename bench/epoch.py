@@ -16,6 +16,10 @@ against PyG's ``GATConv`` on ``edge_index`` (the only input it takes for attenti
 For SAGE, PyG is given the adjacency as a torch CSR ``adj_t`` (its sparse-matmul path); its
 ``edge_index`` path materialises a message per edge (20M x 128 floats = 10 GB per layer)
 and is only run with ``--pyg-edge-index``.
+On CUDA each configuration also reports its kernel launches per epoch (torch profiler, one extra
+epoch, not timed), the driver measures the device's copy bandwidth in the same run, and
+``--torch-path`` adds a 1-rank run with ``HPCGNN_TRITON=0`` (the torch hash dropout and codecs
+instead of the fused Triton kernels).
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_meter import copy_bandwidth, launches  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 DEFAULT_SPEC = "csbm:nodes=1000000,classes=8,degree=20,homophily=0.8,features=128,seed=0"
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -70,9 +76,9 @@ def run_ours(args) -> None:
     from hpcgnn.config import build_config
     from hpcgnn.train.build import prepare_trainer
     ctx = CommContext.from_world(args.device)
-    # one epoch more than is run, so the last one run does not evaluate (eval is not timed)
+    # epochs more than are run, so none run (launch counts and profile included) evaluates
     cfg = build_config({"model": model_keys(args),
-                        "train": {"epochs": args.epochs + 2, "eval_every": 10**6,
+                        "train": {"epochs": args.epochs + 5, "eval_every": 10**6,
                                   "overlap": bool(args.overlap)},
                         "run": {"out": args.out}}, "bench/epoch.py")
     trainer = prepare_trainer(ctx, cfg, args.shards, args.out)
@@ -95,6 +101,7 @@ def run_ours(args) -> None:
         print(prof.key_averages().table(sort_by=key, row_limit=15), file=sys.stderr, flush=True)
     elif args.profile:
         trainer.run_epoch(args.epochs)
+    n_launch = launches(lambda: trainer.run_epoch(args.epochs + 1), ctx.device)   # every rank
     peak = ctx.comm.allreduce(peak_rss_gib(), op=__import__("mpi4py.MPI").MPI.MAX)
     gpu_peak = ctx.comm.allreduce(torch.cuda.max_memory_allocated(ctx.device) / 2**30
                                   if ctx.device.type == "cuda" else 0.0,
@@ -107,6 +114,7 @@ def run_ours(args) -> None:
                           "comm_share": statistics.median(r["comm_s"] / r["epoch_s"] for r in timed),
                           "bytes_per_epoch": steps[-1]["bytes_sent"], "peak_rss_gib": peak,
                           "gpu_peak_gib": gpu_peak, "device": str(ctx.device),
+                          "launches_per_epoch": n_launch,
                           "loss": [r["loss"] for r in steps]}), flush=True)
 
 
@@ -147,8 +155,8 @@ def run_pyg(args) -> None:
     reset_peak_rss()
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     times, cpu = [], []
-    for _ in range(args.epochs):
-        t0, c0 = time.perf_counter(), time.process_time()
+
+    def step():
         h = x
         for i, conv in enumerate(convs):
             h = conv(F.dropout(h, args.dropout, training=True), adj)
@@ -157,12 +165,16 @@ def run_pyg(args) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+    for _ in range(args.epochs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        step()
         sync()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     print(json.dumps({"epoch_s": statistics.median(times[1:] or times), "comm_share": 0.0,
                       "cpu_s": statistics.median(cpu[1:] or cpu),
                       "peak_rss_gib": peak_rss_gib(), "device": str(dev),
+                      "launches_per_epoch": launches(step, dev),
                       "gpu_peak_gib": torch.cuda.max_memory_allocated(dev) / 2**30
                       if dev.type == "cuda" else 0.0}), flush=True)
 
@@ -178,8 +190,8 @@ def shard_set(spec: str, parts: int, root: Path, partitioner: str = "metis") -> 
     return out
 
 
-def child(cmd: list[str], timeout: float = 3600) -> dict:
-    env = {**os.environ, **MPI_ENV}
+def child(cmd: list[str], timeout: float = 3600, env: dict | None = None) -> dict:
+    env = {**os.environ, **MPI_ENV, **(env or {})}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
                           stdin=subprocess.DEVNULL, cwd=REPO)
@@ -192,6 +204,9 @@ def child(cmd: list[str], timeout: float = 3600) -> dict:
 
 
 def drive(args) -> None:
+    import torch
+    args.copy_GB_per_s = copy_bandwidth("cuda" if args.device == "auto" and torch.cuda.is_available()
+                                        else "cpu" if args.device == "auto" else args.device) / 1e9
     root = Path(args.shards_root)
     me = [sys.executable, "-m", "mpi4py", str(Path(__file__).resolve())]
     common = ["--epochs", str(args.epochs), "--dropout", str(args.dropout), "--device", args.device,
@@ -200,12 +215,15 @@ def drive(args) -> None:
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results = {}
     wanted = [int(r) for r in args.ranks.split(",")]
-    for ranks, overlap in [(r, o) for r in wanted for o in ((1,) if r == 1 else (1, 0))]:
-        name = f"hpcgnn-{ranks}rank" + ("" if overlap else "-no-overlap")
+    runs = [(r, o, "1") for r in wanted for o in ((1,) if r == 1 else (1, 0))]
+    runs += [(1, 1, "0")] if args.torch_path else []
+    for ranks, overlap, triton in runs:
+        name = (f"hpcgnn-{ranks}rank" + ("" if overlap else "-no-overlap")
+                + ("" if triton == "1" else "-torch-path"))
         cmd = [mpiexec, "-n", str(ranks), "--oversubscribe", *me, "ours", "--shards",
                str(shard_set(args.dataset, ranks, root, args.partitioner)), "--overlap", str(overlap),
                "--out", str(root / f"run-{name}"), *common]
-        results[name] = child(cmd)
+        results[name] = child(cmd, env={"HPCGNN_TRITON": triton})
         print(name, json.dumps(results[name]), flush=True)
     if not args.skip_pyg:
         extra = ["--pyg-edge-index"] if args.pyg_edge_index else []
@@ -218,19 +236,23 @@ def drive(args) -> None:
 def report(args, results: dict) -> None:
     base, base_cpu = results["hpcgnn-1rank"]["epoch_s"], results["hpcgnn-1rank"]["cpu_s"]
     rows = ["| configuration | median epoch (s) | speed-up vs 1 rank | CPU s per rank per epoch "
-            "| CPU speed-up | comm share | peak RSS per process (GiB) | peak GPU memory (GiB) |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| CPU speed-up | comm share | peak RSS per process (GiB) | peak GPU memory (GiB) "
+            "| launches per epoch |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         rows.append(f"| {name} | {r['epoch_s']:.2f} | {base / r['epoch_s']:.2f} | {r['cpu_s']:.2f} | "
                     f"{base_cpu / r['cpu_s']:.2f} | {100 * r['comm_share']:.0f} % | "
-                    f"{r['peak_rss_gib']:.2f} | {r.get('gpu_peak_gib', 0.0):.2f} |")
-    rows.append(f"\nload average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+                    f"{r['peak_rss_gib']:.2f} | {r.get('gpu_peak_gib', 0.0):.2f} | "
+                    f"{(r.get('launches_per_epoch') or {}).get('kernels', '–')} |")
+    rows.append(f"\nload average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+                f"device copy bandwidth (copy_, read + write, this run): {args.copy_GB_per_s:.0f} GB/s")
     table = "\n".join(rows)
     print(table)
     results_dir = Path(args.results)
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "epoch.json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
-                                                    "dropout": args.dropout, "results": results},
+                                                    "dropout": args.dropout,
+                                                    "copy_GB_per_s": args.copy_GB_per_s, "results": results},
                                                    indent=2) + "\n")
     (results_dir / "epoch.md").write_text(f"device {args.device}; dataset `{args.dataset}`, 3-layer {args.arch.upper()}, 128 hidden, "
                                       f"dropout {args.dropout}, {args.epochs} epochs\n\n{table}\n")
@@ -257,6 +279,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of one "
                     "more epoch (rank 0, stderr; not in the timings)")
     ap.add_argument("--pyg-edge-index", action="store_true")
+    ap.add_argument("--torch-path", action="store_true", help="also hpcgnn on 1 rank with "
+                    "HPCGNN_TRITON=0 (torch hash dropout and codecs, not the Triton kernels)")
     args = ap.parse_args()
     {"drive": drive, "ours": run_ours, "pyg": run_pyg}[args.mode](args)
 

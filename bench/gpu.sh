@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU path, end to end, on a machine with CUDA: what MPI and torch see, the GPU tests, Cora
 # trained on the GPU at 1 and 2 ranks (host staging, and device buffers when the MPI is
-# CUDA-aware) against the CPU run, every codec on CUDA, and the epoch benchmark against PyG on
-# the same GPU (SAGE, and GAT against PyG's GATConv).
+# CUDA-aware) against the CPU run, every codec on CUDA (the fused Triton kernels and the torch
+# path, launches counted, against the measured copy bandwidth), the counter-based dropout against
+# torch's, and the epoch benchmark against PyG on the same GPU (SAGE, and GAT against PyG's
+# GATConv; hpcgnn also on its torch path, HPCGNN_TRITON=0).
 #
 #   bash bench/gpu.sh OUT_DIR [EPOCH_SPEC]      # EPOCH=0: without the epoch benchmark
 #
@@ -22,9 +24,12 @@ step() { echo; echo "=== $1"; shift; local t0=$SECONDS; "$@"; local rc=$?; echo 
          [[ $rc == 0 ]] || fails=$((fails + 1)); }
 
 step "info" $PY -m hpcgnn info
+step "triton" $PY -c 'import torch, triton; print("triton", triton.__version__, "torch", torch.__version__, "cuda", torch.version.cuda)'
 step "ompi_info cuda" bash -c "$(dirname "$PY")/ompi_info --parsable --all 2>/dev/null | grep -i -E 'cuda|accelerator' | head -20"
 step "nvidia-smi" nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-step "GPU tests" $PY -m pytest -q -ra -m gpu tests/
+step "GPU tests (the Triton kernels among them, compiled)" $PY -m pytest -q -ra -m gpu tests/
+step "Triton kernels compile for this GPU's arch" $PY tests/_compile_kernels.py \
+    "$($PY -c 'import torch; a, b = torch.cuda.get_device_capability(); print(10 * a + b)')"
 [[ -f shards/gpu-cora-2/meta.json ]] || $PY -m preprocess --dataset cora --parts 2 --partitioner metis --out shards/gpu-cora-2 --force -q
 [[ -f shards/gpu-cora-1/meta.json ]] || $PY -m preprocess --dataset cora --parts 1 --partitioner metis --out shards/gpu-cora-1 --force -q
 [[ -f shards/gpu-cora-4/meta.json ]] || $PY -m preprocess --dataset cora --parts 4 --partitioner metis --out shards/gpu-cora-4 --force -q
@@ -73,9 +78,12 @@ for run in ("cora-cuda-1", "cora-cuda-2-staged", "cora-cuda-2", "cora-cuda-2-15d
     print(f"{run}: {len(got)} epochs, max relative loss difference to the cpu run {rel:.2e}")
 sys.exit(0 if worst < 1e-4 else 1)
 EOF
-step "codec throughput, cuda" $PY bench/codecs.py --device cuda --out "$out/codecs-cuda"
+step "codec throughput, cuda (Triton kernels and torch path)" $PY bench/codecs.py --device cuda \
+    --paths triton,torch --repeat 50 --out "$out/codecs-cuda"
+step "dropout, cuda (fused counter kernel, torch hash path, F.dropout)" $PY bench/dropout.py \
+    --device cuda --repeat 50 --out "$out/dropout-cuda"
 [[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda (hpcgnn 1 and 2 ranks, PyG)" $PY bench/epoch.py --device cuda --dataset "$spec" \
-    --epochs 10 --results "$out" --shards-root shards/gpu-epoch --profile
+    --epochs 10 --results "$out" --shards-root shards/gpu-epoch --profile --torch-path
 [[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda, GAT (hpcgnn 1 rank, PyG GATConv)" $PY bench/epoch.py --device cuda \
     --arch gat --dataset "$spec" --ranks 1 --epochs 10 --results "$out/gat" --shards-root shards/gpu-epoch --profile
 echo; echo "gpu.sh: $fails step(s) failed"

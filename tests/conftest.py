@@ -3,10 +3,18 @@ launcher for ``python -m mpi4py -m hpcgnn train`` on N ranks (through ``tests/_m
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton's interpreter runs the kernels of hpcgnn.kernels on CPU tensors (tests/test_kernels.py).
+# It is read when a kernel is defined, so it is set before anything imports them, and only where
+# there is no GPU: a GPU machine compiles them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

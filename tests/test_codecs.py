@@ -54,9 +54,9 @@ def ref_channels(key: int, width: int, k: int) -> list[int]:
     return sorted(np.lexsort((np.arange(width), score))[:k].tolist())
 
 
-def ref_quant(x: np.ndarray, bits: int, key: int) -> np.ndarray:
-    """What the receiver gets: lo exact, step rounded up to bfloat16, stochastic rounding with
-    u16 = half (c % 2) of hash32(hash32(key ^ hash32(r)) ^ col(c // 2))."""
+def ref_quant_parts(x: np.ndarray, bits: int, key: int):
+    """(lo float32, step float32, codes) of each row: lo exact, step rounded up to bfloat16,
+    stochastic rounding with u16 = half (c % 2) of hash32(hash32(key ^ hash32(r)) ^ col(c // 2))."""
     x = x.astype(np.float32)
     levels = np.float32(2 ** bits - 1)
     lo, hi = x.min(1), x.max(1)
@@ -73,6 +73,12 @@ def ref_quant(x: np.ndarray, bits: int, key: int) -> np.ndarray:
     u = ((u16.astype(np.float32) + np.float32(0.5)) * np.float32(1 / 65536)).astype(np.float32)
     t = ((x - lo[:, None]) * inv[:, None]).astype(np.float32)
     q = np.minimum(np.floor((t + u).astype(np.float32)), levels).astype(np.float32)
+    return lo, step, q
+
+
+def ref_quant(x: np.ndarray, bits: int, key: int) -> np.ndarray:
+    """What the receiver gets: ``lo + q * step`` of ``ref_quant_parts``."""
+    lo, step, q = ref_quant_parts(x, bits, key)
     return (q * step[:, None]).astype(np.float32) + lo[:, None]
 
 

@@ -22,8 +22,11 @@ schedule's value stage on top. Where the forward selects nothing (identity, quan
 backward codec is used as it is.
 
 Every call is batched over all peer blocks on the input's device (``rng.Blocks`` holds the
-layout). ``block_bytes`` depends only on the row count, the width and the codec, so every rank
-derives every peer's byte count from the plan and the schedule alone — no size handshake.
+layout). CUDA tensors go through the fused Triton kernels (``codecs.fused``: one or two launches
+a call, the same bytes) when Triton is installed; CPU tensors through the torch code below and
+the C kernels of the value stage. ``block_bytes`` depends only on the row count, the width and
+the codec, so every rank derives every peer's byte count from the plan and the schedule alone —
+no size handshake.
 """
 from __future__ import annotations
 
@@ -33,8 +36,10 @@ from typing import Sequence
 
 import torch
 
+from hpcgnn.codecs import fused
 from hpcgnn.codecs.quant import FP32, decode_values, encode_values, row_bytes
 from hpcgnn.codecs.rng import Blocks, channel_scores, row_scores
+from hpcgnn.kernels import use_triton
 
 CHANNEL_MODES = ("all", "truncate", "learned", "random")
 MIN_KEEP = 0.125
@@ -146,6 +151,8 @@ class WireCodec:
         ``keys``: ``(P,)`` block keys (both ends); ``noise_key``: the sender's rounding key."""
         if not self.selects and self.bits == FP32:
             return x.detach().to(torch.float32).contiguous().view(torch.uint8).reshape(-1)
+        if use_triton(x) and x.shape[1]:
+            return fused.encode(self, x, blocks, keys, noise_key)
         sel = self.select(blocks, keys, x.shape[1])
         return encode_values(self._gather(x.detach(), sel), self.bits, noise_key).reshape(-1)
 
@@ -153,6 +160,8 @@ class WireCodec:
         """uint8 blocks -> ``(R, width)`` float32: the inverse (or estimate) of ``encode``."""
         if not self.selects and self.bits == FP32:
             return buf.view(torch.float32).reshape(-1, width)
+        if use_triton(buf) and width:
+            return fused.decode(self, buf, blocks, width, keys)
         sel = self.select(blocks, keys, width)
         w = self.width_sent(width)
         y = decode_values(buf.reshape(sel.rows, row_bytes(w, self.bits)), w, self.bits)

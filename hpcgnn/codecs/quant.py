@@ -14,15 +14,17 @@ Wire layout of one row: ``lo`` (4 bytes) | ``step`` (2) | ``ceil(F * b / 8)`` by
 ``8 / b`` codes per byte, lowest bits first — ``6 + ceil(F * b / 8)`` bytes a row.
 
 CPU tensors go through the C kernels of ``hpcgnn.codecs.native`` when they are built (one pass,
-no temporaries); CUDA tensors, or CPU without the kernels, through the torch code below. Both
-give the same bytes.
+no temporaries); CUDA tensors through the Triton kernels of ``hpcgnn.kernels.codec`` when Triton
+is installed (one launch each way); the rest through the torch code below. All give the same
+bytes.
 """
 from __future__ import annotations
 
 import torch
 
-from hpcgnn.codecs import native
+from hpcgnn.codecs import fused, native
 from hpcgnn.codecs.rng import col_seeds, noise_u16
+from hpcgnn.kernels import use_triton
 
 BITS = (1, 2, 4, 8)
 FP32 = 32
@@ -46,6 +48,8 @@ def encode_values(y: torch.Tensor, bits: int, key: int) -> torch.Tensor:
         return torch.zeros(y.shape[0], rb, dtype=torch.uint8, device=y.device)
     if y.device.type == "cpu" and native.lib() is not None:
         return native.quant_encode(y, bits, key, col_seeds(-(-y.shape[1] // 2), y.device), rb)
+    if use_triton(y):
+        return fused.encode_values(y, bits, key).view(-1, rb)
     return _encode_torch(y, bits, key)
 
 
@@ -57,6 +61,8 @@ def decode_values(table: torch.Tensor, width: int, bits: int) -> torch.Tensor:
         return torch.zeros(table.shape[0], width, device=table.device)
     if table.device.type == "cpu" and native.lib() is not None:
         return native.quant_decode(table, width, bits)
+    if use_triton(table):
+        return fused.decode_values(table, width, bits)
     return _decode_torch(table, width, bits)
 
 

@@ -1,8 +1,9 @@
 """Counter-based randomness for the codecs: every random number is a hash of integers, drawn
 in one batched call on the tensor's device — no generator objects, no loop over peers.
 
-``hash32`` is lowbias32 (C. Wellons) on int64 tensors holding values in ``[0, 2^32)``. The
-codecs use it three ways (all keys are 32-bit):
+``hash32`` is lowbias32 (C. Wellons) on int64 tensors holding values in ``[0, 2^32)``, from
+``hpcgnn.hashing`` (with ``mix`` and ``col_seeds``; re-exported here). The codecs use it three
+ways (all keys are 32-bit):
 
 - **Block keys** ``(P,)``: one per peer block of one exchange, equal on the sender and the
   receiver: ``hash32(pair ^ hash32(epoch))``, ``pair = mix(seed, layer, src, dst)`` made once
@@ -13,7 +14,8 @@ codecs use it three ways (all keys are 32-bit):
 - **Rounding noise** (``noise_u16``): sender-side only. Element ``(r, c)`` of an ``(R, F)``
   buffer gets the 16-bit half ``c % 2`` of ``hash32(hash32(key ^ hash32(r)) ^ col(c // 2))``,
   ``col(g) = hash32((g * 0x9E3779B1 + 0x7F4A7C15) mod 2^32)``. The C kernel
-  (``hpcgnn/codecs/_native.c``) computes the same numbers.
+  (``hpcgnn/codecs/_native.c``) and the Triton kernels (``hpcgnn/kernels/codec.py``) compute
+  the same numbers.
 """
 from __future__ import annotations
 
@@ -22,35 +24,17 @@ from typing import Sequence
 
 import torch
 
-M32 = 0xFFFFFFFF
+from hpcgnn.hashing import M32, col_seeds, hash32, hash32_int, mix
+
+__all__ = ["M32", "SALT_ROWS", "SALT_CHANNELS", "hash32", "hash32_int", "col_seeds", "pair_keys",
+           "epoch_keys", "noise_u16", "Blocks", "row_scores", "channel_scores"]
 SALT_ROWS = 0x5A17E5
 SALT_CHANNELS = 0xC4A22E
-
-
-def hash32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 of int64 values in ``[0, 2^32)``; a new tensor (the products wrap modulo 2^64,
-    whose low 32 bits are exact)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & M32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & M32
-    return x ^ (x >> 16)
-
-
-def hash32_int(v: int) -> int:
-    """``hash32`` of one Python int (taken modulo 2^32)."""
-    x = int(v) & M32
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & M32
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & M32
-    return x ^ (x >> 16)
 
 
 def pair_keys(seed: int, layer: int, src: int | None, dst: int | None, parts: int,
               device: torch.device) -> torch.Tensor:
     """``(parts,)`` 32-bit keys of the pairs (src -> p) when ``dst`` is None, or (p -> dst)."""
-    from hpcgnn.comm.keys import mix  # noqa: PLC0415  (keys is a leaf module)
     vals = [mix(seed, layer, src if src is not None else p, dst if dst is not None else p) & M32
             for p in range(parts)]
     return torch.tensor(vals, dtype=torch.int64, device=device)
@@ -59,11 +43,6 @@ def pair_keys(seed: int, layer: int, src: int | None, dst: int | None, parts: in
 def epoch_keys(pairs: torch.Tensor, epoch: int) -> torch.Tensor:
     """The block keys of one exchange: ``hash32(pair ^ hash32(epoch))``."""
     return hash32(pairs ^ hash32_int(epoch))
-
-
-def col_seeds(groups: int, device: torch.device) -> torch.Tensor:
-    g = torch.arange(groups, dtype=torch.int64, device=device)
-    return hash32((g * 0x9E3779B1 + 0x7F4A7C15) & M32)
 
 
 def noise_u16(rows: int, width: int, key: int, device: torch.device) -> torch.Tensor:

@@ -7,7 +7,9 @@ the same model on 1, 2, 3 or 64 ranks.
 Only the non-zero elements need a bit (a dropped zero is still zero), so for sparse input
 features (bag-of-words, whose non-zeros the model finds once) the hash runs on the non-zeros
 alone; other inputs are hashed in row chunks (bounded memory, no page faults). Both paths give
-the same result.
+the same result. On CUDA with Triton installed, one fused kernel (``hpcgnn.kernels.dropout``)
+hashes, masks and multiplies in one pass, and its backward hashes again instead of saving a
+mask; a sparse input that needs no gradient takes it too (a dropped zero is still zero).
 
 ``edge_dropout`` does the same for the attention coefficients of GAT: the bit of edge
 ``(dst, src)`` and head ``h`` is a hash of (seed, epoch, layer, dst's global id, src's global
@@ -17,30 +19,34 @@ from __future__ import annotations
 
 import torch
 
-from hpcgnn.comm.keys import mix
+from hpcgnn.hashing import M32 as _M32, golden_hashes, hash32_ as _hash32, mix
+from hpcgnn.kernels import use_triton
 
-_M32 = 0xFFFFFFFF
 _CHUNK_ELEMS = 1 << 18          # CPU: a chunk's int64 temporaries stay in cache
 _CHUNK_ELEMS_GPU = 1 << 26      # GPU: few launches (a chunk per 256k elements cost 2,500
                                 # kernel launches per layer, 5x PyG's epoch on an H100)
 
 
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 (C. Wellons) on int64 tensors holding values in [0, 2^32); in place on ``x``."""
-    x ^= x >> 16
-    x.mul_(0x7FEB352D).bitwise_and_(_M32)
-    x ^= x >> 15
-    x.mul_(0x846CA68B).bitwise_and_(_M32)
-    x ^= x >> 16
-    return x
+def _node_key(seed: int, epoch: int, layer: int) -> int:
+    return mix(seed, epoch, layer, 0xD209) & _M32
+
+
+def _edge_key(seed: int, epoch: int, layer: int) -> int:
+    return mix(seed, epoch, layer, 0xA77E) & _M32
+
+
+def _fused(t: torch.Tensor):
+    """The Triton kernels for ``t`` (ids, or float32 values, on CUDA with Triton), else None."""
+    if not use_triton(t) or (t.is_floating_point() and t.dtype != torch.float32):
+        return None
+    from hpcgnn.kernels import dropout as kernels  # noqa: PLC0415  (imports triton)
+    return kernels
 
 
 def _row_col_hashes(global_id: torch.Tensor, width: int, seed: int, epoch: int, layer: int):
     """Per-row and per-channel 32-bit hashes; an element's bit mixes one of each."""
-    key = mix(seed, epoch, layer, 0xD209) & _M32
-    rows = _hash32(_hash32(global_id.to(torch.int64) & _M32) ^ key)
-    cols = _hash32(torch.arange(width, dtype=torch.int64, device=global_id.device) * 0x9E3779B1 & _M32)
-    return rows, cols
+    rows = _hash32(_hash32(global_id.to(torch.int64) & _M32) ^ _node_key(seed, epoch, layer))
+    return rows, golden_hashes(width, global_id.device)
 
 
 def _keep(row_h: torch.Tensor, col_h: torch.Tensor, p: float) -> torch.Tensor:
@@ -51,6 +57,8 @@ def _keep(row_h: torch.Tensor, col_h: torch.Tensor, p: float) -> torch.Tensor:
 def keep_mask(global_id: torch.Tensor, width: int, p: float, seed: int, epoch: int,
               layer: int) -> torch.Tensor:
     """bool ``(len(global_id), width)``: True where the element is kept (probability 1 - p)."""
+    if (fused := _fused(global_id)) is not None:
+        return fused.keep_mask(global_id.to(torch.int64), width, p, _node_key(seed, epoch, layer))
     rows, cols = _row_col_hashes(global_id, width, seed, epoch, layer)
     out = torch.empty(rows.shape[0], width, dtype=torch.bool, device=global_id.device)
     chunk = _CHUNK_ELEMS_GPU if global_id.device.type == "cuda" else _CHUNK_ELEMS
@@ -79,6 +87,9 @@ def counter_dropout(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: in
     ReLU output for its non-zeros costs more than hashing it)."""
     if not training or p == 0.0 or x.numel() == 0:
         return x
+    fused = _fused(x)
+    if fused is not None and (nonzeros is None or not x.requires_grad):
+        return fused.dropout(x, global_id.to(torch.int64), p, _node_key(seed, epoch, layer))
     if nonzeros is not None:
         rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
         return x * _scale_sparse(x, rows, cols, p, nonzeros)
@@ -89,10 +100,11 @@ def edge_keep_mask(dst_id: torch.Tensor, src_id: torch.Tensor, heads: int, p: fl
                    epoch: int, layer: int) -> torch.Tensor:
     """bool ``(E, heads)``: True where the coefficient of edge ``src_id[e] -> dst_id[e]`` (global
     ids) and head is kept (probability 1 - p)."""
-    key = mix(seed, epoch, layer, 0xA77E) & _M32
+    key = _edge_key(seed, epoch, layer)
+    if (fused := _fused(dst_id)) is not None:
+        return fused.keep_mask(dst_id.to(torch.int64), heads, p, key, src=src_id.to(torch.int64))
     edge = _hash32(_hash32(_hash32(dst_id.to(torch.int64) & _M32) ^ key) ^ (src_id.to(torch.int64) & _M32))
-    cols = _hash32(torch.arange(heads, dtype=torch.int64, device=dst_id.device) * 0x9E3779B1 & _M32)
-    return _keep(edge[:, None], cols[None, :], p)
+    return _keep(edge[:, None], golden_hashes(heads, dst_id.device)[None, :], p)
 
 
 def edge_dropout(alpha: torch.Tensor, dst_id: torch.Tensor, src_id: torch.Tensor, p: float,
@@ -101,6 +113,9 @@ def edge_dropout(alpha: torch.Tensor, dst_id: torch.Tensor, src_id: torch.Tensor
     ``edge_keep_mask``."""
     if not training or p == 0.0 or alpha.numel() == 0:
         return alpha
+    if (fused := _fused(alpha)) is not None:
+        return fused.dropout(alpha, dst_id.to(torch.int64), p, _edge_key(seed, epoch, layer),
+                             src=src_id.to(torch.int64))
     keep = edge_keep_mask(dst_id, src_id, alpha.shape[1], p, seed, epoch, layer)
     return _Masked.apply(alpha, keep, 1.0 / (1.0 - p))
 

@@ -1,0 +1,64 @@
+"""Measuring helpers shared by the GPU benchmarks (``bench/codecs.py``, ``bench/dropout.py``,
+``bench/epoch.py``): best-of-N wall time of a call, kernel launches of a call (torch profiler),
+and the device's own copy bandwidth, measured in the same run as the figures it is compared to.
+On CPU the launch count is None and the copy bandwidth is a host ``copy_``'s.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+
+def sync(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(fn: Callable[[], object], device, repeat: int, warmup: int = 2) -> float:
+    """Best wall seconds of ``fn()`` over ``repeat`` calls, each synchronised, after ``warmup``
+    (CUDA: the first calls compile and load kernels)."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeat):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def launches(fn: Callable[[], object], device) -> dict | None:
+    """``{"kernels", "memcpy", "memset"}``: what one ``fn()`` puts on the GPU, counted by the
+    torch profiler (CUPTI sees Triton's driver-API launches too); None on CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    fn()                                            # compiled and cached before counting
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync(device)
+    counts = {"kernels": 0, "memcpy": 0, "memset": 0}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            kind = "memcpy" if "Memcpy" in e.name else "memset" if "Memset" in e.name else "kernels"
+            counts[kind] += 1
+    return counts
+
+
+def copy_bandwidth(device, nbytes: int = 1 << 28, repeat: int = 10) -> float:
+    """Bytes per second moved by ``dst.copy_(src)`` on ``device`` (read + write: 2 x nbytes)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / best_time(lambda: dst.copy_(src), device, repeat)
+
+
+def device_name(device) -> str:
+    if torch.device(device).type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return "cpu, one thread"
