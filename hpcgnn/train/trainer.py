@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -184,9 +184,12 @@ class Trainer:
         shard set (``--force`` turns the refusal into warnings)."""
         where = self.run_dir / ckpt.CHECKPOINT_NAME
         if self.record is not None and "record" in state:
-            for diff in check_resume(state["record"], self.record, where, self.force):
-                if self.ctx.is_root:
-                    log.warning("--force: resuming although %s", diff)
+            forced, accepted = check_resume(state["record"], self.record, where, self.force)
+            for diff in forced if self.ctx.is_root else ():
+                log.warning("--force: resuming although %s", diff)
+            for diff in accepted if self.ctx.is_root else ():
+                log.info("--resume: accepted %s (does not change training; in run.json)", diff)
+            self.record = replace(self.record, changed=tuple(accepted), forced=tuple(forced))
             return
         want = self.cfg.to_dict()["model"]              # a checkpoint from before run records
         if state.get("model_config") != want and not self.force:
