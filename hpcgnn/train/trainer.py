@@ -180,8 +180,9 @@ class Trainer:
         checkpoint of the whole GNN can)."""
 
     def _check_state(self, state: dict) -> None:
-        """Rank 0, before any collective: refuse a checkpoint of another config, schedule or
-        shard set (``--force`` turns the refusal into warnings)."""
+        """Rank 0 (every rank of a stale run), before any collective: refuse a checkpoint of
+        another config, schedule or shard set (``--force`` turns the refusal into warnings);
+        accept, and note for ``run.json``, a change of ``records.HARMLESS_KEYS``."""
         where = self.run_dir / ckpt.CHECKPOINT_NAME
         if self.record is not None and "record" in state:
             forced, accepted = check_resume(state["record"], self.record, where, self.force)
