@@ -18,10 +18,16 @@ and never the whole graph:
    they send (the halo invariant of DESIGN.md holds by construction: both sides sort by id);
 6. every writer writes its parts with the one-process shard writer; rank 0 writes
    ``meta.json`` after all parts are in (the sha256s gathered), or removes them all on a failure.
+
+Size limit: edges travel and sort as int64 keys ``row * N + col`` (and halo keys
+``(q * K + p) * N + v``, checked in ``preprocess.halo.check_key_range``), so ``N`` is bounded by
+``MAX_NODES`` (3e9: ``N^2 < 2^63``). Every rank checks ``N`` as soon as it knows it, before any
+key is built (``check_node_count``); ``HPCGNN_MAX_NODES`` lowers the bound (tests).
 """
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +46,31 @@ from preprocess.exchange import reply, send_to
 log = logging.getLogger("hpcgnn.preprocess")
 USER_ERRORS = (DatasetError, PreprocessError, ShardFormatError)
 RANDOM_BLOCK = 1 << 16          # random partitioning permutes blocks of this many nodes
+MAX_NODES_ENV = "HPCGNN_MAX_NODES"
+
+
+def node_limit() -> int:
+    """The most nodes whose keys ``row * N + col`` fit int64: ``MAX_NODES``, or less when
+    ``HPCGNN_MAX_NODES`` says so (it can only lower the bound)."""
+    raw = os.environ.get(MAX_NODES_ENV)
+    if raw is None:
+        return MAX_NODES
+    try:
+        return min(MAX_NODES, int(raw))
+    except ValueError:
+        raise PreprocessError(f"{MAX_NODES_ENV}={raw!r} is not an integer; unset it (the bound "
+                              f"is then {MAX_NODES:,} nodes)") from None
+
+
+def check_node_count(n: int, source: str) -> None:
+    """Refuse a graph whose int64 edge keys ``row * N + col`` could overflow."""
+    limit = node_limit()
+    if n > limit:
+        raise PreprocessError(
+            f"{source}: {n:,} nodes is more than distributed preprocessing handles ({limit:,}"
+            f"{f', lowered by {MAX_NODES_ENV}' if limit < MAX_NODES else ''}): its int64 edge "
+            f"keys row * N + col would overflow; split the graph into inputs of at most "
+            f"{limit:,} nodes" + (f", or unset {MAX_NODES_ENV}" if limit < MAX_NODES else ""))
 
 
 def collective(comm, fn, *args, **kwargs):
@@ -73,14 +104,17 @@ def read_slice(spec: str, comm, symmetrize: bool) -> GraphSlice:
     name, opts = parse_spec(spec)
     if name in SLICED:
         gen = sliced_spec(spec, name, opts, symmetrize)
+        check_node_count(gen.nodes, spec)
         return generate_slice(comm, spec, gen, row_bounds(gen.nodes, comm.size))
     if name == "h5":
         n = h5_num_nodes(opts["path"])
+        check_node_count(n, opts["path"])
         b = row_bounds(n, comm.size)
         return read_h5_slice(opts["path"], int(b[comm.rank]), int(b[comm.rank + 1]), name=spec)
     log.info("%s: every rank loads the whole graph and keeps its slice; for a graph larger than "
              "one process, convert it first: python -m preprocess convert", spec)
-    graph = load_dataset(spec, symmetrize=symmetrize)
+    graph = load_dataset(spec, symmetrize=symmetrize)     # its reader checks MAX_NODES itself
+    check_node_count(graph.num_nodes, spec)
     b = row_bounds(graph.num_nodes, comm.size)
     return GraphSlice.of_graph(graph, int(b[comm.rank]), int(b[comm.rank + 1]))
 

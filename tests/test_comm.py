@@ -146,10 +146,11 @@ def _worker(shard_dir: str) -> None:
             _check(ctx, shard, plan, codec, overlap)
     import os
     exch = HaloExchanger(ctx, plan, layer=0, seed=0, stats=ExchangeStats())
+    assert exch._transport.mode == "unconnected"          # nothing collective at construction
+    lay, _ = exch._layout(IDENTITY, WIDTH, True)           # the first layout chooses
     want_mode = "neighbor" if os.environ.get("HPCGNN_EXCHANGE") == "neighbor" else "alltoallv"
     assert exch._transport.mode == want_mode
     if "HPCGNN_MAX_MESSAGE" in os.environ:
-        lay, _ = exch._layout(IDENTITY, WIDTH, True)
         chunk = int(os.environ["HPCGNN_MAX_MESSAGE"]) // ctx.size     # bytes of a block per round
         assert lay.rounds > 1 and lay.rounds * chunk >= max(lay.s_counts + lay.r_counts)
     print(f"rank {ctx.rank}: exchange ok", flush=True)

@@ -110,3 +110,52 @@ def test_force_resumes_anyway(runs, tmp_path):
     assert "--force: resuming although train.epochs: checkpoint 10, now 12" in proc.stderr
     assert [r["epoch"] for r in read_metrics(run)] == list(range(12))
     assert "epochs = 12" in (run / "config.toml").read_text()
+
+
+def test_resume_accepts_keys_that_do_not_change_the_math_and_records_them(runs, tmp_path):
+    """Evaluation and checkpoint cadence and the run directory may change on --resume: the
+    run continues bit for bit, and run.json's resume command lists what changed."""
+    shard_dir, schedule, straight, _ = runs
+    run = tmp_path / "run"
+    check_ok(_train(shard_dir, run, schedule, extra=("--stop-after", "5")))
+    moved = tmp_path / "moved"
+    shutil.move(run, moved)                                   # run.out changes too
+    proc = _train(shard_dir, moved, schedule, "train.eval_every=2", "run.checkpoint_every=3",
+                  extra=("--resume",))
+    check_ok(proc)
+    assert "--resume: accepted train.eval_every: checkpoint 1, now 2" in proc.stderr
+    got, want = read_metrics(moved), read_metrics(straight)
+    assert [r["loss"] for r in got] == [r["loss"] for r in want]          # the math is the same
+    assert [r["epoch"] for r in got if "val_acc" in r] == [0, 1, 2, 3, 4, 5, 7, 9]
+    last = json.loads((moved / "run.json").read_text())["commands"][-1]
+    assert last["resume"] and last["forced"] == []
+    assert sorted(c.split(":")[0] for c in last["changed"]) == [
+        "run.checkpoint_every", "run.out", "train.eval_every"]
+    assert "train.eval_every: checkpoint 1, now 2" in last["changed"]
+    assert "eval_every = 2" in (moved / "config.toml").read_text()
+
+
+def test_harmless_and_math_keys_are_told_apart(tmp_path):
+    """The pure check: a math key is refused by name, a harmless one beside it is not named;
+    RETEXO's eval_every changes which state each stage keeps, so it is a math key there."""
+    from hpcgnn.config import load_config
+    from hpcgnn.train.records import ResumeMismatch, RunRecord, check_resume, differences, \
+        harmless_changes
+    (tmp_path / "meta.json").write_text("{}")
+
+    def record(*sets):
+        return RunRecord.make(load_config(None, list(sets)), None, tmp_path)
+    old = record("train.eval_every=1").fingerprint()
+    now = record("train.eval_every=4", "run.checkpoint_every=2", "train.lr=0.02")
+    with pytest.raises(ResumeMismatch) as err:
+        check_resume(old, now, tmp_path / "checkpoint.pt", force=False)
+    assert "train.lr: checkpoint 0.01, now 0.02" in str(err.value)
+    assert "eval_every" not in str(err.value) and "checkpoint_every" not in str(err.value)
+    forced, accepted = check_resume(old, now, tmp_path / "checkpoint.pt", force=True)
+    assert forced == ["train.lr: checkpoint 0.01, now 0.02"]
+    assert accepted == ["run.checkpoint_every: checkpoint 0, now 2",
+                        "train.eval_every: checkpoint 1, now 4"]
+    retexo = ("train.method=retexo", "train.rounds_per_layer=5", "train.epochs=10")
+    r_old, r_now = record(*retexo).fingerprint(), record(*retexo, "train.eval_every=3").fingerprint()
+    assert differences(r_old, r_now) == ["train.eval_every: checkpoint 1, now 3"]
+    assert harmless_changes(r_old, r_now) == []

@@ -130,7 +130,7 @@ class HaloExchanger:
         self._pairs_out = pair_keys(self.seed, self.layer, me, None, parts, dev)   # me -> p
         self._pairs_in = pair_keys(self.seed, self.layer, None, me, parts, dev)    # p -> me
         self._skip_wire = os.environ.get(NO_EXCHANGE_ENV) == "1"
-        self._transport = Transport(self.ctx, self.plan)      # collective: same order everywhere
+        self._transport = Transport(self.ctx, self.plan)   # local; its first layout is collective
 
     def start(self, x_owned: torch.Tensor, settings: ExchangeSettings,
               encoder: torch.nn.Module | None = None) -> Handle:
@@ -198,7 +198,7 @@ class HaloExchanger:
             scounts = self.plan.send_counts if fwd else self.plan.recv_counts
             rcounts = self.plan.recv_counts if fwd else self.plan.send_counts
             lay = self._transport.layout(codec.byte_counts(scounts, width),
-                                         codec.byte_counts(rcounts, width))
+                                         codec.byte_counts(rcounts, width), forward=fwd)
             self._counts[key] = (lay, sum(scounts) * width * 4)
         return self._counts[key]
 

@@ -1,17 +1,29 @@
 """How the bytes of one exchange reach the peers: which MPI collective, and in how many rounds.
 
+- **Directions**: the forward sends rank ``q``'s boundary rows to every ``p`` with
+  ``send_counts[p] > 0`` and receives from every ``p`` with ``recv_counts[p] > 0``; the
+  backward runs on the *reversed* topology (the halo gradients go back to the rows' owners:
+  it sends to the forward's sources and receives from the forward's destinations). On a
+  directed graph the two differ: a part can receive from a peer it sends nothing to.
 - **Sparse peers**: when every rank exchanges rows with at most half of the ranks (a graph
-  partition usually touches few parts), the exchange runs on a distributed-graph communicator
-  (``Create_dist_graph_adjacent``, made once per exchanger) with ``Neighbor_alltoallv``, whose
-  count arrays list the neighbours only; otherwise a plain ``Alltoallv`` over all ranks. The
-  choice is made once, collectively (every rank must call the same collective).
-  ``HPCGNN_EXCHANGE=alltoallv|neighbor`` forces it.
+  partition usually touches few parts), the exchange runs on distributed-graph communicators
+  (``Create_dist_graph_adjacent``, one per direction and exchanger) with
+  ``Neighbor_alltoallv``, whose count arrays list the neighbours only; otherwise a plain
+  ``Alltoallv`` over all ranks. The choice is made once, collectively (every rank must call the
+  same collective). ``HPCGNN_EXCHANGE=alltoallv|neighbor`` forces it.
+- **Lazy set-up**: nothing collective happens when a ``Transport`` is made (inside the
+  trainer's start-up, where a rank may fail and wait in the failure agreement while the others
+  go on). The choice of collective (one small ``Allreduce(MAX)`` in auto mode) is made at the
+  first ``layout``, and a direction's dist-graph communicator at that direction's first
+  ``layout``: both run after the ranks agreed that nobody failed, at the same point of the
+  same exchange on every rank.
 - **Rounds**: MPI counts and displacements are C ints, so a buffer past 2^31 bytes cannot go
   in one call (``MPI_ERR_ARG``). When some block of an exchange exceeds ``limit / P`` bytes
   (``limit`` = 2^31 - 1, or ``HPCGNN_MAX_MESSAGE``), the exchange is split into rounds: round
   ``r`` carries bytes ``[r L, (r + 1) L)`` of every block, ``L = limit // P``, so every count and
   displacement stays below ``limit``. The round count is agreed once per (codec, width,
-  direction) with one small ``Allreduce(MAX)``; rounds are blocking.
+  direction) with one small ``Allreduce(MAX)``; rounds are blocking and run on the direction's
+  own topology.
 Counts, displacements and neighbour lists are computed once per (codec, width, direction)
 and cached: an exchange does no per-peer Python work after its first use.
 """
@@ -37,11 +49,12 @@ class Layout:
 
     send: tuple[int, ...]         # per peer (all P), bytes
     recv: tuple[int, ...]
-    s_counts: list[int]           # per neighbour (neighbor mode) or per rank
+    s_counts: list[int]           # per neighbour of this direction (neighbor mode) or per rank
     s_displs: list[int]
     r_counts: list[int]
     r_displs: list[int]
     rounds: int
+    forward: bool = True          # False: the backward, on the reversed topology
 
     @property
     def send_total(self) -> int:
@@ -53,40 +66,64 @@ class Layout:
 
 
 class Transport:
-    """The collective that moves one exchanger's bytes (made on every rank, in the same order)."""
+    """The collective that moves one exchanger's bytes. Making it is local; its first
+    ``layout`` (per direction) is collective: call it in the same order on every rank."""
 
     def __init__(self, ctx: CommContext, plan: HaloPlan):
         self.ctx = ctx
-        self.sources = [p for p, c in enumerate(plan.recv_counts) if c]     # who sends to me
-        self.dests = [p for p, c in enumerate(plan.send_counts) if c]       # whom I send to
+        self.sources = [p for p, c in enumerate(plan.recv_counts) if c]     # forward: who sends to me
+        self.dests = [p for p, c in enumerate(plan.send_counts) if c]       # forward: whom I send to
         self.limit = int(os.environ.get(LIMIT_ENV, INT_MAX))
-        self.graph = None
-        if ctx.size > 1 and self._use_neighbors():
-            self.graph = ctx.comm.Create_dist_graph_adjacent(self.sources, self.dests, reorder=False)
+        self.forced = os.environ.get(MODE_ENV)
+        self._neighbors: bool | None = None       # decided at the first layout (collective)
+        self._graphs: dict[bool, object] = {}     # direction (True = forward) -> dist-graph comm
+
+    def _connect(self) -> None:
+        """Choose the collective, once (collective in auto mode at >= 8 ranks)."""
+        if self._neighbors is None:
+            self._neighbors = self.ctx.size > 1 and self._use_neighbors()
 
     def _use_neighbors(self) -> bool:
-        forced = os.environ.get(MODE_ENV)
-        if forced in ("alltoallv", "neighbor"):
-            return forced == "neighbor"
+        if self.forced in ("alltoallv", "neighbor"):
+            return self.forced == "neighbor"
         if self.ctx.size < 8:
             return False
         from mpi4py import MPI
         peers = len(set(self.sources) | set(self.dests))
-        widest = self.ctx.comm.allreduce(peers, op=MPI.MAX)          # once, at start-up
+        widest = self.ctx.comm.allreduce(peers, op=MPI.MAX)          # once, at the first exchange
         return widest <= self.ctx.size // 2
+
+    def peers(self, forward: bool) -> tuple[list[int], list[int]]:
+        """(ranks this direction sends to, ranks it receives from): the backward is the
+        forward reversed."""
+        return (self.dests, self.sources) if forward else (self.sources, self.dests)
+
+    def _graph(self, forward: bool):
+        """The direction's dist-graph communicator, made at its first layout (collective)."""
+        if forward not in self._graphs:
+            to, frm = self.peers(forward)
+            self._graphs[forward] = self.ctx.comm.Create_dist_graph_adjacent(frm, to, reorder=False)
+        return self._graphs[forward]
 
     @property
     def mode(self) -> str:
-        return "neighbor" if self.graph is not None else "alltoallv"
+        """'neighbor' or 'alltoallv' once chosen (at the first layout), else 'unconnected'."""
+        if self._neighbors is None:
+            return "unconnected"
+        return "neighbor" if self._neighbors else "alltoallv"
 
-    def layout(self, send: list[int], recv: list[int]) -> Layout:
-        """Counts for per-peer byte counts ``send``/``recv``. Collective (the round count is
-        agreed): call it in the same order on every rank, and cache the result."""
+    def layout(self, send: list[int], recv: list[int], forward: bool = True) -> Layout:
+        """Counts for per-peer byte counts ``send``/``recv`` of one direction. Collective (the
+        collective's choice, the direction's communicator and the round count are agreed):
+        call it in the same order on every rank, and cache the result."""
+        self._connect()
+        if self._neighbors:
+            self._graph(forward)
         rounds = math.ceil(max([1, *send, *recv]) / self.chunk)
         if self.ctx.size > 1:
             from mpi4py import MPI
             rounds = self.ctx.comm.allreduce(rounds, op=MPI.MAX)
-        return Layout(tuple(send), tuple(recv), *self._counts(send, recv), rounds)
+        return Layout(tuple(send), tuple(recv), *self._counts(send, recv, forward), rounds, forward)
 
     @property
     def chunk(self) -> int:
@@ -104,15 +141,17 @@ class Transport:
         sendbuf = gpu.to_mpi(buf, self.ctx.cuda_aware, pinned, "s" + slot)
         smsg = [sendbuf, (lay.s_counts, lay.s_displs), MPI.BYTE]
         rmsg = [recvbuf, (lay.r_counts, lay.r_displs), MPI.BYTE]
-        comm = self.graph if self.graph is not None else self.ctx.comm
+        graph = self._graphs[lay.forward] if self._neighbors else None
+        comm = graph if graph is not None else self.ctx.comm
         if not nonblocking:                 # one collective: sum(send) bytes out
-            (comm.Neighbor_alltoallv if self.graph is not None else comm.Alltoallv)(smsg, rmsg)
+            (comm.Neighbor_alltoallv if graph is not None else comm.Alltoallv)(smsg, rmsg)
             return None, ()
-        call = comm.Ineighbor_alltoallv if self.graph is not None else comm.Ialltoallv
+        call = comm.Ineighbor_alltoallv if graph is not None else comm.Ialltoallv
         return call(smsg, rmsg), (buf, sendbuf, recvbuf)
 
     def _rounds(self, buf: torch.Tensor, lay: Layout, recv: torch.Tensor, pinned: dict, slot: str) -> None:
-        """Round r moves bytes [r L, (r + 1) L) of every block (blocking)."""
+        """Round r moves bytes [r L, (r + 1) L) of every block (blocking), on the direction's
+        topology."""
         chunk = self.chunk
         s_off, r_off = displacements(list(lay.send)), displacements(list(lay.recv))
         for r in range(lay.rounds):
@@ -123,16 +162,20 @@ class Transport:
             out = torch.cat(parts) if parts else buf.new_empty(0)
             got, gotbuf = gpu.recv_buffer(sum(q), torch.uint8, self.ctx.device, self.ctx.cuda_aware,
                                           pinned, "rr" + slot)
-            self.post(out, Layout(tuple(s), tuple(q), *self._counts(s, q), 1), got, gotbuf,
-                      pinned, "r" + slot, nonblocking=False)
+            one = Layout(tuple(s), tuple(q), *self._counts(s, q, lay.forward), 1, lay.forward)
+            self.post(out, one, got, gotbuf, pinned, "r" + slot, nonblocking=False)
             pos = 0
             for o, n in zip(r_off, q):
                 if n:
                     recv[o + lo:o + lo + n].copy_(got[pos:pos + n])
                     pos += n
 
-    def _counts(self, send: list[int], recv: list[int]) -> tuple:
-        s_peers = self.dests if self.graph is not None else range(len(send))
-        r_peers = self.sources if self.graph is not None else range(len(recv))
+    def _counts(self, send: list[int], recv: list[int], forward: bool) -> tuple:
+        """(send counts, displs, recv counts, displs): per neighbour of the direction in
+        neighbor mode (its communicator's order), per rank otherwise."""
+        if self._neighbors:
+            s_peers, r_peers = self.peers(forward)
+        else:
+            s_peers, r_peers = range(len(send)), range(len(recv))
         s_counts, r_counts = [send[p] for p in s_peers], [recv[p] for p in r_peers]
         return s_counts, displacements(s_counts), r_counts, displacements(r_counts)

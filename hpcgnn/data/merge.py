@@ -18,12 +18,20 @@ mapped to global ids equals rank ``P``'s halo block from ``Q``, in order. Both a
 "the nodes of ``Q``'s parts that appear in a halo of ``P``'s parts, ascending", because each
 part's ``send_index`` block for part ``p`` is part ``p``'s halo block from it (the shard
 format's own invariant).
+
+Memory: the merged owned arrays are allocated once, in merged order, and each member's rows are
+scattered into them; with ``files`` the members were read without their features
+(``read_shard(..., features=False)``) and their rows go from the file straight into the merged
+array in blocks (``read_features_into``), so the rank holds its features once plus one block
+(concatenating the members and then reordering held about 3x).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from hpcgnn.data.shard import Shard
+from hpcgnn.data.shard import Shard, read_features_into
 
 OWNED_FIELDS = ("features", "label", "train_mask", "val_mask", "test_mask", "degree")
 
@@ -34,14 +42,18 @@ def member_parts(rank: int, ranks: int, parts: int) -> range:
     return range(rank * g, (rank + 1) * g)
 
 
-def merge_parts(members: list[Shard], rank: int, ranks: int) -> Shard:
+def merge_parts(members: list[Shard], rank: int, ranks: int,
+                files: list[Path] | None = None) -> Shard:
     """One Shard (``part_id = rank``, ``num_parts = ranks``) from the consecutive parts
-    ``members`` of a K-part set, K = ``ranks * len(members)``."""
+    ``members`` of a K-part set, K = ``ranks * len(members)``. ``files``: the members' part
+    files, when the members were read without their features (then read from there)."""
     g = len(members)
     owned_gid = np.concatenate([m.global_id for m in members])
     order = np.argsort(owned_gid, kind="stable")
     owned_gid = owned_gid[order]
-    owned = {f: np.concatenate([getattr(m, f) for m in members])[order] for f in OWNED_FIELDS}
+    dest = np.empty_like(order)
+    dest[order] = np.arange(order.shape[0])          # member row (concatenated) -> merged row
+    owned = _merged_owned(members, dest, files)
     halo_gid, halo_deg, recv_counts = _merged_halo(members, rank, ranks, g)
     send_gid, send_counts = _merged_sends(members, rank, ranks, g)
     send_index = np.searchsorted(owned_gid, send_gid).astype(np.int64)
@@ -49,6 +61,24 @@ def merge_parts(members: list[Shard], rank: int, ranks: int) -> Shard:
     return Shard(part_id=rank, num_parts=ranks, global_id=owned_gid, **owned,
                  halo_global_id=halo_gid, halo_degree=halo_deg, recv_counts=recv_counts,
                  send_counts=send_counts, send_index=send_index, indptr=indptr, indices=indices)
+
+
+def _merged_owned(members: list[Shard], dest: np.ndarray, files: list[Path] | None) -> dict:
+    """The OWNED_FIELDS of the merged part, each allocated once and filled member by member
+    (features from ``files`` when given, else from the members' arrays)."""
+    owned, start = {}, 0
+    for f in OWNED_FIELDS:
+        first = getattr(members[0], f)
+        owned[f] = np.empty((dest.shape[0], *first.shape[1:]), dtype=first.dtype)
+    for i, m in enumerate(members):
+        rows = dest[start:start + m.n_owned]
+        for f in OWNED_FIELDS:
+            if f == "features" and files is not None:
+                read_features_into(files[i], owned[f], rows)
+            else:
+                owned[f][rows] = getattr(m, f)
+        start += m.n_owned
+    return owned
 
 
 def _halo_owner_parts(m: Shard) -> np.ndarray:

@@ -132,8 +132,11 @@ def write_shard(path: str | os.PathLike, shard: Shard) -> None:
 
 
 def read_shard(path: str | os.PathLike, *, part_id: PartId | None = None,
-               num_parts: int | None = None) -> Shard:
-    """Read and check one part file. Raises ShardFormatError naming the file and the fix."""
+               num_parts: int | None = None, features: bool = True) -> Shard:
+    """Read and check one part file. Raises ShardFormatError naming the file and the fix.
+
+    ``features=False``: ``nodes/features`` is not read; the Shard holds a read-only zero-stride
+    placeholder of its shape (no memory), to be filled with ``read_features_into``."""
     path = Path(path)
     fix = "re-run `python -m preprocess` to rewrite the shard set"
     if not path.is_file():
@@ -148,6 +151,9 @@ def read_shard(path: str | os.PathLike, *, part_id: PartId | None = None,
             for name, (h5path, dtype) in DATASETS.items():
                 if h5path not in f:
                     raise ShardFormatError(f"{path}: dataset '{h5path}' is missing; {fix}")
+                if name == "features" and not features:
+                    arrays[name] = np.broadcast_to(np.zeros((), dtype), f[h5path].shape)
+                    continue
                 arrays[name] = np.asarray(f[h5path][...]).astype(dtype, copy=False)
             shard = Shard(part_id=int(f.attrs["part_id"]), num_parts=int(f.attrs["num_parts"]),
                           **arrays)
@@ -160,12 +166,39 @@ def read_shard(path: str | os.PathLike, *, part_id: PartId | None = None,
     if num_parts is not None and shard.num_parts != num_parts:
         raise ShardFormatError(f"{path}: belongs to a {shard.num_parts}-part set, expected "
                                f"{num_parts} parts; {fix}")
-    _check_shard(shard, path)
+    _check_shard(shard, path, values=features)
     return shard
 
 
-def _check_shard(s: Shard, path: Path) -> None:
-    """Shape and range checks that need only this one part."""
+def read_features_into(path: str | os.PathLike, out: np.ndarray, rows: np.ndarray,
+                       block_bytes: int = 1 << 20) -> None:
+    """``out[rows[i]] = nodes/features[i]`` for every owned row ``i`` of the part file ``path``,
+    read in blocks of about ``block_bytes`` (the only memory beyond ``out``); checks that the
+    values are finite. ``out``: float32 ``(n, F)``; ``rows``: int64 ``[n_owned]``."""
+    path = Path(path)
+    fix = "re-run `python -m preprocess` to rewrite the shard set"
+    try:
+        with h5py.File(path, "r") as f:
+            dset = f[DATASETS["features"][0]]
+            if dset.shape != (rows.shape[0], out.shape[1]):
+                raise ShardFormatError(f"{path}: nodes/features is {dset.shape}, expected "
+                                       f"{(rows.shape[0], out.shape[1])}; {fix}")
+            step = max(1, min(rows.shape[0], block_bytes // max(1, out.shape[1] * out.itemsize)))
+            buf = np.empty((step, out.shape[1]), dtype=out.dtype)     # one block, reused
+            finite = np.empty(buf.shape, dtype=bool)
+            for a in range(0, rows.shape[0], step):
+                n = min(step, rows.shape[0] - a)
+                dset.read_direct(buf, np.s_[a:a + n], np.s_[0:n])
+                if not np.isfinite(buf[:n], out=finite[:n]).all():
+                    raise ShardFormatError(f"{path}: nodes/features holds NaN or inf; {fix}")
+                out[rows[a:a + n]] = buf[:n]
+    except (OSError, KeyError) as exc:
+        raise ShardFormatError(f"{path}: cannot read nodes/features ({exc}); {fix}") from exc
+
+
+def _check_shard(s: Shard, path: Path, values: bool = True) -> None:
+    """Shape and range checks that need only this one part (``values``: the features' values
+    too; off when they were not read)."""
     n, h, p = s.n_owned, s.n_halo, s.num_parts
 
     def need(cond: bool, what: str) -> None:
@@ -192,7 +225,7 @@ def _check_shard(s: Shard, path: Path) -> None:
     need(s.indices.size == 0 or (s.indices.min() >= 0 and s.indices.max() < n + h),
          "graph/indices holds an index outside owned + halo")
     need(bool(np.all(np.diff(s.global_id) > 0)), "nodes/global_id is not strictly ascending")
-    need(bool(np.isfinite(s.features).all()), "nodes/features holds NaN or inf")
+    need(not values or bool(np.isfinite(s.features).all()), "nodes/features holds NaN or inf")
 
 
 def write_meta(directory: str | os.PathLike, meta: dict) -> None:

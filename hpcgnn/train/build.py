@@ -163,6 +163,9 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
     options = RunOptions(
         resume=resume, force=force, stop_after=stop_after,
         record=RunRecord.make(cfg, getattr(policy, "path", None), shards),
-        resume_bytes=ckpt.read_checkpoint_bytes(run_dir) if (resume and ctx.is_root) else None)
+        # rank 0 reads the checkpoint (and broadcasts it at start); a stale run's ranks read it
+        # themselves, to check their own rank file against it
+        resume_bytes=ckpt.read_checkpoint_bytes(run_dir)
+        if resume and (ctx.is_root or cfg.train.staleness > 0) else None)
     parts = RunParts(ctx, cfg, run_dir, setup.meta, data, model, policy)
     return METHODS[cfg.train.method].trainer(parts, options)

@@ -1,21 +1,36 @@
-"""Checkpoints: one file ``RUN_DIR/checkpoint.pt``, written atomically by rank 0.
+"""Checkpoints: ``RUN_DIR/checkpoint.pt``, written atomically by rank 0, and, for a stale run,
+one rank file per rank beside it.
 
-Holds the model and optimiser state, the number of finished epochs (which is also the
-schedule position and the dropout-key position), the torch RNG state, the running totals of
-the metrics, the best-validation bookkeeping and the run record (``hpcgnn.train.records``:
-config, schedule, shard-set hash, checked by ``--resume``) — everything ``--resume`` needs so
-that 5 epochs + resume + 5 epochs equal 10 epochs.
+``checkpoint.pt`` holds what every rank shares: the model and optimiser state, the number of
+finished epochs (which is also the schedule position and the dropout-key position), the torch
+RNG state, the running totals of the metrics, the best-validation bookkeeping, the run record
+(``hpcgnn.train.records``: config, schedule, shard-set hash, checked by ``--resume``), the rank
+count (``ranks``) and the tag of its rank files (``rank_files``; None without staleness) —
+everything ``--resume`` needs so that 5 epochs + resume + 5 epochs equal 10 epochs.
+
+**Rank files** (``train.staleness >= 1``): the halo rows and gradients in flight belong to each
+rank's own part, so each rank writes its own (``model.stale_state()``, opaque here) to
+``checkpoint.rank-RRRRR.TAG.pt`` and reads back only its own: no gather to rank 0, nothing of
+another rank loaded. A save writes the rank files (each atomically) under a fresh tag, then
+rank 0 replaces ``checkpoint.pt`` naming that tag, then every rank removes its files of older
+tags: at any moment ``checkpoint.pt`` names a complete set. Each rank file records its tag,
+rank, rank count and epoch, so a file of another checkpoint or rank count is refused, naming
+the file. A stale run resumes on its own rank count only (the rows in flight are per part).
+The run directory must then be on a file system every rank sees.
 """
 from __future__ import annotations
 
 import io
 import os
+import re
+import secrets
 from pathlib import Path
 
 import torch
 
 CHECKPOINT_NAME = "checkpoint.pt"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2          # 2: rank count and per-rank stale state (1: stale gathered, read 1)
+RANK_FILE = re.compile(r"checkpoint\.rank-(\d{5,})\.([0-9a-f]+)\.pt")
 
 
 class CheckpointError(ValueError):
@@ -25,17 +40,21 @@ class CheckpointError(ValueError):
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
     """Write ``state`` to ``run_dir/checkpoint.pt`` via a temporary file, fsync and rename."""
     path = Path(run_dir) / CHECKPOINT_NAME
-    tmp = path.with_name(f".{CHECKPOINT_NAME}.tmp-{os.getpid()}")
+    _atomic_save(path, {"version": CHECKPOINT_VERSION, **state})
+    return path
+
+
+def _atomic_save(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save({"version": CHECKPOINT_VERSION, **state}, f)
+            torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path
 
 
 def read_checkpoint_bytes(run_dir: Path) -> bytes | None:
@@ -47,12 +66,82 @@ def read_checkpoint_bytes(run_dir: Path) -> bytes | None:
 def decode_checkpoint(data: bytes, run_dir: Path) -> dict:
     """Bytes (as read by rank 0 and broadcast) -> the state dict; checks the version."""
     path = Path(run_dir) / CHECKPOINT_NAME
-    try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 (torch raises many kinds for a corrupt file)
-        raise CheckpointError(f"{path}: unreadable checkpoint ({exc}); delete it and run "
-                              f"without --resume to start over") from exc
-    if state.get("version") != CHECKPOINT_VERSION:
+    state = _load(io.BytesIO(data), path)
+    if state.get("version") not in (1, CHECKPOINT_VERSION):
         raise CheckpointError(f"{path}: checkpoint version {state.get('version')!r}, this hpcgnn "
                               f"writes {CHECKPOINT_VERSION}; start over without --resume")
     return state
+
+
+def _load(source, path: Path) -> dict:
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (torch raises many kinds for a corrupt file)
+        raise CheckpointError(f"{path}: unreadable checkpoint ({exc}); delete it and run "
+                              f"without --resume to start over") from exc
+
+
+# -- rank files (stale runs) ---------------------------------------------------------------------
+def new_tag() -> str:
+    """A fresh tag for one save's rank files (rank 0 draws it; every rank uses it)."""
+    return secrets.token_hex(6)
+
+
+def rank_file(run_dir: Path, rank: int, tag: str) -> Path:
+    return Path(run_dir) / f"checkpoint.rank-{rank:05d}.{tag}.pt"
+
+
+def save_rank_state(run_dir: Path, rank: int, ranks: int, tag: str, epochs_done: int,
+                    state) -> Path:
+    """This rank's own state (opaque) to its rank file of ``tag``, atomically."""
+    path = rank_file(run_dir, rank, tag)
+    _atomic_save(path, {"version": CHECKPOINT_VERSION, "tag": tag, "rank": rank, "ranks": ranks,
+                        "epochs_done": epochs_done, "state": state})
+    return path
+
+
+def load_rank_state(run_dir: Path, rank: int, ranks: int, head: dict):
+    """This rank's state from the rank file ``head`` (the decoded ``checkpoint.pt``) names;
+    raises ``CheckpointError`` with the reason and the fix when there is none for this rank
+    count, or the file belongs to another checkpoint."""
+    where = Path(run_dir) / CHECKPOINT_NAME
+    tag, saved = head.get("rank_files"), int(head.get("ranks", 0))
+    if tag is None:
+        raise CheckpointError(
+            f"{where}: holds no per-rank stale state (written by a run without train.staleness, "
+            f"or by an older hpcgnn), but this run is stale; resume it with the run's own "
+            f"config, or start a new run (another --out, no --resume)")
+    if saved != ranks:
+        raise CheckpointError(
+            f"{where}: this stale run (train.staleness >= 1) was checkpointed on {saved} ranks "
+            f"and cannot resume on {ranks}: the halo rows and gradients in flight belong to "
+            f"each rank's own part; resume with `mpirun -n {saved}`, or start a new run on "
+            f"{ranks} ranks (another --out, no --resume)")
+    path = rank_file(run_dir, rank, tag)
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path}: missing; {CHECKPOINT_NAME} names rank files '{tag}' for {saved} ranks (a "
+            f"deleted file, or a run directory that not every rank sees); restore it, or start "
+            f"over without --resume")
+    data = _load(path, path)
+    got = [data.get(k) for k in ("version", "tag", "rank", "ranks", "epochs_done")]
+    want = [CHECKPOINT_VERSION, tag, rank, ranks, int(head["progress"]["epochs_done"])]
+    if got != want:
+        raise CheckpointError(
+            f"{path}: belongs to another checkpoint (version, tag, rank, ranks, epochs {got}; "
+            f"{CHECKPOINT_NAME} wants {want}): a mixed set; restore the run directory's "
+            f"files together, or start over without --resume")
+    return data["state"]
+
+
+def prune_rank_files(run_dir: Path, rank: int, ranks: int, keep: str) -> None:
+    """Remove this rank's rank files of tags other than ``keep``; rank 0 also removes those of
+    ranks ``>= ranks`` (left by a run on more ranks). Call it once ``checkpoint.pt`` names
+    ``keep``."""
+    for path in Path(run_dir).glob("checkpoint.rank-*.pt"):
+        m = RANK_FILE.fullmatch(path.name)
+        if m is None:
+            continue
+        r, tag = int(m.group(1)), m.group(2)
+        if (r == rank and tag != keep) or (rank == 0 and r >= ranks):
+            path.unlink(missing_ok=True)

@@ -43,17 +43,25 @@ def load_part(shards: str | Path, rank: int, size: int, verify_hash: bool = True
             f"{shards / 'meta.json'}: the shard set has {k} parts but the job has {size} ranks; "
             f"launch with `mpirun -n R` for R dividing {k} ({', '.join(map(str, fits))}), or re-run `python -m preprocess --parts {size} --out DIR` "
             f"(or a multiple of {size})")
-    members = [_read_part(shards, meta, p, verify_hash) for p in member_parts(rank, size, k)]
-    return meta, members[0] if len(members) == 1 else merge_parts(members, rank, size)
+    parts = member_parts(rank, size, k)
+    if len(parts) == 1:
+        return meta, _read_part(shards, meta, parts[0], verify_hash)
+    # merged: the members' features go from their files straight into the merged array
+    members = [_read_part(shards, meta, p, verify_hash, features=False) for p in parts]
+    return meta, merge_parts(members, rank, size, [_part_path(shards, meta, p) for p in parts])
 
 
-def _read_part(shards: Path, meta: dict, part: int, verify_hash: bool) -> Shard:
-    entry = meta["parts"][part]
-    path = shards / entry.get("file", part_name(part))
-    if verify_hash and path.is_file() and sha256_file(path) != entry["sha256"]:
+def _part_path(shards: Path, meta: dict, part: int) -> Path:
+    return shards / meta["parts"][part].get("file", part_name(part))
+
+
+def _read_part(shards: Path, meta: dict, part: int, verify_hash: bool,
+               features: bool = True) -> Shard:
+    path = _part_path(shards, meta, part)
+    if verify_hash and path.is_file() and sha256_file(path) != meta["parts"][part]["sha256"]:
         raise ShardFormatError(f"{path}: sha256 differs from meta.json (corrupt or replaced file); "
                                f"re-run `python -m preprocess` to rewrite the shard set")
-    return read_shard(path, part_id=part, num_parts=int(meta["num_parts"]))
+    return read_shard(path, part_id=part, num_parts=int(meta["num_parts"]), features=features)
 
 
 # A row is divided by its sum only when the sum is at least this share of the row's absolute

@@ -5,9 +5,14 @@ Written by rank 0 at start (files replaced atomically):
   ``RUN_DIR/schedule.toml``  a byte copy of ``--schedule`` (absent without one)
   ``RUN_DIR/run.json``       package version, command lines (one per start), the shard set's path
                              and ``meta.json`` sha256, the schedule's path and sha256
-The checkpoint carries the same record (``RunRecord.fingerprint()``), and ``--resume`` refuses to
-continue when any config key (``run.out`` aside: a run directory may move), the schedule or the
-shard set differs — naming each key with both values — unless ``--force``.
+The checkpoint carries the same record (``RunRecord.fingerprint()``), and ``--resume`` tells apart
+- keys that do not change the math (``HARMLESS_KEYS``: where the run lives, how often it
+  evaluates and checkpoints): a change is accepted, logged, and recorded in ``run.json`` (the
+  command's ``changed``);
+- everything else (every other config key, the schedule, the shard set): a change is refused,
+  naming each key with both values, unless ``--force`` (then recorded as ``forced``).
+``train.eval_every`` changes the math of ``train.method = 'retexo'`` (each stage keeps its
+best-validation state among the evaluated rounds), so there it is refused like the others.
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 CONFIG_NAME, SCHEDULE_NAME, RUN_NAME = "config.toml", "schedule.toml", "run.json"
-IGNORED_KEYS = ("run.out",)      # where the run lives is not how it trains
+HARMLESS_KEYS = ("run.out", "run.checkpoint_every", "train.eval_every")
+"""Config keys a resume may change: none of them changes a loss, a weight or a byte sent."""
 
 
 class ResumeMismatch(CheckpointError):
@@ -46,6 +52,8 @@ class RunRecord:
     schedule_text: str | None
     shards_path: str
     meta_sha256: str
+    changed: tuple[str, ...] = ()   # set on --resume: harmless keys changed (accepted)
+    forced: tuple[str, ...] = ()    # set on --resume --force: other differences resumed anyway
 
     @classmethod
     def make(cls, cfg: Config, schedule_path: str | None, shards: str | Path) -> "RunRecord":
@@ -75,6 +83,8 @@ class RunRecord:
         old = _read_json(run_dir / RUN_NAME) if resumed else {}
         command = {"argv": list(sys.orig_argv), "cwd": os.getcwd(),
                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resumed}
+        if resumed:
+            command.update(changed=list(self.changed), forced=list(self.forced))
         sched = None if self.schedule_text is None else {
             "path": self.schedule_path, "sha256": _sha256(self.schedule_text.encode())}
         return {"hpcgnn_version": package_version(), "commands": old.get("commands", []) + [command],
@@ -82,27 +92,49 @@ class RunRecord:
                 "schedule": sched}
 
 
-def check_resume(saved: dict | None, now: RunRecord, where: Path, force: bool) -> list[str]:
-    """The differences between a checkpoint's record and this start; raises ``ResumeMismatch``
-    naming them and the fix unless ``force`` (then returns them for a warning)."""
+def check_resume(saved: dict | None, now: RunRecord, where: Path,
+                 force: bool) -> tuple[list[str], list[str]]:
+    """(differences that change the math, accepted changes of ``HARMLESS_KEYS``) between a
+    checkpoint's record and this start; raises ``ResumeMismatch`` naming the first kind and
+    the fix unless ``force`` (then they are returned for a warning)."""
     if saved is None:
-        return []                     # a checkpoint from before run records: model is checked apart
-    diffs = differences(saved, now.fingerprint())
+        return [], []                 # a checkpoint from before run records: model is checked apart
+    diffs, accepted = differences(saved, now.fingerprint()), harmless_changes(saved, now.fingerprint())
     if diffs and not force:
         raise ResumeMismatch(
             f"{where}: --resume refused, this run differs from its checkpoint: " + "; ".join(diffs)
             + f"; fix: resume with the run's own settings ({Path(where).parent / CONFIG_NAME}, "
             f"its schedule and shard set), use another --out for a new run, or add --force to "
             f"resume anyway")
-    return diffs
+    return diffs, accepted
 
 
-def differences(saved: dict, now: dict) -> list[str]:
-    """``key: checkpoint A, now B`` for every config key, schedule key and shard-set hash."""
+def harmless_keys(config: dict) -> tuple[str, ...]:
+    """The ``HARMLESS_KEYS`` of a run with ``config`` (RETEXO: not ``train.eval_every``)."""
+    if config.get("train", {}).get("method") == "retexo":
+        return tuple(k for k in HARMLESS_KEYS if k != "train.eval_every")
+    return HARMLESS_KEYS
+
+
+def _config_diffs(saved: dict, now: dict) -> tuple[list[str], list[str]]:
+    """(config differences that change the math, those of harmless keys)."""
     # a key the checkpoint's version did not have yet (e.g. model.heads) had its default
     old_config = {**_flatten(Config().to_dict()), **_flatten(saved["config"])}
     diffs = _diff_flat(old_config, _flatten(now["config"]), "")
-    diffs = [d for d in diffs if d.split(":")[0] not in IGNORED_KEYS]
+    harmless = harmless_keys(now["config"])
+    return ([d for d in diffs if d.split(":")[0] not in harmless],
+            [d for d in diffs if d.split(":")[0] in harmless])
+
+
+def harmless_changes(saved: dict, now: dict) -> list[str]:
+    """``key: checkpoint A, now B`` for every harmless key that changed (accepted)."""
+    return _config_diffs(saved, now)[1]
+
+
+def differences(saved: dict, now: dict) -> list[str]:
+    """``key: checkpoint A, now B`` for every config key that changes the math, schedule key
+    and shard-set hash."""
+    diffs = _config_diffs(saved, now)[0]
     old_s, new_s = saved["schedule"], now["schedule"]
     if (old_s is None) != (new_s is None):
         diffs.append(f"--schedule: checkpoint {saved['schedule_path'] or 'none'}, "

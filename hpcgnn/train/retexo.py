@@ -237,8 +237,8 @@ class RetexoTrainer(Trainer):
         return self._stage_logits(epoch, training=False)
 
     # -- checkpoints and outputs ------------------------------------------------------------------
-    def checkpoint_state(self, stale: list | None = None) -> dict:
-        return {**super().checkpoint_state(stale),
+    def checkpoint_state(self, rank_files: str | None = None) -> dict:
+        return {**super().checkpoint_state(rank_files),
                 "retexo": {"opt_stage": self.opt_stage, "best_state": self.best_state,
                            "stages": [dict(r) for r in self.stages]}}
 

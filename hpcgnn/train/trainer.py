@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -93,8 +93,9 @@ class Trainer:
         self.opt = self.make_optimizer()
         self.progress = Progress()
         self.resume, self.resume_bytes = options.resume, options.resume_bytes
-        if self.resume_bytes is not None:            # rank 0 checks the file before any comm
-            self._check_state(ckpt.decode_checkpoint(self.resume_bytes, self.run_dir))
+        self.resume_state = self.resume_stale = None
+        if self.resume_bytes is not None:            # checked here, before any comm
+            self._read_resume(ckpt.decode_checkpoint(self.resume_bytes, self.run_dir))
         self.sink = MetricsSink(self.run_dir, enabled=self.ctx.is_root)
         self.preempt = PreemptFlag()
 
@@ -119,13 +120,29 @@ class Trainer:
                  self.ctx.size, self.ctx.device, self.cfg.model.arch, self.cfg.model.layers,
                  self.cfg.model.hidden, self.n_train)
 
+    def _read_resume(self, state: dict) -> None:
+        """The decoded checkpoint, checked (config, schedule, shards), and a stale run's own
+        rank file (checked against it): local reads only, so a refusal is clean."""
+        self._check_state(state)
+        self.resume_state = state
+        if self.cfg.train.staleness:
+            self.resume_stale = ckpt.load_rank_state(self.run_dir, self.ctx.rank, self.ctx.size,
+                                                     state)
+
     def _load_resume_state(self) -> None:
-        data = self.ctx.comm.bcast(self.resume_bytes, root=0) if self.ctx.size > 1 else self.resume_bytes
-        if data is None:
+        state = self.resume_state
+        if not self.cfg.train.staleness and self.ctx.size > 1:    # rank 0's bytes, one Bcast
+            data = self.ctx.comm.bcast(self.resume_bytes, root=0)
+            state = None if data is None else ckpt.decode_checkpoint(data, self.run_dir)
+        if state is None:
             log.warning("--resume: no %s in %s; starting from epoch 0", ckpt.CHECKPOINT_NAME,
                         self.run_dir)
             return
-        self.load_state(ckpt.decode_checkpoint(data, self.run_dir))
+        self.load_state(state)
+        if self.resume_stale is not None:                 # this rank's own buffers only
+            self.model.load_stale_state(self.resume_stale)
+            self.resume_stale = None
+        self.resume_state = None
         if self.ctx.is_root:
             clear_marker(self.run_dir)
         log.info("resumed from %s after epoch %d", self.run_dir / ckpt.CHECKPOINT_NAME,
@@ -137,20 +154,23 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.progress = Progress(**state["progress"])
-        if state.get("stale") is not None:               # every rank's own stale buffers
-            self.model.load_stale_state(state["stale"][self.ctx.rank])
 
     def check_prediction_state(self, state: dict) -> None:
         """``hpcgnn predict``, rank 0: raise when the checkpoint cannot give predictions (any
         checkpoint of the whole GNN can)."""
 
     def _check_state(self, state: dict) -> None:
-        """Rank 0, before any collective: refuse a checkpoint of another config, schedule or
-        shard set (``--force`` turns the refusal into warnings)."""
+        """Rank 0 (every rank of a stale run), before any collective: refuse a checkpoint of
+        another config, schedule or shard set (``--force`` turns the refusal into warnings);
+        accept, and note for ``run.json``, a change of ``records.HARMLESS_KEYS``."""
         where = self.run_dir / ckpt.CHECKPOINT_NAME
         if self.record is not None and "record" in state:
-            for diff in check_resume(state["record"], self.record, where, self.force):
+            forced, accepted = check_resume(state["record"], self.record, where, self.force)
+            for diff in forced if self.ctx.is_root else ():
                 log.warning("--force: resuming although %s", diff)
+            for diff in accepted if self.ctx.is_root else ():
+                log.info("--resume: accepted %s (does not change training; in run.json)", diff)
+            self.record = replace(self.record, changed=tuple(accepted), forced=tuple(forced))
             return
         want = self.cfg.to_dict()["model"]              # a checkpoint from before run records
         if state.get("model_config") != want and not self.force:
@@ -296,20 +316,33 @@ class Trainer:
 
     # -- outputs ------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        stale = self.model.stale_state()                 # per rank: gathered to rank 0
-        if stale is not None and self.ctx.size > 1:
-            stale = self.ctx.comm.gather(stale, root=0)
-        elif stale is not None:
-            stale = [stale]
-        if not self.ctx.is_root:
-            return
-        ckpt.save_checkpoint(self.run_dir, self.checkpoint_state(stale))
+        """Rank 0's ``checkpoint.pt``; with staleness, first every rank's own rank file (one
+        small Bcast of the tag, a Barrier before and after rank 0 writes; see ``checkpoint``)."""
+        stale = self.model.stale_state()                 # this rank's own: stays on this rank
+        tag = None
+        if stale is not None:
+            tag = ckpt.new_tag() if self.ctx.is_root else None
+            tag = self.ctx.comm.bcast(tag, root=0) if self.ctx.size > 1 else tag
+            ckpt.save_rank_state(self.run_dir, self.ctx.rank, self.ctx.size, tag,
+                                 self.progress.epochs_done, stale)
+            self._barrier()                              # every rank file is in place
+        if self.ctx.is_root:
+            ckpt.save_checkpoint(self.run_dir, self.checkpoint_state(tag))
+        if stale is not None:
+            self._barrier()                              # checkpoint.pt names the new tag
+            ckpt.prune_rank_files(self.run_dir, self.ctx.rank, self.ctx.size, keep=tag)
 
-    def checkpoint_state(self, stale: list | None = None) -> dict:
-        """What ``checkpoint.pt`` holds (rank 0's view; ``stale``: every rank's buffers)."""
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "stale": stale,
+    def _barrier(self) -> None:
+        if self.ctx.size > 1:
+            self.ctx.comm.Barrier()
+
+    def checkpoint_state(self, rank_files: str | None = None) -> dict:
+        """What ``checkpoint.pt`` holds (rank 0's view; ``rank_files``: the tag of the ranks'
+        stale-state files, None without staleness)."""
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "torch_rng": torch.get_rng_state(), "progress": vars(self.progress).copy(),
-                "record": None if self.record is None else self.record.fingerprint()}
+                "record": None if self.record is None else self.record.fingerprint(),
+                "ranks": self.ctx.size, "rank_files": rank_files}
 
     def summary(self) -> dict:
         p = self.progress

@@ -1,0 +1,63 @@
+"""Distributed preprocessing's int64 key bound, tested at a lowered bound on real ranks.
+
+Edges travel and sort as keys ``row * N + col``; a graph with more nodes than
+``preprocess.distributed.node_limit()`` is refused on every rank before any key is built, with
+the limit and the fix named, and nothing is written. ``HPCGNN_MAX_NODES`` lowers the bound so
+the refusal is exercised on a small graph; exactly at the bound the set is written and holds
+the input.
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import check_ok, run_mpi
+from test_preprocess_dist import GEN, N_MESSY, check_set, messy_h5
+
+pytestmark = pytest.mark.mpi
+
+
+def _preprocess(spec: str, out, limit: int):
+    return run_mpi(2, ["-m", "preprocess", "--dataset", spec, "--parts", "3", "--partitioner",
+                       "random", "--out", str(out), "-q"], timeout=120,
+                   env={"HPCGNN_MAX_NODES": str(limit)})
+
+
+def _refused(proc, nodes: int, limit: int, out) -> None:
+    assert proc.returncode != 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error:")]
+    assert len(lines) == 2, proc.stderr                                    # both ranks
+    for ln in lines:
+        assert f"{nodes:,} nodes is more than distributed preprocessing handles ({limit:,}" in ln
+        assert "row * N + col" in ln and "split the graph" in ln and "HPCGNN_MAX_NODES" in ln
+    assert "Traceback" not in proc.stderr
+    assert not (out / "meta.json").exists() and not list(out.glob("part-*.h5"))
+
+
+def test_h5_input_above_the_bound_is_refused_and_at_it_written(tmp_path):
+    raw = messy_h5(tmp_path / "messy.h5")
+    spec = f"h5:{tmp_path / 'messy.h5'}"
+    _refused(_preprocess(spec, tmp_path / "over", N_MESSY - 1), N_MESSY, N_MESSY - 1,
+             tmp_path / "over")
+    check_ok(_preprocess(spec, tmp_path / "at", N_MESSY))
+    check_set(tmp_path / "at", raw, symmetrize=False)
+
+
+def test_sliced_generator_above_the_bound_is_refused(tmp_path):
+    nodes = 2 ** 9                                     # GEN is rmat-sliced at scale 9
+    assert "scale=9" in GEN
+    _refused(_preprocess(GEN, tmp_path / "over", nodes - 1), nodes, nodes - 1, tmp_path / "over")
+
+
+def test_node_limit_reads_the_override(monkeypatch):
+    from hpcgnn.data.clean import MAX_NODES
+    from preprocess.distributed import check_node_count, node_limit
+    from preprocess.errors import PreprocessError
+    assert node_limit() == MAX_NODES and MAX_NODES ** 2 < 2 ** 63      # keys fit int64
+    monkeypatch.setenv("HPCGNN_MAX_NODES", str(10 ** 12))              # cannot raise it
+    assert node_limit() == MAX_NODES
+    monkeypatch.setenv("HPCGNN_MAX_NODES", "many")
+    with pytest.raises(PreprocessError, match="HPCGNN_MAX_NODES='many' is not an integer"):
+        check_node_count(5, "x")
+    monkeypatch.delenv("HPCGNN_MAX_NODES")
+    with pytest.raises(PreprocessError, match=r"3,000,000,001 nodes .* \(3,000,000,000\)"):
+        check_node_count(MAX_NODES + 1, "big.h5")
