@@ -37,6 +37,7 @@ from typing import Sequence
 import torch
 
 from hpcgnn.codecs import fused
+from hpcgnn.codecs.rng import kept_rows
 from hpcgnn.codecs.quant import FP32, decode_values, encode_values, row_bytes
 from hpcgnn.codecs.rng import Blocks, channel_scores, row_scores
 from hpcgnn.kernels import use_triton
@@ -45,13 +46,6 @@ CHANNEL_MODES = ("all", "truncate", "learned", "random")
 MIN_KEEP = 0.125
 """The smallest kept fraction of the sample stage: a kept row is scaled by at most 8, which
 bounds the variance the scaling adds to a neighbour sum (BNS-GCN's own runs keep >= 0.1)."""
-
-
-def kept_rows(rows: int, keep: float) -> int:
-    """Rows of a block of ``rows`` that are sent at keep fraction ``keep`` (0 stays 0)."""
-    if rows <= 0:
-        return 0
-    return min(rows, max(1, math.ceil(round(rows * keep, 9))))
 
 
 @dataclass(frozen=True)

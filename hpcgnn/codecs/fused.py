@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import torch
 
-from hpcgnn.codecs.rng import SALT_CHANNELS, SALT_ROWS, Blocks
+from hpcgnn.codecs.rng import SALT_CHANNELS, SALT_ROWS, Blocks, kept_rows
 
 
 def _kernels():
@@ -27,7 +27,6 @@ def _kernels():
 def _sample_plan(counts: tuple[int, ...], keep: float, device: torch.device):
     """(kept int64 (P,), kept_start int64 (P,), scale float32 (P,), total kept) on ``device``;
     ``scale = counts / max(kept, 1)`` in float32, as the torch path computes it."""
-    from hpcgnn.codecs.base import kept_rows  # noqa: PLC0415  (base imports this module)
     kept = [kept_rows(c, keep) for c in counts]
     starts = [sum(kept[:p]) for p in range(len(kept))]
     scale = (torch.tensor(counts, dtype=torch.float32)

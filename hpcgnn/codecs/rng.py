@@ -19,6 +19,7 @@ ways (all keys are 32-bit):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -51,6 +52,14 @@ def noise_u16(rows: int, width: int, key: int, device: torch.device) -> torch.Te
     row = hash32(hash32(r) ^ (int(key) & M32))
     h = hash32(row[:, None] ^ col_seeds(-(-width // 2), device)[None, :])
     return torch.stack([h & 0xFFFF, h >> 16], dim=2).reshape(rows, -1)[:, :width]
+
+
+def kept_rows(rows: int, keep: float) -> int:
+    """Rows of a block of ``rows`` that the sample stage sends at keep fraction ``keep``: the
+    ``kept_rows`` rows of smallest ``row_scores`` (0 stays 0)."""
+    if rows <= 0:
+        return 0
+    return min(rows, max(1, math.ceil(round(rows * keep, 9))))
 
 
 @dataclass(frozen=True)
