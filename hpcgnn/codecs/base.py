@@ -30,7 +30,6 @@ no size handshake.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
