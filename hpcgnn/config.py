@@ -144,6 +144,32 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class CommConfig:
+    transport: str = "auto"
+    """auto | alltoallv | neighbor (Neighbor_alltoallv on a dist-graph communicator); auto
+    picks neighbor at >= 8 ranks when every rank exchanges with at most half of them.
+    HPCGNN_EXCHANGE overrides it"""
+    max_message: int = 2147483647
+    """bytes per block and round; a larger exchange goes in rounds (HPCGNN_MAX_MESSAGE)"""
+    progress: str = "test"
+    """how a non-blocking (stale) exchange advances: test (MPI_Test at layer boundaries) |
+    thread (a progress thread; needs MPI_THREAD_MULTIPLE). HPCGNN_PROGRESS overrides it"""
+    cuda_aware: str = "auto"
+    """auto (ask the MPI library) | true (hand device buffers to MPI) | false (stage through
+    pinned host memory). HPCGNN_CUDA_AWARE (1 / 0) overrides it"""
+
+    def check(self, where: str) -> None:
+        for key, allowed in (("transport", ("auto", "alltoallv", "neighbor")),
+                             ("progress", ("test", "thread")),
+                             ("cuda_aware", ("auto", "true", "false"))):
+            value = getattr(self, key)
+            _need(value in allowed, where, f"comm.{key}", value,
+                  "use " + ", ".join(repr(a) for a in allowed))
+        _need(1 <= self.max_message <= 2147483647, where, "comm.max_message", self.max_message,
+              "use a byte count in [1, 2^31 - 1]")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     out: str = "runs/latest"
     """run directory: metrics.jsonl, summary.json, checkpoint.pt"""
@@ -162,6 +188,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict:
@@ -171,7 +198,7 @@ class Config:
 METHODS = ("full", "retexo")
 
 
-_SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
+_SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "comm": CommConfig,
                   "parallel": ParallelConfig, "run": RunConfig}
 
 

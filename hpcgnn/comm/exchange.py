@@ -37,6 +37,7 @@ from hpcgnn.comm import gpu
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.keys import BACKWARD, FORWARD, mix
 from hpcgnn.comm.plan import HaloPlan
+from hpcgnn.comm.settings import CommSettings
 from hpcgnn.comm.transport import Layout, Transport
 
 
@@ -119,6 +120,7 @@ class HaloExchanger:
     seed: int
     stats: ExchangeStats
     overlap: bool = False                      # train.overlap; off by default (bench/epoch.py)
+    comm: CommSettings | None = None           # [comm]: transport, message limit (None: defaults)
     _pinned: dict = field(default_factory=dict)
     _counts: dict = field(default_factory=dict)
 
@@ -130,7 +132,12 @@ class HaloExchanger:
         self._pairs_out = pair_keys(self.seed, self.layer, me, None, parts, dev)   # me -> p
         self._pairs_in = pair_keys(self.seed, self.layer, None, me, parts, dev)    # p -> me
         self._skip_wire = os.environ.get(NO_EXCHANGE_ENV) == "1"
-        self._transport = Transport(self.ctx, self.plan)   # local; its first layout is collective
+        self._transport = Transport(self.ctx, self.plan, self.comm)   # local; its first layout is collective
+
+    @property
+    def transport_mode(self) -> str:
+        """'alltoallv' or 'neighbor' once the first exchange chose it, else 'unconnected'."""
+        return self._transport.mode
 
     def start(self, x_owned: torch.Tensor, settings: ExchangeSettings,
               encoder: torch.nn.Module | None = None) -> Handle:

@@ -3,7 +3,8 @@
 Open MPI moves the bytes of an ``Ialltoallv`` only inside MPI calls: over TCP, the socket
 buffers fill and the transfer stalls until the next call, so a posted exchange does not overlap
 computation by itself. By default ``poke`` tests the requests in flight at every layer boundary
-of the forward and backward passes (``HPCGNN_PROGRESS=test``). With ``HPCGNN_PROGRESS=thread``,
+of the forward and backward passes (``[comm] progress = "test"``). With ``progress = "thread"``
+(or ``HPCGNN_PROGRESS=thread``),
 where MPI granted ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it), a daemon thread calls
 ``MPI_Testall`` on them every ``interval`` seconds while there are any, and exits when there
 are none. Measured on 4 ranks over 2 cores (``bench/results/network-progress.md``), the thread
@@ -13,22 +14,23 @@ ranks), so tests are the default; a node with idle cores may differ. A request i
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 from hpcgnn.comm.context import CommContext
+from hpcgnn.comm.settings import CommSettings
 
-ENV = "HPCGNN_PROGRESS"
 
 
 class Progress:
     """The requests in flight of one model's non-blocking exchanges, and who progresses them."""
 
-    def __init__(self, ctx: CommContext, interval: float = 2e-4):
+    def __init__(self, ctx: CommContext, mode: str | None = None, interval: float = 2e-4):
+        """``mode``: ``test`` | ``thread`` (default: ``[comm] progress``'s default with the
+        environment's override)."""
         from mpi4py import MPI
-        self.threaded = (ctx.thread_level >= MPI.THREAD_MULTIPLE
-                         and os.environ.get(ENV, "test") == "thread")
+        mode = mode if mode is not None else CommSettings.resolve().progress
+        self.threaded = ctx.thread_level >= MPI.THREAD_MULTIPLE and mode == "thread"
         self.interval = interval
         self._lock = threading.Lock()
         self._active: dict[int, object] = {}

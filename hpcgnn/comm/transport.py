@@ -10,7 +10,8 @@
   (``Create_dist_graph_adjacent``, one per direction and exchanger) with
   ``Neighbor_alltoallv``, whose count arrays list the neighbours only; otherwise a plain
   ``Alltoallv`` over all ranks. The choice is made once, collectively (every rank must call the
-  same collective). ``HPCGNN_EXCHANGE=alltoallv|neighbor`` forces it.
+  same collective). ``[comm] transport = "alltoallv" | "neighbor"`` (or ``HPCGNN_EXCHANGE``)
+  forces it (``hpcgnn.comm.settings``).
 - **Lazy set-up**: nothing collective happens when a ``Transport`` is made (inside the
   trainer's start-up, where a rank may fail and wait in the failure agreement while the others
   go on). The choice of collective (one small ``Allreduce(MAX)`` in auto mode) is made at the
@@ -19,7 +20,7 @@
   same exchange on every rank.
 - **Rounds**: MPI counts and displacements are C ints, so a buffer past 2^31 bytes cannot go
   in one call (``MPI_ERR_ARG``). When some block of an exchange exceeds ``limit / P`` bytes
-  (``limit`` = 2^31 - 1, or ``HPCGNN_MAX_MESSAGE``), the exchange is split into rounds: round
+  (``limit`` = ``[comm] max_message``, 2^31 - 1 by default, or ``HPCGNN_MAX_MESSAGE``), the exchange is split into rounds: round
   ``r`` carries bytes ``[r L, (r + 1) L)`` of every block, ``L = limit // P``, so every count and
   displacement stays below ``limit``. The round count is agreed once per (codec, width,
   direction) with one small ``Allreduce(MAX)``; rounds are blocking and run on the direction's
@@ -30,7 +31,6 @@ and cached: an exchange does no per-peer Python work after its first use.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -38,9 +38,7 @@ import torch
 from hpcgnn.comm import gpu
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.plan import HaloPlan, displacements
-
-MODE_ENV, LIMIT_ENV = "HPCGNN_EXCHANGE", "HPCGNN_MAX_MESSAGE"
-INT_MAX = 2**31 - 1
+from hpcgnn.comm.settings import INT_MAX, CommSettings
 
 
 @dataclass(frozen=True)
@@ -69,12 +67,15 @@ class Transport:
     """The collective that moves one exchanger's bytes. Making it is local; its first
     ``layout`` (per direction) is collective: call it in the same order on every rank."""
 
-    def __init__(self, ctx: CommContext, plan: HaloPlan):
+    def __init__(self, ctx: CommContext, plan: HaloPlan, settings: CommSettings | None = None):
+        """``settings``: the run's ``[comm]`` (default: the defaults with the environment's
+        overrides)."""
+        settings = settings if settings is not None else CommSettings.resolve()
         self.ctx = ctx
         self.sources = [p for p, c in enumerate(plan.recv_counts) if c]     # forward: who sends to me
         self.dests = [p for p, c in enumerate(plan.send_counts) if c]       # forward: whom I send to
-        self.limit = int(os.environ.get(LIMIT_ENV, INT_MAX))
-        self.forced = os.environ.get(MODE_ENV)
+        self.limit = min(int(settings.max_message), INT_MAX)
+        self.forced = None if settings.transport == "auto" else settings.transport
         self._neighbors: bool | None = None       # decided at the first layout (collective)
         self._graphs: dict[bool, object] = {}     # direction (True = forward) -> dist-graph comm
 

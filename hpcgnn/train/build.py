@@ -15,7 +15,7 @@ here communicates: every rank can fail cleanly before the start-up agreement
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +27,7 @@ from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
 from hpcgnn.comm.plan import HaloPlan
 from hpcgnn.comm.progress import Progress
+from hpcgnn.comm.settings import CommSettings
 from hpcgnn.comm.stale import StaleExchange
 from hpcgnn.config import Config
 from hpcgnn.data.shard import Shard
@@ -91,6 +92,7 @@ class Wiring:
     plan: HaloPlan | None
     stats: ExchangeStats
     spmm: object | None
+    comm: CommSettings = CommSettings()
     progress: Progress | None = None
 
 
@@ -106,12 +108,12 @@ def propagation_kind(cfg: Config, ctx: CommContext, spmm, layer: int) -> str:
 
 def _exchanger(w: Wiring, layer: int) -> HaloExchanger:
     return HaloExchanger(w.ctx, w.plan, layer=layer, seed=w.cfg.train.seed, stats=w.stats,
-                         overlap=w.cfg.train.overlap)
+                         overlap=w.cfg.train.overlap, comm=w.comm)
 
 
 def _stale(w: Wiring, layer: int) -> StalePropagation:
     ex = _exchanger(w, layer)
-    w.progress = w.progress or Progress(w.ctx)          # one for all layers' exchanges
+    w.progress = w.progress or Progress(w.ctx, w.comm.progress)   # one for all layers
     t = w.cfg.train
     return StalePropagation(ex, StaleExchange(ex, t.staleness, t.smoothing, w.progress))
 
@@ -133,7 +135,7 @@ def build_model(ctx: CommContext, cfg: Config, policy: CompressionPolicy, setup:
     classes = int(setup.meta["num_classes"])
     graph = LocalGraph.from_shard(shard, cfg.model.arch, ctx.device)
     plan = HaloPlan.from_shard(shard, ctx.device) if setup.spmm is None else None
-    wiring = Wiring(ctx, cfg, plan, ExchangeStats(), setup.spmm)
+    wiring = Wiring(ctx, cfg, plan, ExchangeStats(), setup.spmm, CommSettings.resolve(cfg.comm))
     if setup.spmm is not None:
         setup.spmm.stats = wiring.stats
     kind = LAYERS[cfg.model.arch]
@@ -148,6 +150,13 @@ def build_model(ctx: CommContext, cfg: Config, policy: CompressionPolicy, setup:
     return method.model(layers, wiring.stats, cfg, classes).to(ctx.device)
 
 
+def with_cuda_aware(ctx: CommContext, comm: CommSettings) -> CommContext:
+    """The context with ``[comm] cuda_aware`` applied (``auto`` keeps what the library said)."""
+    if comm.cuda_aware == "auto" or ctx.device.type != "cuda":
+        return ctx
+    return replace(ctx, cuda_aware=comm.cuda_aware == "true")
+
+
 # -- the trainer -------------------------------------------------------------------------------
 def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
                     policy: CompressionPolicy = FULL_PRECISION, resume: bool = False,
@@ -155,6 +164,7 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
     """Check the combination, read this rank's shard (and, on rank 0, the checkpoint), build
     the model and the trainer of ``train.method``. Local work only (no collectives)."""
     check_combination(cfg, policy)
+    ctx = with_cuda_aware(ctx, CommSettings.resolve(cfg.comm))
     policy = policy.bind(cfg.train.epochs, cfg.model.layers)
     setup = ALGORITHMS[cfg.parallel.algorithm](ctx, cfg, shards)
     data = part_tensors(setup.shard, cfg.data.normalize_features, ctx.device)

@@ -22,10 +22,11 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from hpcgnn.comm.settings import CommSettings, hpcgnn_environment
 from hpcgnn.config import Config
 from hpcgnn.train.checkpoint import CheckpointError
 
@@ -35,7 +36,8 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 CONFIG_NAME, SCHEDULE_NAME, RUN_NAME = "config.toml", "schedule.toml", "run.json"
-HARMLESS_KEYS = ("run.out", "run.checkpoint_every", "train.eval_every")
+HARMLESS_KEYS = ("run.out", "run.checkpoint_every", "train.eval_every", "comm.transport",
+                 "comm.max_message", "comm.progress", "comm.cuda_aware")
 """Config keys a resume may change: none of them changes a loss, a weight or a byte sent."""
 
 
@@ -85,6 +87,9 @@ class RunRecord:
                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resumed}
         if resumed:
             command.update(changed=list(self.changed), forced=list(self.forced))
+        comm = CommSettings.resolve(self.config.get("comm"))
+        command.update(environment=hpcgnn_environment(),
+                       comm={**asdict(comm), "overridden_by": comm.overridden()})
         sched = None if self.schedule_text is None else {
             "path": self.schedule_path, "sha256": _sha256(self.schedule_text.encode())}
         return {"hpcgnn_version": package_version(), "commands": old.get("commands", []) + [command],

@@ -353,4 +353,5 @@ class Trainer:
                 "epoch_time_s_median": statistics.median(p.epoch_times) if p.epoch_times else 0.0,
                 "ranks": self.ctx.size, "device": str(self.ctx.device),
                 "mpi_library": mpi_library(), "cuda_aware_mpi": self.ctx.cuda_aware,
-                "dataset": self.meta.get("dataset"), "arch": self.cfg.model.arch}
+                "dataset": self.meta.get("dataset"), "arch": self.cfg.model.arch,
+                "transport": next((ex.transport_mode for ex in self.model.exchangers), None)}

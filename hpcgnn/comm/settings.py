@@ -1,0 +1,78 @@
+"""How the exchange runs: the run config's ``[comm]`` section, with the site's environment
+variables on top (a site fact or an override beats the config), resolved once at start-up and
+recorded in ``RUN_DIR/run.json``.
+
+| key | values | environment override |
+|---|---|---|
+| ``transport`` | auto, alltoallv, neighbor | ``HPCGNN_EXCHANGE`` |
+| ``max_message`` | bytes per block and round (>= 1) | ``HPCGNN_MAX_MESSAGE`` |
+| ``progress`` | test, thread | ``HPCGNN_PROGRESS`` |
+| ``cuda_aware`` | auto, true, false | ``HPCGNN_CUDA_AWARE`` (1 / 0) |
+
+``transport = auto`` uses ``Neighbor_alltoallv`` when every rank exchanges with at most half of
+the ranks (at 8 ranks or more), else ``Alltoallv`` (``hpcgnn.comm.transport``). ``progress``:
+how a non-blocking (stale) exchange advances (``hpcgnn.comm.progress``). ``cuda_aware``: hand
+device buffers to MPI (``true``), stage them through pinned host memory (``false``), or ask the
+library (``auto``; ``hpcgnn info`` says what it answers).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, replace
+
+INT_MAX = 2**31 - 1
+ENV = {"transport": "HPCGNN_EXCHANGE", "max_message": "HPCGNN_MAX_MESSAGE",
+       "progress": "HPCGNN_PROGRESS", "cuda_aware": "HPCGNN_CUDA_AWARE"}
+CHOICES = {"transport": ("auto", "alltoallv", "neighbor"), "progress": ("test", "thread"),
+           "cuda_aware": ("auto", "true", "false")}
+ENV_PREFIX = "HPCGNN_"
+
+
+@dataclass(frozen=True)
+class CommSettings:
+    """The resolved ``[comm]`` settings of one run."""
+
+    transport: str = "auto"
+    max_message: int = INT_MAX
+    progress: str = "test"
+    cuda_aware: str = "auto"
+
+    @classmethod
+    def resolve(cls, section=None, environ=None) -> "CommSettings":
+        """``section`` (a ``CommConfig``, its dict, or None for the defaults) with the
+        environment's overrides; a bad override raises ``ValueError`` naming the variable and
+        the fix."""
+        environ = os.environ if environ is None else environ
+        if section is not None and not isinstance(section, dict):
+            section = asdict(section)
+        base = cls(**section) if section else cls()
+        over = {}
+        for key, var in ENV.items():
+            if environ.get(var) not in (None, ""):
+                over[key] = _parse(key, var, environ[var])
+        return replace(base, **over)
+
+    def overridden(self, environ=None) -> dict[str, str]:
+        """``{key: "VAR=value"}`` of the keys an environment variable set."""
+        environ = os.environ if environ is None else environ
+        return {k: f"{v}={environ[v]}" for k, v in ENV.items() if environ.get(v) not in (None, "")}
+
+
+def _parse(key: str, var: str, text: str):
+    text = text.strip()
+    if key == "max_message":
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"{var}={text!r}: expected a byte count >= 1; unset it or fix it")
+        return int(text)
+    if key == "cuda_aware":
+        text = {"1": "true", "0": "false"}.get(text, text)
+    if text not in CHOICES[key]:
+        raise ValueError(f"{var}={text!r}: expected one of {', '.join(CHOICES[key])}; unset it "
+                         f"or fix it")
+    return text
+
+
+def hpcgnn_environment(environ=None) -> dict[str, str]:
+    """Every ``HPCGNN_*`` variable that is set (what ``run.json`` records)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIX)}
