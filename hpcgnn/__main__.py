@@ -145,7 +145,8 @@ def cmd_summary(run_dir: Path) -> int:
           f"final {s['final_test_acc']:.4f}")
     print(f"  {_traffic_name(run_dir)} {s['bytes_sent']:,} (fp32 would be {s['bytes_full']:,}); "
           f"gradient allreduce {s['allreduce_bytes']:,}")
-    print(f"  training time {s['train_time_s']:.2f} s, median epoch {1e3 * s['epoch_time_s_median']:.1f} ms")
+    wall = f"; with evaluation {s['wall_time_s']:.2f} s" if "wall_time_s" in s else ""
+    print(f"  training time {s['train_time_s']:.2f} s, median epoch {1e3 * s['epoch_time_s_median']:.1f} ms{wall}")
     return 0
 
 

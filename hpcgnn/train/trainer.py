@@ -4,7 +4,9 @@ Per epoch (every rank, same order of collectives):
   forward   one (I)Alltoallv per layer (the halo rows; codec from the policy)
   backward  one reverse (I)Alltoallv per layer whose exchanged rows need a gradient
   step      one flat Allreduce (SUM) of all gradients + the loss; Adam on every rank
-  eval      uncompressed forward, one small Allreduce of correct/total counts
+  eval      every train.eval_every epochs: a synchronous forward (uncompressed, or through the
+            training codecs with train.eval_codec = "train"), one small Allreduce of counts;
+            metrics.jsonl records its time apart (eval_s) and the epoch's wall clock (wall_s)
   end       one small Allreduce: preemption flag, byte counts, times
 The loss is the sum over the owned training nodes divided by the GLOBAL number of training
 nodes, so the summed gradient is exactly the single-process gradient.
@@ -46,7 +48,8 @@ class Progress:
     bytes_full: int = 0
     allreduce_bytes: int = 0
     eval_bytes: int = 0          # evaluation's (uncompressed) exchanges, apart from training's
-    epoch_times: list = field(default_factory=list)
+    epoch_times: list = field(default_factory=list)   # the training step of every epoch (s)
+    eval_times: list = field(default_factory=list)    # evaluation's time, 0 when not evaluated
     best_val_acc: float = -1.0
     test_at_best: float = 0.0
     best_epoch: int = -1
@@ -208,14 +211,18 @@ class Trainer:
         stats = self.model.stats
         local = [float(self.preempt.raised), stats.bytes_sent, stats.bytes_full,
                  stats.comm_s + step["allreduce_s"], stats.codec_s]
+        t_eval = time.perf_counter()
         accs = self.evaluate(epoch) if self._eval_due(epoch) else {}
+        eval_s = time.perf_counter() - t_eval
         flag, sent, full, comm_s, codec_s = sum_float64(self.ctx, local)   # epoch-end agreement
         p = self.progress
         p.bytes_sent, p.bytes_full = p.bytes_sent + int(sent), p.bytes_full + int(full)
         p.allreduce_bytes += step["allreduce_bytes"] * self.ctx.size
         p.epoch_times.append(step["epoch_s"])
+        p.eval_times.append(eval_s)
         record = {"epoch": epoch, "loss": step["loss"], "ratio": step["ratio"],
                   "bytes_sent": int(sent), "bytes_full": int(full), "epoch_s": step["epoch_s"],
+                  "eval_s": eval_s, "wall_s": step["epoch_s"] + eval_s,
                   "comm_s": comm_s / self.ctx.size, "codec_s": codec_s / self.ctx.size, **accs}
         self._track_best(epoch, accs)
         return record, flag > 0
@@ -350,6 +357,7 @@ class Trainer:
                 "best_val_acc": p.best_val_acc, "best_epoch": p.best_epoch,
                 "epochs": p.epochs_done, "bytes_sent": p.bytes_sent, "bytes_full": p.bytes_full,
                 "allreduce_bytes": p.allreduce_bytes, "eval_bytes": p.eval_bytes, "train_time_s": sum(p.epoch_times),
+                "eval_time_s": sum(p.eval_times), "wall_time_s": sum(p.epoch_times) + sum(p.eval_times),
                 "epoch_time_s_median": statistics.median(p.epoch_times) if p.epoch_times else 0.0,
                 "ranks": self.ctx.size, "device": str(self.ctx.device),
                 "mpi_library": mpi_library(), "cuda_aware_mpi": self.ctx.cuda_aware,
