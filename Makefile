@@ -12,10 +12,15 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test slurm-test clean
+.PHONY: setup setup-test demo test slurm-test clean
 
 setup:
 	bash env/setup.sh
+
+# the test extra: pytest, PyG (the GAT reference), matplotlib, ogb, Triton (kernel tests run in
+# its interpreter on CPUs); `make demo` needs none of it
+setup-test:
+	HPCGNN_EXTRAS=test bash env/setup.sh
 
 # Preprocess Cora once (reused when a verified shard set is already there), then train on $(RANKS)
 # ranks; a second `make demo` replaces the demo's own run ($(RUN)) with --force.
@@ -26,11 +31,11 @@ demo: setup
 	  --config configs/cora.toml --out $(RUN) --force
 	$(PY) -m hpcgnn summary $(RUN)
 
-test: setup
+test: setup-test
 	$(PY) -m pytest -q -ra
 
 # The SLURM suite alone, on a private one-node SLURM on localhost (root; installs slurm-wlm, munge).
-slurm-test: setup
+slurm-test: setup-test
 	HPCGNN_SLURM_TESTS=1 $(PY) -m pytest -q -ra tests/test_slurm.py
 
 clean:

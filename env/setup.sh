@@ -9,6 +9,9 @@
 #   HPCGNN_MPI        pip (default) | mpich | site
 #   HPCGNN_SYSTEM_SITE=1  make the venv with --system-site-packages, so a site's torch is used as is
 #   HPCGNN_TORCH      a pip requirement for torch to install instead of the default choice
+#   HPCGNN_EXTRAS     the project's pip extras to install (default: none; `make test` asks for
+#                     "test": pytest, PyG, matplotlib, ogb and Triton's interpreter for the kernel
+#                     tests; "gpu" for Triton on a GPU machine; comma-separated)
 #   PYTHON            the interpreter to build the venv from (default: python3)
 # See env/README.md for the cluster routes.
 set -euo pipefail
@@ -21,12 +24,18 @@ stamp=$venv/.hpcgnn-setup
 
 say() { printf '[env/setup] %s\n' "$*" >&2; }
 
-# Idempotence: a finished set-up of the same route and the same pyproject is not redone.
+# Idempotence: a finished set-up of the same route and the same pyproject, with at least the
+# extras asked for, is not redone.
+extras=${HPCGNN_EXTRAS:-}
 want="route=$mpi_route pyproject=$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
+has_extras() {  # every extra asked for is in the stamp's extras line
+    local have; have=$(sed -n 2p "$stamp" 2>/dev/null)
+    local e; for e in ${extras//,/ }; do [[ ",$have," == *",$e,"* ]] || return 1; done
+}
 native() {  # the C codec kernels (hpcgnn/codecs/_native.c); without a compiler the torch path runs
     "$venv/bin/python" -c 'from hpcgnn.codecs import native; native.ensure_built()' >&2 || say "no C codec kernels: the (slower) torch path will be used"
 }
-if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && "$venv/bin/python" -c 'import torch, mpi4py, h5py, pymetis' 2>/dev/null; then
+if [[ -f $stamp && "$(sed -n 1p "$stamp")" == "$want" ]] && has_extras && "$venv/bin/python" -c 'import torch, mpi4py, h5py, pymetis' 2>/dev/null; then
     say "venv at $venv is up to date ($want)"
     native
     exit 0
@@ -77,8 +86,11 @@ case $mpi_route in
     *) say "HPCGNN_MPI=$mpi_route is not one of pip, mpich, site"; exit 2 ;;
 esac
 
-say "installing hpcgnn (editable) with its test extra"
-"${pip[@]}" -e "$repo[test]"
+say "installing hpcgnn (editable)${extras:+ with extras [$extras]}"
+if [[ -f $stamp && "$(sed -n 1p "$stamp")" == "$want" ]]; then   # keep extras installed before
+    old=$(sed -n 2p "$stamp"); extras=$(printf '%s\n' ${old//,/ } ${extras//,/ } | sort -u | paste -sd,)
+fi
+"${pip[@]}" -e "$repo${extras:+[$extras]}"
 native
-echo "$want" > "$stamp"
+printf '%s\n%s\n' "$want" "$extras" > "$stamp"
 say "done: activate with 'source $venv/bin/activate'; check with 'python -m hpcgnn info'"
