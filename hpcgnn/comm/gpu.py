@@ -8,7 +8,7 @@ CUDA-awareness is decided by the first rule that applies (``cuda_awareness``):
 2. Open MPI: ``MPIX_Query_cuda_support()`` (its ``cuda`` extension). Open MPI 5 answers at run
    time (is its CUDA accelerator component in use); Open MPI 4 answers what it was compiled
    with, and its run-time switch ``opal_cuda_support`` (an MCA parameter, on by default in a
-   CUDA build) must be on too. ``opal_built_with_cuda_support`` is read for the report;
+   CUDA build; MPI_Init turns it off when libcuda.so.1 cannot be loaded) must be on too. ``opal_built_with_cuda_support`` is read for the report;
 3. MPICH family: ``MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA)``, a run-time answer; Cray
    MPICH without it: ``MPICH_GPU_SUPPORT_ENABLED=1``;
 4. otherwise no query is available: assumed not CUDA-aware.
@@ -101,10 +101,11 @@ def _open_mpi(name: str, libs: list[ctypes.CDLL]) -> CudaAwareness:
         return CudaAwareness(bool(query), f"MPIX_Query_cuda_support() = {query}: Open MPI {major}'s "
                                           f"run-time answer (its CUDA accelerator component is "
                                           f"{'in use' if query else 'not in use'})", built, bool(query))
-    switch = _flag(libs, "opal_cuda_support")           # MCA opal_cuda_support, default = built
+    switch = _flag(libs, "opal_cuda_support")     # on in a CUDA build; off by --mca or no libcuda
     aware = bool(query) and switch is not False
+    why = " (--mca opal_cuda_support 0, or libcuda.so.1 not loadable)" if query and switch is False else ""
     return CudaAwareness(aware, f"MPIX_Query_cuda_support() = {query}: Open MPI {major}'s compile-time "
-                                f"answer; run-time switch opal_cuda_support = {_word(switch)}",
+                                f"answer; run-time switch opal_cuda_support = {_word(switch)}{why}",
                          bool(query), switch)
 
 
@@ -113,8 +114,9 @@ def _mpich_family(name: str, libs: list[ctypes.CDLL]) -> CudaAwareness:
     if fn is not None:
         flag = ctypes.c_int(0)
         if fn(ctypes.c_int(MPIX_GPU_SUPPORT_CUDA), ctypes.byref(flag)) == 0:
-            return CudaAwareness(bool(flag.value), f"MPIX_GPU_query_support(CUDA) = {flag.value}: "
-                                                   f"the library's run-time answer", None, bool(flag.value))
+            on = bool(flag.value)
+            return CudaAwareness(on, f"MPIX_GPU_query_support(CUDA) = {flag.value}: the library's "
+                                     f"run-time answer", None, on)
     if "CRAY" in name.upper():
         on = os.environ.get("MPICH_GPU_SUPPORT_ENABLED", "0") == "1"
         return CudaAwareness(on, f"Cray MPICH without a query: MPICH_GPU_SUPPORT_ENABLED="

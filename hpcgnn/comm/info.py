@@ -65,5 +65,6 @@ def ompi_info_cuda(lib_paths: list[str]) -> str:
         return f"{tool} failed: {exc}"
     m = _BUILT.search(proc.stdout)
     if m is None:
-        return f"{tool} --parsable --all names no built_with_cuda_support parameter (rc {proc.returncode})"
+        return (f"{tool} --parsable --all names no built_with_cuda_support parameter "
+                f"(rc {proc.returncode})")
     return f"built_with_cuda_support = {m.group(1)} ({tool} --parsable --all)"
