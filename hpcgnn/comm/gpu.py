@@ -8,7 +8,8 @@ CUDA-awareness is decided by the first rule that applies (``cuda_awareness``):
 2. Open MPI: ``MPIX_Query_cuda_support()`` (its ``cuda`` extension). Open MPI 5 answers at run
    time (is its CUDA accelerator component in use); Open MPI 4 answers what it was compiled
    with, and its run-time switch ``opal_cuda_support`` (an MCA parameter, on by default in a
-   CUDA build; MPI_Init turns it off when libcuda.so.1 cannot be loaded) must be on too. ``opal_built_with_cuda_support`` is read for the report;
+   CUDA build; MPI_Init turns it off when libcuda.so.1 cannot be loaded) must be on too.
+   ``opal_built_with_cuda_support`` is read for the report;
 3. MPICH family: ``MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA)``, a run-time answer; Cray
    MPICH without it: ``MPICH_GPU_SUPPORT_ENABLED=1``;
 4. otherwise no query is available: assumed not CUDA-aware.
@@ -103,7 +104,8 @@ def _open_mpi(name: str, libs: list[ctypes.CDLL]) -> CudaAwareness:
                                           f"{'in use' if query else 'not in use'})", built, bool(query))
     switch = _flag(libs, "opal_cuda_support")     # on in a CUDA build; off by --mca or no libcuda
     aware = bool(query) and switch is not False
-    why = " (--mca opal_cuda_support 0, or libcuda.so.1 not loadable)" if query and switch is False else ""
+    off = bool(query) and switch is False
+    why = " (--mca opal_cuda_support 0, or libcuda.so.1 not loadable)" if off else ""
     return CudaAwareness(aware, f"MPIX_Query_cuda_support() = {query}: Open MPI {major}'s compile-time "
                                 f"answer; run-time switch opal_cuda_support = {_word(switch)}{why}",
                          bool(query), switch)
