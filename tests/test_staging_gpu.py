@@ -7,7 +7,8 @@
 - the staging pool: page-locked buffers, reused across epochs of a real exchange;
 - staged and CUDA-aware training give the same bytes and the same losses, bit for bit, for
   every codec family, the neighbourhood and rounds transports and staleness (needs a
-  CUDA-aware MPI: ``env/cuda-aware-openmpi.sh`` or the site's).
+  CUDA-aware MPI: ``env/cuda-aware-openmpi.sh`` or the site's; bit for bit where two staged
+  runs repeat each other bit for bit, else to 1e-5).
 """
 from __future__ import annotations
 
@@ -63,23 +64,29 @@ CASES = {   # name: (schedule or None, --set overrides, environment)
 @needs_cuda
 @pytest.mark.parametrize("case", list(CASES))
 def test_staged_and_cuda_aware_train_bit_for_bit(case, shards, tmp_path):
+    """Same bytes, and the same losses bit for bit -- where the GPU repeats itself: two staged
+    runs are compared first; if they differ (non-deterministic kernels, e.g. atomics in
+    index_add_), bit for bit cannot be asked of the CUDA-aware run, and 1e-5 relative is."""
     from hpcgnn.comm import gpu
     if not gpu.mpi_is_cuda_aware():
         pytest.skip("this MPI library is not CUDA-aware")
     schedule, sets, env = CASES[case]
     extra = ("--device", "cuda") + (("--schedule", f"configs/schedules/{schedule}.toml") if schedule else ())
     runs = {}
-    for aware in ("0", "1"):
-        out = tmp_path / f"aware{aware}"
-        proc = train(2, shards(CSBM, 2, "random"), out, "train.epochs=12", *sets,
+    for name, aware in (("staged", "0"), ("staged-again", "0"), ("cuda-aware", "1")):
+        proc = train(2, shards(CSBM, 2, "random"), tmp_path / name, "train.epochs=12", *sets,
                      config="configs/cora.toml", extra=extra, timeout=300,
                      env={gpu.ENV_CUDA_AWARE: aware, **env})
         check_ok(proc)
-        runs[aware] = read_metrics(out)
-    for staged, direct in zip(runs["0"], runs["1"]):
-        assert staged["loss"] == direct["loss"], (case, staged["epoch"])
+        runs[name] = read_metrics(tmp_path / name)
+    repeats = [r["loss"] for r in runs["staged"]] == [r["loss"] for r in runs["staged-again"]]
+    assert len(runs["staged"]) == len(runs["cuda-aware"]) == 12
+    for staged, direct in zip(runs["staged"], runs["cuda-aware"]):
         assert staged["bytes_sent"] == direct["bytes_sent"], (case, staged["epoch"])
-    assert len(runs["0"]) == len(runs["1"]) == 12
+        if repeats:
+            assert staged["loss"] == direct["loss"], (case, staged["epoch"])
+        else:
+            assert staged["loss"] == pytest.approx(direct["loss"], rel=1e-5), (case, staged["epoch"])
 
 
 # -- the workers (run on every rank) -------------------------------------------------------------
