@@ -121,6 +121,8 @@ def summarise(run_dir: Path) -> dict:
     return {"epoch_s": statistics.median(timed),
             "comm_share": statistics.median(r["comm_s"] / r["epoch_s"] for r in rows[1:] or rows),
             "codec_share": statistics.median(r["codec_s"] / r["epoch_s"] for r in rows[1:] or rows),
+            "codec_s": statistics.median(r["codec_s"] for r in rows[1:] or rows),   # bench/netmodel.py
+            "comm_s": statistics.median(r["comm_s"] for r in rows[1:] or rows),
             "bytes_ratio": summary["bytes_sent"] / max(summary["bytes_full"], 1),
             "bytes_sent": summary["bytes_sent"], "test_acc": summary["test_acc"],
             "bytes_per_epoch": statistics.mean(r["bytes_sent"] for r in rows),

@@ -12,6 +12,8 @@
 #   HPCGNN_EXTRAS     the project's pip extras to install (default: none; `make test` asks for
 #                     "test": pytest, PyG, matplotlib, ogb and Triton's interpreter for the kernel
 #                     tests; "gpu" for Triton on a GPU machine; comma-separated)
+#   HPCGNN_MPI4PY_SDIST  site route: build mpi4py from this sdist file instead of PyPI's
+#                     (env/cuda-aware-openmpi.sh passes the one it carries)
 #   PYTHON            the interpreter to build the venv from (default: python3)
 # See env/README.md for the cluster routes.
 set -euo pipefail
@@ -82,7 +84,7 @@ case $mpi_route in
         mpicc=${MPICC:-$(command -v mpicc || true)}
         [[ -n $mpicc ]] || { say "HPCGNN_MPI=site but no mpicc on PATH: load your site's MPI module (e.g. 'module load openmpi') or set MPICC"; exit 2; }
         say "MPI: building mpi4py against the site's MPI ($mpicc)"
-        MPICC=$mpicc "${pip[@]}" --no-binary=mpi4py --no-cache-dir --force-reinstall mpi4py ;;
+        MPICC=$mpicc "${pip[@]}" --no-binary=mpi4py --no-cache-dir --force-reinstall "${HPCGNN_MPI4PY_SDIST:-mpi4py}" ;;
     *) say "HPCGNN_MPI=$mpi_route is not one of pip, mpich, site"; exit 2 ;;
 esac
 

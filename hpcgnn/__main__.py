@@ -128,7 +128,12 @@ def cmd_plot(args) -> int:
 
 def cmd_info() -> int:
     from hpcgnn.comm.info import describe
-    for key, value in describe().items():
+    try:
+        facts = describe()
+    except RuntimeError as exc:             # e.g. HPCGNN_CUDA_AWARE set to something else than 0/1
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    for key, value in facts.items():
         print(f"{key:>16}: {value}")
     return 0
 

@@ -121,7 +121,7 @@ class HaloExchanger:
     stats: ExchangeStats
     overlap: bool = False                      # train.overlap; off by default (bench/epoch.py)
     comm: CommSettings | None = None           # [comm]: transport, message limit (None: defaults)
-    _pinned: dict = field(default_factory=dict)
+    _pinned: gpu.PinnedPool = field(default_factory=gpu.PinnedPool)   # staging, kept across epochs
     _counts: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -214,7 +214,7 @@ class HaloExchanger:
         t0 = time.perf_counter()
         if pending.request is not None:
             pending.request.Wait()
-        recv = gpu.from_mpi(pending.recv, self.ctx.device)
+        recv = gpu.from_mpi(pending.recv, self.ctx.device, self._pinned)
         t1 = time.perf_counter()
         rows = pending.codec.decode(recv, pending.blocks, pending.width, pending.keys)
         self.stats.comm_s += t1 - t0

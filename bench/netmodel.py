@@ -1,0 +1,583 @@
+"""The network model: what a training epoch costs on a link, calibrated on the CPU
+cluster-network runs (bench/network.py) and projected to GPU clusters.
+
+One formula for every case:
+
+    epoch = K + max(C, W) + eps * min(C, W) + alpha * m        W = B / (eta * rate)
+
+``C`` compute (everything but the codec and the link), ``K`` codec time, ``B`` the bytes that
+cross the link, ``m`` messages (peers x exchanges), ``rate`` the link's nominal bit rate.
+Constants: ``eta`` the share of the nominal rate the bytes get, ``alpha`` seconds per message,
+``eps`` the part of the shorter of compute and wire that is *not* hidden behind the longer.
+
+- The emulated link of bench/network.py is ONE token bucket on the loopback that all ranks
+  share: ``B`` is the bytes of all ranks, and ranks that compute while others send hide part
+  of each other's time (``eps`` < 1 even for synchronous exchanges). Calibrated here.
+- A cluster gives each GPU its own link (full duplex): ``B`` is the bytes of the busiest rank
+  (the larger of sent and received), and a synchronous exchange hides nothing: ``eps = 1``,
+  i.e. ``epoch = C + K + W + alpha m``. With staleness the exchange of epoch t overlaps its
+  compute: ``eps`` = the stale path's leak (0 = perfect overlap).
+
+Subcommands:
+
+    python bench/netmodel.py calibrate [--runs FILE ...]     # fit eta, eps, alpha; table of errors
+    python bench/netmodel.py halos [--dataset SPEC] [--parts 256] [--ranks 8 16 ... 256]
+    python bench/netmodel.py project [--rates 25 50 100 200] [--gpu-log FILE] [--plot PNG]
+    python bench/netmodel.py remeasure                        # root, idle machine: new CPU runs
+
+``calibrate`` reads runs of bench/network.py (OUT.json). Inputs per run, all measured apart from
+the link: ``C`` = the same schedule's epoch over shared memory (``shm``, same sweep) less its
+codec time; ``K`` = the run's own codec time; ``B`` = its bytes per epoch; ``m`` = exchanges per
+epoch x (R - 1) (random parts: every pair of ranks exchanges). VARCO schedules are left out
+(their bytes change during the run while the table reports one median epoch).
+``halos`` partitions a graph ONCE into ``--parts`` METIS parts and derives R ranks by merging
+consecutive parts (as ``hpcgnn/data/merge.py`` runs R ranks on a K-part set): the halo rows,
+send rows and peers of every rank. ``project`` turns them into bytes with the codecs' own byte
+counts and the model's layer widths, and into wire time with the calibrated constants. GPU
+compute and codec times come from ``--gpu-log`` (JSON: ``{"compute_s": {"R": s},
+"codec_s": {"schedule": {"R": s}}}``, measured on the GPUs of the projection); absent ones print
+"open". It never estimates them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))       # the repository's packages before bench/'s (bench/preprocess.py)
+RESULTS = REPO / "bench" / "results"
+RUNS = [RESULTS / "network.json", RESULTS / "network-stale-2core.json"]
+GBIT = 1e9 / 8                       # bytes per second in one Gbit/s
+CALIB_EXCHANGES = 4                  # bench/network.py's GCN: 2 layers, forward + backward each
+# ogbn-products' size (2,449,029 nodes, 61.86M undirected edges; 47 classes, edge homophily 0.81).
+# METIS (pymetis's 64-bit build, two balance constraints) needs ~11 GB at this size; HALF, the
+# same degree on half the nodes, is the largest tried that stays under 10 GiB (the default).
+PRODUCTS = "csbm:nodes=2449029,classes=47,degree=50.52,homophily=0.81,features=8,signal=1.0,seed=0"
+HALF = "csbm:nodes=1224515,classes=47,degree=50.52,homophily=0.81,features=8,signal=1.0,seed=0"
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The model's constants (see the module docstring)."""
+
+    eta: float          # share of the nominal rate the bytes get
+    eps: float          # non-hidden share of min(compute, wire) on the emulated shared link
+    alpha: float        # seconds per message
+    eps_stale: float    # the same for the stale (pipelined) path
+
+
+def epoch_time(C: float, K: float, W: float, m: float, alpha: float, eps: float) -> float:
+    """``K + max(C, W) + eps * min(C, W) + alpha * m`` seconds."""
+    return K + max(C, W) + eps * min(C, W) + alpha * m
+
+
+def wire_time(nbytes: float, rate_gbit: float, eta: float) -> float:
+    """Seconds for ``nbytes`` at ``eta`` x the nominal ``rate_gbit``."""
+    return nbytes / (eta * rate_gbit * GBIT)
+
+
+# -- calibration on the CPU runs -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """One measured run and the model's inputs for it."""
+
+    source: str
+    ranks: int
+    rate: float
+    schedule: str
+    measured: float     # median epoch, s
+    compute: float      # C: the schedule's shm epoch less its codec time
+    codec: float        # K: the run's codec time per epoch
+    nbytes: float       # B: bytes per epoch, all ranks
+    messages: int       # m
+
+    @property
+    def stale(self) -> bool:
+        return "@s" in self.schedule
+
+
+def codec_seconds(r: dict) -> float:
+    """Median codec seconds per epoch of a bench/network.py result (older files: share x epoch)."""
+    return r["codec_s"] if "codec_s" in r else r["codec_share"] * r["epoch_s"]
+
+
+def load_runs(paths: list[Path]) -> list[Run]:
+    """The runs of bench/network.py files the model can take (a later file's run wins)."""
+    runs: dict[tuple, Run] = {}
+    for path in paths:
+        results = json.loads(Path(path).read_text())["results"]
+        for key, r in results.items():
+            run = _run(path, key, r, results)
+            if run is not None:
+                runs[(run.ranks, run.rate, run.schedule)] = run
+    return sorted(runs.values(), key=lambda r: (r.stale, r.ranks, r.rate, r.schedule))
+
+
+def _run(path: Path, key: str, r: dict, results: dict) -> Run | None:
+    ranks, rate, schedule = key.split("|")
+    shm = results.get(f"{ranks}|shm|{schedule}")
+    usable = rate not in ("shm", "none") and schedule != "floor" and shm is not None
+    if not usable or schedule.startswith("varco") or not _current(path, schedule):
+        return None
+    return Run(Path(path).stem, int(ranks), float(rate), schedule, r["epoch_s"],
+               shm["epoch_s"] - codec_seconds(shm), codec_seconds(r), r["bytes_per_epoch"],
+               CALIB_EXCHANGES * (int(ranks) - 1))
+
+
+def _current(path: Path, schedule: str) -> bool:
+    """Stale runs measured before the stale path's dropout fix (11cfc35: network.json, debdecd)
+    are not what the code runs now."""
+    return not ("@s" in schedule and Path(path).name == "network.json")
+
+
+def predict(run: Run, c: Constants) -> float:
+    eps = c.eps_stale if run.stale else c.eps
+    return epoch_time(run.compute, run.codec, wire_time(run.nbytes, run.rate, c.eta),
+                      run.messages, c.alpha, eps)
+
+
+def fit(runs: list[Run]) -> Constants:
+    """Least squares on log(predicted / measured): eta, eps, alpha on the synchronous runs,
+    then eps_stale alone on the stale runs (eta and alpha kept)."""
+    from scipy.optimize import least_squares
+    sync = [r for r in runs if not r.stale]
+
+    def residual(p, rs, stale=None):
+        c = Constants(p[0], p[1], p[2], p[1]) if stale is None else Constants(*stale, p[0])
+        return [math.log(predict(r, c) / r.measured) for r in rs]
+
+    p = least_squares(residual, [1.0, 0.5, 1e-4], args=(sync,),
+                      bounds=([0.1, 0.0, 0.0], [10.0, 1.0, 0.05])).x
+    stale = [r for r in runs if r.stale]
+    e = 1.0
+    if stale:
+        e = least_squares(residual, [0.5], args=(stale, tuple(p)), bounds=([0.0], [1.0])).x[0]
+    return Constants(float(p[0]), float(p[1]), float(p[2]), float(e))
+
+
+def errors(runs: list[Run], c: Constants) -> list[float]:
+    return [predict(r, c) / r.measured - 1 for r in runs]
+
+
+def calibrate(args) -> None:
+    runs = load_runs([Path(p) for p in args.runs])
+    if not runs:
+        sys.exit(f"netmodel: no usable runs in {args.runs} (a link run needs a shm run of the "
+                 f"same schedule in the same file)")
+    c = fit(runs)
+    held_out = _held_out(runs)
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(
+        {"constants": asdict(c), "runs": [asdict(r) | {"predicted": predict(r, c)} for r in runs],
+         "held_out": held_out, "sources": [str(p) for p in args.runs]}, indent=1))
+    table = calibration_markdown(runs, c, held_out)
+    out.with_suffix(".md").write_text(table)
+    print(table)
+    if args.plot:
+        plot_calibration(runs, c, Path(args.plot))
+
+
+def plot_calibration(runs: list[Run], c: Constants, out: Path) -> None:
+    """Predicted against measured epoch, one point per run, the 15 % band shaded."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for i, rate in enumerate(sorted({r.rate for r in runs})):
+        for stale, mark in ((False, "o"), (True, "^")):
+            pts = [(1e3 * r.measured, 1e3 * predict(r, c)) for r in runs
+                   if r.rate == rate and r.stale == stale]
+            if pts:
+                ax.scatter(*zip(*pts), color=f"C{i}", marker=mark, s=22,
+                           label=f"{rate:g} Gbit/s{', stale' if stale else ''}")
+    lo, hi = 40, 700
+    xs = np.geomspace(lo, hi, 50)
+    ax.plot(xs, xs, color="grey", lw=0.8)
+    ax.fill_between(xs, 0.85 * xs, 1.15 * xs, color="grey", alpha=0.15, label="within 15 %")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured epoch (ms)",
+           ylabel="predicted epoch (ms)", title="network model on the CPU cluster-network runs")
+    ticks = [50, 100, 200, 500]
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+        axis.set_major_formatter(matplotlib.ticker.FixedFormatter([str(t) for t in ticks]))
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def _held_out(runs: list[Run]) -> dict | None:
+    """Fit without the 8-rank runs, predict them: the model's reach beyond its fitting set."""
+    four, eight = [r for r in runs if r.ranks != 8], [r for r in runs if r.ranks == 8 and not r.stale]
+    if not eight or not any(not r.stale for r in four):
+        return None
+    c = fit(four)
+    errs = errors(eight, c)
+    return {"constants": asdict(c), "worst": max(map(abs, errs)),
+            "runs": [f"{r.ranks}|{r.rate:g}|{r.schedule}" for r in eight], "errors": errs}
+
+
+def calibration_markdown(runs: list[Run], c: Constants, held_out: dict | None) -> str:
+    errs = errors(runs, c)
+    worst = max(range(len(runs)), key=lambda i: abs(errs[i]))
+    lines = [f"Constants: eta = {c.eta:.3f} (share of the nominal rate), eps = {c.eps:.3f} "
+             f"(synchronous, shared link), alpha = {1e3 * c.alpha:.3f} ms per message, "
+             f"eps_stale = {c.eps_stale:.3f}.", "",
+             f"Worst relative error {100 * abs(errs[worst]):.1f} % ({_name(runs[worst])}); "
+             f"{sum(abs(e) <= 0.15 for e in errs)} of {len(runs)} runs within 15 %; mean "
+             f"|error| {100 * statistics.mean(map(abs, errs)):.1f} %.", ""]
+    if held_out:
+        lines += [f"Fitted without the 8-rank runs, the model predicts them with a worst error of "
+                  f"{100 * held_out['worst']:.1f} %.", ""]
+    lines += ["| source | ranks | link (Gbit/s) | schedule | C (ms) | K (ms) | MB / epoch | "
+              "measured (ms) | predicted (ms) | error |",
+              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r, e in zip(runs, errs):
+        lines.append(f"| {r.source} | {r.ranks} | {r.rate:g} | {r.schedule} | {1e3 * r.compute:.1f} | "
+                     f"{1e3 * r.codec:.1f} | {r.nbytes / 1e6:.2f} | {1e3 * r.measured:.1f} | "
+                     f"{1e3 * predict(r, c):.1f} | {100 * e:+.1f} % |")
+    return "\n".join(lines) + "\n"
+
+
+def _name(r: Run) -> str:
+    return f"{r.ranks} ranks, {r.rate:g} Gbit/s, {r.schedule}"
+
+
+# -- halo sizes on real partitions -----------------------------------------------------------------
+def rank_halos(indptr: np.ndarray, indices: np.ndarray, part: np.ndarray, group: int,
+               chunk: int = 1 << 22) -> dict:
+    """Per rank of ``R = parts / group`` ranks (rank r = parts r*group .. r*group+group-1):
+    ``recv`` halo rows (distinct remote in-neighbours of its rows), ``send`` rows it sends
+    (summed over peers: a row goes to every rank that needs it), ``peers`` ranks it receives
+    from, ``owned`` rows. ``indptr``/``indices``: CSR, row i lists the sources of i's messages.
+    Works through ``chunk`` rows at a time (bounded temporaries on a 124M-edge graph)."""
+    n = len(part)
+    rank = (part // group).astype(np.int32)
+    R = int(rank.max()) + 1
+    chunks = [_cut_keys(indptr, indices, rank, lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
+    keys = np.unique(np.concatenate([k for k, _ in chunks]))             # (receiver, row)
+    pair = (keys // n) * R + rank[keys % n]                                # receiver x owner
+    del keys
+    counts = np.bincount(pair, minlength=R * R).reshape(R, R)            # [receiver, owner]
+    return {"recv": counts.sum(1).tolist(), "send": counts.sum(0).tolist(),
+            "peers": (counts > 0).sum(1).tolist(), "owned": np.bincount(rank, minlength=R).tolist(),
+            "cut_edges": int(sum(c for _, c in chunks))}
+
+
+def _cut_keys(indptr, indices, rank, lo: int, hi: int) -> tuple[np.ndarray, int]:
+    """Distinct ``receiver * n + source`` of the edges into rows lo..hi that cross ranks, and
+    how many edges cross."""
+    src = indices[indptr[lo]:indptr[hi]]
+    dst = np.repeat(rank[lo:hi], np.diff(indptr[lo:hi + 1]).astype(np.int64))
+    cut = dst != rank[src]
+    return np.unique(dst[cut].astype(np.int64) * len(rank) + src[cut]), int(cut.sum())
+
+
+def halos(args) -> None:
+    from hpcgnn.data.datasets import load_dataset
+    from preprocess import partition_graph
+    graph = load_dataset(args.dataset)
+    print(f"{args.dataset}: {graph.num_nodes:,} nodes, {len(graph.indices):,} directed edges",
+          flush=True)
+    part = partition_graph(graph, args.parts, "metis", seed=args.seed)
+    out = {"dataset": args.dataset, "parts": args.parts, "partitioner": "metis", "seed": args.seed,
+           "num_nodes": graph.num_nodes, "num_edges": len(graph.indices), "ranks": {}}
+    for R in args.ranks:
+        if args.parts % R:
+            sys.exit(f"netmodel halos: --ranks {R} does not divide --parts {args.parts}")
+        h = rank_halos(graph.indptr, graph.indices, part, args.parts // R)
+        out["ranks"][str(R)] = h
+        print(f"R = {R}: halo rows per rank max {max(h['recv']):,} mean "
+              f"{statistics.mean(h['recv']):,.0f}, peers max {max(h['peers'])}", flush=True)
+    Path(args.out).write_text(json.dumps(out))
+
+
+# -- projection ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Model:
+    """The projected model: layer dims, as the app picks exchanged widths (``choose_order``)."""
+
+    in_dim: int = 100
+    hidden: int = 256
+    layers: int = 3
+    classes: int = 47
+
+    def dims(self) -> list[int]:
+        return [self.in_dim] + [self.hidden] * (self.layers - 1) + [self.classes]
+
+    def exchanges(self) -> list[tuple[int, bool]]:
+        """(width, has a backward exchange) per layer: the first layer's input needs no gradient."""
+        from hpcgnn.nn.layers import choose_order
+        d = self.dims()
+        return [(choose_order(a, b, i > 0)[1], i > 0) for i, (a, b) in enumerate(zip(d[:-1], d[1:]))]
+
+    def params(self) -> int:
+        d = self.dims()
+        return sum(a * b + b for a, b in zip(d[:-1], d[1:]))
+
+
+def rank_bytes(send_rows: int, recv_rows: int, schedule: Path, model: Model) -> tuple[int, int, int]:
+    """(bytes sent, bytes received, exchanges) of one rank in one epoch under ``schedule``
+    (constant schedules), from the codecs' own byte counts."""
+    from hpcgnn.codecs.base import backward_codec
+    from hpcgnn.schedule import load_schedule
+    policy = load_schedule(schedule).bind(100, model.layers)
+    sent = got = n = 0
+    for layer, (w, backward) in enumerate(model.exchanges()):
+        fwd = policy.forward_codec(99, layer, model.layers, w)
+        sent, got, n = sent + _bytes(fwd, send_rows, w), got + _bytes(fwd, recv_rows, w), n + 1
+        if backward:
+            bwd = backward_codec(fwd, policy.backward_codec(99, layer, model.layers, w))
+            sent, got, n = sent + _bytes(bwd, recv_rows, w), got + _bytes(bwd, send_rows, w), n + 1
+    return sent, got, n
+
+
+def _bytes(codec, rows: int, width: int) -> int:
+    """Bytes of ``rows`` rows in one block; refuses codecs whose bytes are not linear in rows
+    (the halos file keeps per-rank totals, not per-peer blocks)."""
+    one = sum(codec.byte_counts([rows], width))
+    if one != sum(codec.byte_counts([rows // 2, rows - rows // 2], width)):
+        raise SystemExit(f"netmodel: codec {codec.name} is not linear in rows; project it per "
+                         f"peer block")
+    return one
+
+
+def project_rows(halo: dict, rates: list[float], schedules: list[str], model: Model, c: Constants,
+                 gpu: dict) -> list[dict]:
+    """One row per (ranks, rate, schedule): wire and epoch time (open without GPU inputs)."""
+    rows, schedules = [], list(dict.fromkeys(["full", *schedules]))
+    for R, h in sorted(halo["ranks"].items(), key=lambda kv: int(kv[0])):
+        per_rank = {s: [rank_bytes(sd, rc, REPO / "configs" / "schedules" / f"{s}.toml", model)
+                        for sd, rc in zip(h["send"], h["recv"])] for s in schedules}
+        codec_in = max((s + g) / 2 for s, g, _ in per_rank["full"])   # fp32 bytes a codec handles
+        for rate in rates:
+            for s in schedules:
+                row = _row(int(R), rate, s, per_rank[s], h["peers"], model, c, gpu)
+                rows.append(row | {"codec_in_bytes": codec_in})
+    return rows
+
+
+def _row(R: int, rate: float, schedule: str, per_rank: list, peers: list, model: Model, c: Constants,
+         gpu: dict) -> dict:
+    ar_bytes = 2 * (R - 1) / R * 4 * model.params()                     # ring allreduce per rank
+    wire = max(wire_time(max(s, g), rate, c.eta) + c.alpha * n * p
+               for (s, g, n), p in zip(per_rank, peers))
+    wire += wire_time(ar_bytes, rate, c.eta) + c.alpha * 2 * (R - 1)
+    C = gpu.get("compute_s", {}).get(str(R))
+    K = gpu.get("codec_s", {}).get(schedule, {}).get(str(R), 0.0 if schedule == "full" else None)
+    known = C is not None and K is not None
+    return {"ranks": R, "rate": rate, "schedule": schedule, "wire_s": wire,
+            "bytes_max": max(max(s, g) for s, g, _ in per_rank),
+            "sync_s": C + K + wire if known else None,
+            "stale_s": epoch_time(C, K, wire, 0, 0, c.eps_stale) if known else None}
+
+
+def projection_markdown(rows: list[dict], halo: dict, model: Model, c: Constants, codec_floor: dict,
+                        alpha_from: str) -> str:
+    full = {(r["ranks"], r["rate"]): r["wire_s"] for r in rows if r["schedule"] == "full"}
+    lines = [f"Graph `{halo['dataset']}` ({halo['num_nodes']:,} nodes, {halo['num_edges']:,} directed "
+             f"edges), METIS {halo['parts']} parts merged into R ranks; GCN "
+             f"{'-'.join(map(str, model.dims()))} (exchanged widths "
+             f"{[w for w, _ in model.exchanges()]}); one link per GPU, full duplex, CUDA-aware "
+             f"(no staging copies); eta = {c.eta:.3f} (calibrated on the CPU runs), alpha = "
+             f"{1e3 * c.alpha:.3f} ms per message ({alpha_from}). Epoch = C + K + W "
+             f"(synchronous), K + max(C, W) + {c.eps_stale:.2f} min(C, W) (stale); C and K are "
+             f"the GPU's and 'open' without a GPU log. Codec budget = W(full) - "
+             f"W(schedule): compression pays only if the codec costs less per epoch, i.e. encodes "
+             f"and decodes the busiest GPU's fp32 halo rows at the 'needed' rate or faster.", "",
+             "| GPUs | link (Gbit/s) | schedule | MB / epoch (busiest GPU) | wire W (ms) | "
+             "codec budget (ms) | codec GB/s needed | H100 codec, lower bound (ms) | pays? | "
+             "epoch sync (ms) | epoch stale (ms) |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        budget = full[(r["ranks"], r["rate"])] - r["wire_s"]
+        floor = codec_floor.get(r["schedule"])
+        pays = "no" if floor is not None and budget < floor else "open"
+        need = f"{r['codec_in_bytes'] / budget / 1e9:.1f}" if budget > 0 else "∞"
+        if r["schedule"] == "full":
+            pays, shown, need = "—", "—", "—"
+        else:
+            shown = f"{1e3 * budget:.2f}"
+        lines.append(f"| {r['ranks']} | {r['rate']:g} | {r['schedule']} | {r['bytes_max'] / 1e6:.1f} | "
+                     f"{1e3 * r['wire_s']:.2f} | {shown} | {need} | "
+                     f"{'—' if floor is None else f'{1e3 * floor:.1f}'} | {pays} | "
+                     f"{_ms(r['sync_s'])} | {_ms(r['stale_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ms(s: float | None) -> str:
+    return "open" if s is None else f"{1e3 * s:.1f}"
+
+
+def codec_lower_bounds(path: Path, schedules: list[str], model: Model) -> dict:
+    """Per schedule, a LOWER bound of its codec seconds per epoch on the GPU of ``path`` (a
+    bench/codecs.py result): per exchange, the measured encode + decode of the largest block
+    measured (codec time does not fall with more rows), times the epoch's exchanges."""
+    if not path.is_file():
+        return {}
+    res = json.loads(path.read_text())["results"]
+    n = sum(1 + b for _, b in model.exchanges())
+    bits = {"quant8-all": 8, "quant4-all": 4, "quant2-all": 2, "quant1-all": 1}
+    out = {}
+    for s in schedules:
+        if s in bits:
+            rows = [r for r in res if r["codec"] == f"quant({bits[s]})"]
+            big = max(rows, key=lambda r: (r["rows"] * r["width"], -r["encode_ms"]))
+            out[s] = n * (big["encode_ms"] + big["decode_ms"]) / 1e3
+    return out
+
+
+def project(args) -> None:
+    c = Constants(**json.loads(Path(args.constants).read_text())["constants"])
+    if args.alpha is not None:           # the calibrated latency is TCP's on an oversubscribed host
+        c = Constants(c.eta, c.eps, args.alpha, c.eps_stale)
+    halo = json.loads(Path(args.halos).read_text())
+    gpu = json.loads(Path(args.gpu_log).read_text()) if args.gpu_log else {}
+    model = Model()
+    rows = project_rows(halo, args.rates, args.schedules, model, c, gpu)
+    floors = codec_lower_bounds(Path(args.codecs_log), args.schedules, model)
+    alpha_from = "given with --alpha" if args.alpha is not None else "calibrated on the CPU runs"
+    table = projection_markdown(rows, halo, model, c, floors, alpha_from)
+    out = Path(args.out)
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "constants": asdict(c),
+                                                    "codec_lower_bound_s": floors}, indent=1))
+    print(table)
+    if args.plot:
+        plot_projection(rows, floors, Path(args.plot))
+
+
+def plot_projection(rows: list[dict], floors: dict, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    rates = sorted({r["rate"] for r in rows})
+    scheds = list(dict.fromkeys(r["schedule"] for r in rows))
+    full = {(r["ranks"], r["rate"]): r["wire_s"] for r in rows if r["schedule"] == "full"}
+    for rate, style in zip(rates, ("-", "--", "-.", ":")):
+        for i, s in enumerate(scheds):
+            pts = sorted((r["ranks"], r["wire_s"]) for r in rows
+                         if r["rate"] == rate and r["schedule"] == s)
+            kw = {"color": f"C{i}", "ls": style, "marker": "o", "ms": 3,
+                  "label": f"{s}, {rate:g} Gbit/s"}
+            a.plot(*zip(*pts), **kw)
+            if s != "full":
+                b.plot([p[0] for p in pts], [1e3 * (full[(R, rate)] - w) for R, w in pts], **kw)
+    if floors:
+        low = min(floors.values())
+        b.axhline(1e3 * low, color="grey", lw=0.8)
+        b.text(8, 1e3 * low * 1.08, "H100 quant codec per epoch, measured at 20k rows: a lower bound",
+               fontsize=7, color="grey")
+    a.set_yscale("log")
+    a.set_ylabel("wire time per epoch W (s)")
+    b.set_ylabel("codec budget W(full) - W(schedule) (ms)")
+    b.set_yscale("log")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPUs (one link each)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=5, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def summary(args) -> None:
+    """The docs' table: a few rows of the bandwidth-only projection (``--alpha 0``) beside the
+    same rows with the calibrated latency."""
+    bw = json.loads(Path(args.bandwidth).read_text())["rows"]
+    lat = {_key(r): r for r in json.loads(Path(args.latency).read_text())["rows"]}
+    full = {(r["ranks"], r["rate"]): r["wire_s"] for r in bw if r["schedule"] == "full"}
+    lines = ["| GPUs | link (Gbit/s) | schedule | MB / epoch, busiest GPU | W, bandwidth only (ms) | "
+             "W, calibrated latency (ms) | codec budget (ms) | codec GB/s needed |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in bw:
+        if r["ranks"] in args.ranks and r["rate"] in args.rates and r["schedule"] in args.schedules:
+            budget = full[(r["ranks"], r["rate"])] - r["wire_s"]
+            extra = ("—", "—") if r["schedule"] == "full" else (
+                f"{1e3 * budget:.1f}", f"{r['codec_in_bytes'] / budget / 1e9:.1f}")
+            lines.append(f"| {r['ranks']} | {r['rate']:g} | {r['schedule']} | "
+                         f"{r['bytes_max'] / 1e6:.0f} | {1e3 * r['wire_s']:.1f} | "
+                         f"{1e3 * lat[_key(r)]['wire_s']:.0f} | "
+                         f"{extra[0]} | {extra[1]} |")
+    print("\n".join(lines))
+
+
+def _key(r: dict) -> tuple:
+    return r["ranks"], r["rate"], r["schedule"]
+
+
+# -- re-measuring on an idle machine ------------------------------------------------------------
+REMEASURE_SCHEDULES = ["floor", "full", "quant4-all", "quant2-all", "quant1-all", "sample-all",
+                       "sample-quant2-all", "full@s1", "quant1-all@s1"]
+
+
+def remeasure(args) -> None:
+    """bench/network.py for the calibration grid (4 and 8 ranks; 0.5, 1, 10 Gbit/s and shm, whose
+    runs give the compute), then ``calibrate`` on the new file alone."""
+    out = Path(args.out)
+    cmd = [sys.executable, str(REPO / "bench" / "network.py"), "--ranks", "4", "8", "--rates",
+           "0.5", "1", "10", "shm", "--schedules", *REMEASURE_SCHEDULES, "--epochs", "100",
+           "--out", str(out)]
+    print("running:" if not args.dry_run else "would run:", " ".join(cmd), flush=True)
+    if args.dry_run:
+        return
+    subprocess.run(cmd, check=True, cwd=REPO, env=os.environ)
+    calibrate(argparse.Namespace(runs=[str(out.with_suffix(".json"))],
+                                 out=str(out.with_name(out.name + "-model")),
+                                 plot=str(out.with_name(out.name + "-model.png"))))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("calibrate")
+    c.add_argument("--runs", nargs="+", default=[str(p) for p in RUNS])
+    c.add_argument("--out", default=str(RESULTS / "netmodel-calibration"))
+    c.add_argument("--plot", default=None, help="PNG of predicted against measured epochs")
+    h = sub.add_parser("halos")
+    h.add_argument("--dataset", default=HALF, help=f"default: half of ogbn-products' size; {PRODUCTS} "
+                   f"needs ~11 GB for METIS")
+    h.add_argument("--parts", type=int, default=256)
+    h.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
+    h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--out", default=str(RESULTS / "netmodel-halos.json"))
+    p = sub.add_parser("project")
+    p.add_argument("--halos", default=str(RESULTS / "netmodel-halos.json"))
+    p.add_argument("--constants", default=str(RESULTS / "netmodel-calibration.json"))
+    p.add_argument("--rates", type=float, nargs="+", default=[25, 50, 100, 200])
+    p.add_argument("--schedules", nargs="+", default=["full", "quant4-all", "quant2-all", "quant1-all"])
+    p.add_argument("--alpha", type=float, default=None,
+                   help="seconds per message instead of the calibrated one (e.g. 0: bandwidth only)")
+    p.add_argument("--gpu-log", help="JSON of GPU compute/codec seconds per epoch (see the docstring)")
+    p.add_argument("--codecs-log", default=str(RESULTS / "gpu" / "codecs-cuda.json"))
+    p.add_argument("--out", default=str(RESULTS / "netmodel-projection"))
+    p.add_argument("--plot", default=None, help="PNG of wire time and codec budget against GPUs")
+    t = sub.add_parser("summary")
+    t.add_argument("--bandwidth", default=str(RESULTS / "netmodel-projection-alpha0.json"))
+    t.add_argument("--latency", default=str(RESULTS / "netmodel-projection.json"))
+    t.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128, 256])
+    t.add_argument("--rates", type=float, nargs="+", default=[25, 100, 200])
+    t.add_argument("--schedules", nargs="+", default=["full", "quant2-all", "quant1-all"])
+    r = sub.add_parser("remeasure")
+    r.add_argument("--out", default=str(RESULTS / "network-calib"))
+    r.add_argument("--dry-run", action="store_true", help="print the benchmark command only")
+    args = ap.parse_args()
+    {"calibrate": calibrate, "halos": halos, "project": project, "summary": summary,
+     "remeasure": remeasure}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""bench/netmodel.py: the halo sizes it measures equal a direct count and what the app's merged
+shards exchange; its bytes equal the codecs' formulas written out here; its epoch formula and
+its calibration on the committed CPU runs."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CSBM
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def netmodel():
+    """bench/netmodel.py as a module (bench/ is not a package)."""
+    if "netmodel" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("netmodel", REPO / "bench" / "netmodel.py")
+        sys.modules["netmodel"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["netmodel"])
+    return sys.modules["netmodel"]
+
+
+def direct_halos(indptr, indices, part, group):
+    """Per rank: the set of remote sources of its rows, and per (receiver, owner) pair the
+    rows — by plain Python loops over the edges."""
+    rank = [int(p) // group for p in part]
+    R = max(rank) + 1
+    need = [set() for _ in range(R)]
+    for i in range(len(part)):
+        for j in indices[indptr[i]:indptr[i + 1]]:
+            if rank[j] != rank[i]:
+                need[rank[i]].add(int(j))
+    send = [sum(1 for r in range(R) for j in need[r] if rank[j] == q) for q in range(R)]
+    peers = [len({rank[j] for j in need[r]}) for r in range(R)]
+    cut = sum(1 for i in range(len(part)) for j in indices[indptr[i]:indptr[i + 1]] if rank[j] != rank[i])
+    return [len(s) for s in need], send, peers, cut
+
+
+def test_rank_halos_equal_a_direct_count_on_a_directed_graph_with_uneven_parts():
+    nm = netmodel()
+    rng = np.random.default_rng(5)
+    n = 300
+    dst, src = rng.integers(0, n, 2500), rng.integers(0, n, 2500)   # directed, with repeats
+    keys = np.unique(dst * n + src)
+    rows, cols = keys // n, keys % n
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
+    part = np.minimum(rng.geometric(0.25, n) - 1, 7)                 # 8 parts of very uneven size
+    part[:8] = np.arange(8)                                          # none empty
+    for group in (1, 2, 4, 8):
+        got = nm.rank_halos(indptr, cols, part, group, chunk=37)       # chunks split the rows
+        recv, send, peers, cut = direct_halos(indptr, cols, part, group)
+        assert (got["recv"], got["send"], got["peers"], got["cut_edges"]) == (recv, send, peers, cut), group
+        assert got["owned"] == np.bincount(part // group).tolist()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_rank_halos_are_what_the_merged_shards_exchange(ranks, shards):
+    """R ranks over an 8-part METIS set, as the app loads them (hpcgnn/data/merge.py)."""
+    from hpcgnn.data.datasets import load_dataset
+    from hpcgnn.data.shard import read_shard
+    from hpcgnn.train.inputs import load_part
+    nm = netmodel()
+    shard_dir = shards(CSBM, 8, "metis")
+    graph = load_dataset(CSBM)
+    part = np.empty(graph.num_nodes, dtype=np.int64)
+    for p in range(8):
+        part[read_shard(shard_dir / f"part-{p:05d}.h5").global_id] = p
+    got = nm.rank_halos(graph.indptr, graph.indices, part, 8 // ranks, chunk=1000)
+    for r in range(ranks):
+        _, shard = load_part(shard_dir, r, ranks)
+        assert got["recv"][r] == len(shard.halo_global_id) == int(shard.recv_counts.sum())
+        assert got["send"][r] == int(shard.send_counts.sum())
+        assert got["peers"][r] == int((shard.recv_counts > 0).sum())
+        assert got["owned"][r] == len(shard.global_id)
+
+
+def test_bytes_of_an_epoch_follow_the_codec_formulas():
+    """GCN 100-256-256-47: layer 0 aggregates its input first (width 100, no gradient goes
+    back), layers 1 and 2 transform first (widths 256 and 47, forward and backward). fp32:
+    4 bytes per value; b-bit quantisation: 6 + ceil(w b / 8) bytes per row."""
+    nm = netmodel()
+    model, S, Rv = nm.Model(), 1234, 987
+    sched = REPO / "configs" / "schedules"
+    sent, got, n = nm.rank_bytes(S, Rv, sched / "full.toml", model)
+    assert (sent, got, n) == (4 * (100 * S + (256 + 47) * (S + Rv)), 4 * (100 * Rv + (256 + 47) * (S + Rv)), 5)
+    for name, b in (("quant1-all", 1), ("quant2-all", 2), ("quant4-all", 4)):
+        row = {w: 6 + math.ceil(w * b / 8) for w in (100, 256, 47)}
+        sent, got, _ = nm.rank_bytes(S, Rv, sched / f"{name}.toml", model)
+        assert sent == row[100] * S + (row[256] + row[47]) * (S + Rv), name
+        assert got == row[100] * Rv + (row[256] + row[47]) * (S + Rv), name
+    assert model.params() == 100 * 256 + 256 + 256 * 256 + 256 + 256 * 47 + 47
+
+
+def test_epoch_formula_and_a_run_prediction():
+    nm = netmodel()
+    assert nm.epoch_time(0.05, 0.01, 0.2, 12, 1e-3, 0.25) == pytest.approx(0.01 + 0.2 + 0.25 * 0.05 + 0.012)
+    assert nm.epoch_time(0.3, 0.0, 0.1, 0, 0.0, 1.0) == pytest.approx(0.4)      # serial: C + W
+    assert nm.wire_time(125e6, 1.0, 1.0) == pytest.approx(1.0)                  # 1 Gbit/s, 125 MB
+    c = nm.Constants(eta=0.8, eps=0.3, alpha=2e-4, eps_stale=0.1)
+    run = nm.Run("x", 4, 0.5, "quant2-all", 0.1, 0.06, 0.008, 3.3e6, 12)
+    wire = 3.3e6 / (0.8 * 0.5 * 125e6)
+    assert nm.predict(run, c) == pytest.approx(0.008 + max(0.06, wire) + 0.3 * min(0.06, wire) + 12 * 2e-4)
+    stale = nm.Run("x", 4, 0.5, "quant2-all@s1", 0.1, 0.06, 0.008, 3.3e6, 12)
+    assert nm.predict(stale, c) == pytest.approx(0.008 + max(0.06, wire) + 0.1 * min(0.06, wire) + 12 * 2e-4)
+
+
+def test_calibration_on_the_committed_runs(tmp_path):
+    """The committed CPU runs load as documented (no VARCO, no stale runs of network.json, the
+    compute from the same sweep's shm run) and the fit reproduces the committed constants."""
+    nm = netmodel()
+    runs = nm.load_runs(nm.RUNS)
+    names = {(r.source, r.ranks, r.rate, r.schedule) for r in runs}
+    assert not any(s.startswith("varco") for *_, s in names)
+    assert not any(src == "network" and "@s" in s for src, *_, s in names)
+    raw = json.loads(nm.RUNS[0].read_text())["results"]
+    q = next(r for r in runs if (r.source, r.ranks, r.rate, r.schedule) == ("network", 4, 0.5, "quant2-all"))
+    shm = raw["4|shm|quant2-all"]
+    assert q.compute == pytest.approx(shm["epoch_s"] * (1 - shm["codec_share"]))
+    assert q.messages == 4 * 3 and q.nbytes == raw["4|0.5|quant2-all"]["bytes_per_epoch"]
+    c = nm.fit(runs)
+    committed = json.loads((REPO / "bench" / "results" / "netmodel-calibration.json").read_text())
+    for key, value in committed["constants"].items():
+        assert getattr(c, key) == pytest.approx(value, rel=1e-3, abs=1e-6), key
