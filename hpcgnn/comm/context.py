@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from hpcgnn.comm import gpu
+from hpcgnn.comm.gpu import mpi_library  # noqa: F401  (re-exported: the trainer records it)
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,3 @@ class CommContext:
     @property
     def is_root(self) -> bool:
         return self.rank == 0
-
-
-def mpi_library() -> str:
-    """First line of ``MPI_Get_library_version`` (e.g. 'Open MPI v5.0.11, ...')."""
-    from mpi4py import MPI
-    return MPI.Get_library_version().strip().splitlines()[0].split(", package")[0]

@@ -66,7 +66,6 @@ def cuda_awareness() -> CudaAwareness:
     setting = os.environ.get(ENV_CUDA_AWARE)
     if setting is not None:
         return _from_setting(setting)
-    from hpcgnn.comm.context import mpi_library       # initialises MPI (queries need MPI_Init)
     name = mpi_library()
     libs = _loaded_mpi_libraries()
     if name.startswith("Open MPI"):
@@ -268,3 +267,10 @@ def from_mpi(t: torch.Tensor, device: torch.device, pool: PinnedPool | None = No
     done.record(torch.cuda.current_stream(device))
     pool.hold(t, done)
     return out
+
+
+def mpi_library() -> str:
+    """First line of ``MPI_Get_library_version`` (e.g. 'Open MPI v5.0.11, ...'); imports mpi4py,
+    which initialises MPI (the CUDA queries need MPI_Init)."""
+    from mpi4py import MPI
+    return MPI.Get_library_version().strip().splitlines()[0].split(", package")[0]

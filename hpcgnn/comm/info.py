@@ -18,14 +18,13 @@ _BUILT = re.compile(r"^mca:\w+:base:param:(?:opal|mpi)_built_with_cuda_support:v
 def describe() -> dict[str, str]:
     import mpi4py
     from mpi4py import MPI
-    from hpcgnn.comm.context import mpi_library
     major, minor = MPI.Get_version()
     cuda = torch.cuda.is_available()
     devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
     aware = gpu.cuda_awareness()
     libs = gpu.mpi_library_paths()
     out = {
-        "mpi library": mpi_library(),
+        "mpi library": gpu.mpi_library(),
         "loaded from": ", ".join(libs) if libs else "(not visible in /proc/self/maps)",
         "mpi standard": f"{major}.{minor}",
         "mpi4py": mpi4py.__version__,
@@ -33,7 +32,7 @@ def describe() -> dict[str, str]:
         "decided by": aware.how,
         "built with cuda": _yes_no(aware.built),
     }
-    if mpi_library().startswith("Open MPI"):
+    if gpu.mpi_library().startswith("Open MPI"):
         out["ompi_info"] = ompi_info_cuda(libs)
     out.update({
         "torch": torch.__version__,
