@@ -92,7 +92,7 @@ def test_eight_parts_on_fewer_ranks_give_the_single_rank_losses(shards, whole_lo
                                                                 tmp_path):
     """One launch trains GCN and SAGE (the worker of tests/test_train.py)."""
     proc = run_mpi(ranks, [TRAIN_WORKER, str(shards("cora", 8, "metis")), str(tmp_path),
-                           "gcn", "sage"], timeout=180)
+                           "cora", "gcn", "sage"], timeout=180)
     check_ok(proc)
     for variant in ("gcn", "sage"):
         got = read_metrics(tmp_path / variant)

@@ -139,12 +139,12 @@ def test_harmless_and_math_keys_are_told_apart(tmp_path):
     """The pure check: a math key is refused by name, a harmless one beside it is not named;
     RETEXO's eval_every changes which state each stage keeps, so it is a math key there."""
     from hpcgnn.config import load_config
+    from hpcgnn.data.shardset import ShardSet
     from hpcgnn.train.records import ResumeMismatch, RunRecord, check_resume, differences, \
         harmless_changes
-    (tmp_path / "meta.json").write_text("{}")
 
     def record(*sets):
-        return RunRecord.make(load_config(None, list(sets)), None, tmp_path)
+        return RunRecord.make(load_config(None, list(sets)), None, ShardSet(tmp_path, {}, "0" * 64))
     old = record("train.eval_every=1").fingerprint()
     now = record("train.eval_every=4", "run.checkpoint_every=2", "train.lr=0.02")
     with pytest.raises(ResumeMismatch) as err:

@@ -37,7 +37,8 @@ from hpcgnn.nn.propagation import (ConstantPropagation, HaloPropagation, SpmmPro
                                    StalePropagation)
 from hpcgnn.nn.retexo import RetexoGNN
 from hpcgnn.train import checkpoint as ckpt
-from hpcgnn.train.inputs import load_part, part_tensors
+from hpcgnn.data.shardset import ShardSet
+from hpcgnn.train.inputs import part_tensors
 from hpcgnn.train.parallel import load_15d
 from hpcgnn.train.records import RunRecord
 from hpcgnn.train.retexo import RetexoTrainer
@@ -53,16 +54,16 @@ class AlgorithmSetup:
     spmm: object | None = None      # the distributed SpMM (CAGNET), None for the halo algorithm
 
 
-def load_halo(ctx: CommContext, cfg: Config, shards) -> AlgorithmSetup:
+def load_halo(ctx: CommContext, cfg: Config, shards: ShardSet) -> AlgorithmSetup:
     """The halo algorithm: this rank's part (K/R parts merged when R divides K)."""
-    return AlgorithmSetup(*load_part(shards, ctx.rank, ctx.size))
+    return AlgorithmSetup(shards.meta, shards.load(ctx.rank, ctx.size))
 
 
-def load_cagnet15d(ctx: CommContext, cfg: Config, shards) -> AlgorithmSetup:
-    return AlgorithmSetup(*load_15d(ctx, cfg, shards))
+def load_cagnet15d(ctx: CommContext, cfg: Config, shards: ShardSet) -> AlgorithmSetup:
+    return AlgorithmSetup(*load_15d(ctx, cfg, shards.path))
 
 
-ALGORITHMS: dict[str, Callable[[CommContext, Config, object], AlgorithmSetup]] = {
+ALGORITHMS: dict[str, Callable[[CommContext, Config, ShardSet], AlgorithmSetup]] = {
     "halo": load_halo, "1.5d": load_cagnet15d}
 
 
@@ -166,13 +167,14 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
     check_combination(cfg, policy)
     ctx = with_cuda_aware(ctx, CommSettings.resolve(cfg.comm))
     policy = policy.bind(cfg.train.epochs, cfg.model.layers)
-    setup = ALGORITHMS[cfg.parallel.algorithm](ctx, cfg, shards)
+    shard_set = ShardSet.open(shards)                  # meta.json, read once
+    setup = ALGORITHMS[cfg.parallel.algorithm](ctx, cfg, shard_set)
     data = part_tensors(setup.shard, cfg.data.normalize_features, ctx.device)
     model = build_model(ctx, cfg, policy, setup)
     run_dir = Path(run_dir)
     options = RunOptions(
         resume=resume, force=force, stop_after=stop_after,
-        record=RunRecord.make(cfg, getattr(policy, "path", None), shards),
+        record=RunRecord.make(cfg, getattr(policy, "path", None), shard_set),
         # rank 0 reads the checkpoint (and broadcasts it at start); a stale run's ranks read it
         # themselves, to check their own rank file against it
         resume_bytes=ckpt.read_checkpoint_bytes(run_dir)

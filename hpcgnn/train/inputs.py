@@ -1,9 +1,10 @@
 """A rank's training inputs: its shard (and only its shard), checked against the job.
 
-``load_part`` reads ``DIR/meta.json`` and this rank's part(s) through ``hpcgnn.data.shard``
+``load_part`` opens the shard set (``hpcgnn.data.shardset``) and reads this rank's part(s)
 (one part when the set has as many parts as the job has ranks; K/R consecutive parts merged
-into one when R divides K) and fails with a message naming the file and the fix when the shard
-set does not fit the job (R does not divide K, missing or corrupt file).
+into one when R divides K); it fails with a message naming the file and the fix when the shard
+set does not fit the job (R does not divide K, missing or corrupt file). ``part_tensors`` turns
+the part into tensors on the rank's device (with optional, checked, row normalisation).
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcgnn.data.merge import member_parts, merge_parts
-from hpcgnn.data.shard import Shard, ShardFormatError, part_name, read_meta, read_shard, sha256_file
+from hpcgnn.data.shard import Shard
+from hpcgnn.data.shardset import ShardSet
 
 
 @dataclass
@@ -30,38 +31,9 @@ class PartInputs:
 
 
 def load_part(shards: str | Path, rank: int, size: int, verify_hash: bool = True) -> tuple[dict, Shard]:
-    """(meta, this rank's Shard); raises ShardFormatError naming the file and the fix.
-
-    A K-part set runs on any R ranks with R dividing K: rank ``r`` reads the K/R consecutive
-    parts ``hpcgnn.data.merge.member_parts`` and merges them into one part of an R-part set."""
-    shards = Path(shards)
-    meta = read_meta(shards)
-    k = int(meta["num_parts"])
-    if size < 1 or k % size:
-        fits = [r for r in range(1, k + 1) if k % r == 0]
-        raise ShardFormatError(
-            f"{shards / 'meta.json'}: the shard set has {k} parts but the job has {size} ranks; "
-            f"launch with `mpirun -n R` for R dividing {k} ({', '.join(map(str, fits))}), or re-run `python -m preprocess --parts {size} --out DIR` "
-            f"(or a multiple of {size})")
-    parts = member_parts(rank, size, k)
-    if len(parts) == 1:
-        return meta, _read_part(shards, meta, parts[0], verify_hash)
-    # merged: the members' features go from their files straight into the merged array
-    members = [_read_part(shards, meta, p, verify_hash, features=False) for p in parts]
-    return meta, merge_parts(members, rank, size, [_part_path(shards, meta, p) for p in parts])
-
-
-def _part_path(shards: Path, meta: dict, part: int) -> Path:
-    return shards / meta["parts"][part].get("file", part_name(part))
-
-
-def _read_part(shards: Path, meta: dict, part: int, verify_hash: bool,
-               features: bool = True) -> Shard:
-    path = _part_path(shards, meta, part)
-    if verify_hash and path.is_file() and sha256_file(path) != meta["parts"][part]["sha256"]:
-        raise ShardFormatError(f"{path}: sha256 differs from meta.json (corrupt or replaced file); "
-                               f"re-run `python -m preprocess` to rewrite the shard set")
-    return read_shard(path, part_id=part, num_parts=int(meta["num_parts"]), features=features)
+    """(meta, this rank's Shard) of the shard set at ``shards`` (``ShardSet.load``)."""
+    shard_set = ShardSet.open(shards)
+    return shard_set.meta, shard_set.load(rank, size, verify_hash)
 
 
 # A row is divided by its sum only when the sum is at least this share of the row's absolute

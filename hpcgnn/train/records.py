@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hpcgnn.comm.settings import CommSettings, hpcgnn_environment
 from hpcgnn.config import Config
+from hpcgnn.data.shardset import ShardSet
 from hpcgnn.train.checkpoint import CheckpointError
 
 try:
@@ -58,12 +59,11 @@ class RunRecord:
     forced: tuple[str, ...] = ()    # set on --resume --force: other differences resumed anyway
 
     @classmethod
-    def make(cls, cfg: Config, schedule_path: str | None, shards: str | Path) -> "RunRecord":
-        """Reads the schedule file and ``shards/meta.json`` (both small)."""
+    def make(cls, cfg: Config, schedule_path: str | None, shards: ShardSet) -> "RunRecord":
+        """Reads the schedule file (small); the shard set's hash comes from ``shards``."""
         text = Path(schedule_path).read_text() if schedule_path else None
-        meta = Path(shards) / "meta.json"
         return cls(cfg.to_dict(), str(schedule_path) if schedule_path else None, text,
-                   str(Path(shards).resolve()), _sha256(meta.read_bytes()))
+                   str(shards.path.resolve()), shards.meta_sha256)
 
     def fingerprint(self) -> dict:
         """What the checkpoint stores and ``--resume`` compares."""
