@@ -29,7 +29,7 @@ from hpcgnn.nn.graph import LocalGraph
 from hpcgnn.nn.model import GNN, Step
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.inputs import load_part, part_tensors
-from hpcgnn.train.parallel import load_15d
+from hpcgnn.train.parallel import load_partitioned
 from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
 from hpcgnn.train.optim import make_optimizer
@@ -63,7 +63,8 @@ class Trainer:
                  resume: bool = False, spmm=None, record: RunRecord | None = None,
                  force: bool = False, stop_after: int | None = None):
         """Local set-up only (no collectives), so every rank can fail here cleanly.
-        ``spmm``: the 1.5D operator (``parallel.algorithm = '1.5d'``), else None (halo).
+        ``spmm``: CAGNET's operator (``parallel.algorithm = '1.5d' | '2d' | '3d'``), else None
+        (halo); its layers' exchangers get this rank alone (``layer_context``), no collective.
         ``record``: how the run was started (written to RUN_DIR, checked on ``--resume`` unless
         ``force``); ``stop_after``: checkpoint and stop once this many epochs are done."""
         self.ctx, self.cfg, self.run_dir, self.meta = ctx, cfg, Path(run_dir), meta
@@ -71,7 +72,8 @@ class Trainer:
         self.policy = policy.bind(cfg.train.epochs, cfg.model.layers)
         self.data = part_tensors(shard, cfg.data.normalize_features, ctx.device)
         self.plan = HaloPlan.from_shard(shard, ctx.device) if spmm is None else HaloPlan.empty(
-            ctx.size, shard.n_owned, ctx.device)      # 1.5D: no halo exchange
+            1, shard.n_owned, ctx.device)             # CAGNET: no halo exchange
+        self.spmm, self.layer_ctx = spmm, ctx if spmm is None else spmm.layer_context()
         graph = LocalGraph.from_shard(shard, cfg.model.arch, ctx.device)
         torch.manual_seed(cfg.train.seed)            # same initial parameters on every rank
         self.model = self.build_model(shard, meta, graph, spmm)
@@ -92,7 +94,7 @@ class Trainer:
         """The model this method trains (here: the GNN trained as a whole)."""
         cfg = self.cfg
         return GNN(cfg.model, shard.feature_dim, int(meta["num_classes"]), graph, self.plan,
-                   self.ctx, self.data.global_id, cfg.train.seed, cfg.train.overlap, self.policy,
+                   self.layer_ctx, self.data.global_id, cfg.train.seed, cfg.train.overlap, self.policy,
                    cfg.train.staleness, cfg.train.smoothing, spmm)
 
     def make_optimizer(self) -> torch.optim.Optimizer:
@@ -108,8 +110,8 @@ class Trainer:
             from hpcgnn.train.retexo import RetexoTrainer
             cls = RetexoTrainer
         spmm = None
-        if cfg.parallel.algorithm == "1.5d":
-            meta, shard, spmm = load_15d(ctx, cfg, shards, policy)
+        if cfg.parallel.algorithm != "halo":
+            meta, shard, spmm = load_partitioned(ctx, cfg, shards, policy)
         else:
             meta, shard = load_part(shards, ctx.rank, ctx.size)
         run_dir = Path(run_dir)
@@ -121,6 +123,8 @@ class Trainer:
     # -- start-up (collectives) ---------------------------------------------------------
     def start(self) -> None:
         """Agree on the global training-node count and the initial (or resumed) state."""
+        if self.spmm is not None:                    # CAGNET's process grid: after the agreement
+            self.spmm.connect()
         counts = sum_float64(self.ctx, [float(self.data.train.sum()), float(self.data.val.sum()),
                                         float(self.data.test.sum())])
         self.n_train = max(int(counts[0]), 1)
