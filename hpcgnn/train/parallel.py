@@ -1,5 +1,6 @@
 """The parallel algorithm's set-up, chosen by ``parallel.algorithm``: ``halo`` needs nothing
-beyond the rank's shard; CAGNET's ``1.5d`` (``hpcgnn.comm.cagnet``) plans a process grid from
+beyond the rank's shard; CAGNET's ``1.5d`` (``hpcgnn.comm.cagnet``), ``2d``
+(``hpcgnn.comm.cagnet2d``) and ``3d`` (``hpcgnn.comm.cagnet3d``) each plan a process grid from
 the rank count and the part count (``PLANS``: one entry per algorithm), load this rank's dense
 rows and build its blocks of ``A`` into an operator ``h -> A_i H`` (``layer.spmm``).
 
@@ -15,6 +16,8 @@ import numpy as np
 
 from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
 from hpcgnn.comm.cagnet import plan_15d
+from hpcgnn.comm.cagnet2d import plan_2d
+from hpcgnn.comm.cagnet3d import plan_3d
 from hpcgnn.comm.context import CommContext
 from hpcgnn.config import Config
 from hpcgnn.data.shard import read_meta
@@ -23,7 +26,7 @@ from hpcgnn.train.inputs import load_part
 
 # parallel.algorithm -> plan(shards, num_parts, rank, size, cfg.parallel) -> grid; a grid has
 # ``dense_group`` (what ``load_part`` loads) and ``operator(ctx, shards, meta, values)``
-PLANS: dict[str, Callable] = {"1.5d": plan_15d}
+PLANS: dict[str, Callable] = {"1.5d": plan_15d, "2d": plan_2d, "3d": plan_3d}
 
 
 def edge_values(arch: str) -> Callable:
