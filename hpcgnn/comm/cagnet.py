@@ -36,6 +36,9 @@ from hpcgnn.comm.cagnet_wire import SparseBlock, Wire, index_dtype, message_limi
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeStats
 from hpcgnn.data.shard import ShardFormatError
+from hpcgnn.log import get_logger
+
+log = get_logger()
 
 
 class GridSpmm:
@@ -62,6 +65,7 @@ class GridSpmm:
     def connect(self) -> None:
         """Make the grid's communicators (collective: every rank, same order)."""
         self.comms = self.grid.connect(self.ctx.comm)
+        log.info("CAGNET %s", self.grid.describe())
 
     def layer_context(self) -> CommContext:
         """The context for the layers' (unused) halo exchangers: this rank alone, so building
@@ -133,6 +137,10 @@ class ProcessGrid:
     def dense_group(self) -> tuple[int, int]:
         """(group, groups) of ``load_part``: this rank's dense rows are part ``i``."""
         return self.i, self.k
+
+    def describe(self) -> str:
+        return (f"1.5D: {self.k} row groups of {self.c} replicas, {self.k // self.c} block "
+                f"columns a replica")
 
     def connect(self, comm) -> GridComms:
         """Row group (c ranks, ordered by replica j), column group (K ranks, ordered by i)."""

@@ -57,7 +57,8 @@ from hpcgnn.comm.context import CommContext
 from hpcgnn.data.shard import ShardFormatError
 
 
-def spmm_bytes(q: int, c: int, n: int, nnz: int, f: int, backward: bool, index_bytes: int = 4) -> int:
+def spmm_bytes(q: int, c: int, n: int, nnz: int, f: int, backward: bool,
+               index_bytes: int = 4) -> int:
     """Bytes of one SpMM over all ranks (the closed forms above): ``n`` nodes, ``nnz`` entries
     of ``A`` (GCN's self-loops included), ``f`` channels, forward or ``backward``."""
     s, dense = index_bytes, (8 if c == 1 else 12) * n * f
@@ -88,6 +89,7 @@ class SummaGrid:
     c: int
     rank: int
     num_parts: int
+    dims: int = 2            # 2 (2D, c = 1) or 3 (3D, c = q): for messages only
 
     @property
     def i(self) -> int:
@@ -116,6 +118,11 @@ class SummaGrid:
 
     def parts(self, group: int) -> range:
         return group_parts(group, self.groups, self.num_parts)
+
+    def describe(self) -> str:
+        shape = " x ".join([str(self.q)] * self.dims)
+        return (f"{self.dims}D: {shape} ranks over {self.num_parts} parts, "
+                f"{self.num_parts // self.groups} part(s) a group of dense rows")
 
     def connect(self, comm) -> GridComms:
         """Row ``(i, ., l)`` ordered by j, column ``(., j, l)`` ordered by i, fibre
@@ -191,7 +198,8 @@ class SummaSpmm(GridSpmm):
             a = self.block(k, transposed=False)
             hk = h[:, mine] if k == g.i else h.new_empty(self.sizes[g.group(k, g.l)], _width(mine))
             z += a @ self.wire.bcast(self.comms.col, hk, root=k)
-        z = self.wire.reduce_scatter(self.comms.fiber, z, [n * _width(mine) for n in self.row_sizes])
+        z = self.wire.reduce_scatter(self.comms.fiber, z,          # 3D: the layers' sum
+                                     [n * _width(mine) for n in self.row_sizes])
         return self.gather_columns(z.reshape(h.shape[0], _width(mine)), cols)
 
     def gather_columns(self, z: torch.Tensor, cols: list[slice]) -> torch.Tensor:

@@ -28,4 +28,4 @@ def plan_3d(shards, k: int, rank: int, size: int, parallel) -> SummaGrid:
     if q ** 3 != size or k % (q * q):
         raise rank_count_error(shards, "3d", k, size, "P = q x q x q", valid,
                                f"q^2 must divide the part count K = {k}")
-    return SummaGrid(q, q, rank, k)
+    return SummaGrid(q, q, rank, k, dims=3)

@@ -137,7 +137,8 @@ def adjacency_blocks(shards_dir, row_groups: list[range], col_groups: list[range
             c_all.append(pos[found])
             v_all.append(vals[found])
         offset += row_ids.size
-    r, b, c, v = (np.concatenate(a) if a else np.zeros(0, np.int64) for a in (r_all, b_all, c_all, v_all))
+    r, b, c, v = (np.concatenate(a) if a else np.zeros(0, np.int64)
+                  for a in (r_all, b_all, c_all, v_all))
     return [sp.csr_matrix((v[b == k].astype(np.float32), (r[b == k], c[b == k])),
                           shape=(offset, size)) for k, size in enumerate(cols.sizes)]
 

@@ -207,13 +207,15 @@ class Wire:
     def _allgatherv(self, comm, send: torch.Tensor, recv: torch.Tensor, counts: list[int]) -> None:
         comm.Allgatherv(self._mpi(send.contiguous()), [self._mpi(recv), (counts, _offsets(counts))])
 
-    def _reduce_scatter(self, comm, send: torch.Tensor, recv: torch.Tensor, counts: list[int]) -> None:
+    def _reduce_scatter(self, comm, send: torch.Tensor, recv: torch.Tensor,
+                        counts: list[int]) -> None:
         from mpi4py import MPI
         comm.Reduce_scatter(self._mpi(send.contiguous()), self._mpi(recv), recvcounts=counts,
                             op=MPI.SUM)
 
 
-def _scatter_pieces(got: torch.Tensor, out: torch.Tensor, counts: list[int], starts: list[int]) -> None:
+def _scatter_pieces(got: torch.Tensor, out: torch.Tensor, counts: list[int],
+                    starts: list[int]) -> None:
     """Copy the consecutive pieces of ``got`` (``counts``) to ``out[starts[r]:...]``."""
     pos = 0
     for start, n in zip(starts, counts):
@@ -243,7 +245,8 @@ class SparseBlock:
                    m.shape)
 
     @classmethod
-    def empty(cls, shape: tuple[int, int], nnz: int, index_dtype: torch.dtype, device) -> "SparseBlock":
+    def empty(cls, shape: tuple[int, int], nnz: int, index_dtype: torch.dtype,
+              device) -> "SparseBlock":
         """A receive buffer for a block of ``shape`` with ``nnz`` non-zeros."""
         return cls(torch.empty(shape[0] + 1, dtype=index_dtype, device=device),
                    torch.empty(nnz, dtype=index_dtype, device=device),
