@@ -6,6 +6,7 @@ CAGNET 1.5D (c = 2), 2D and 3D, on a METIS-parted cSBM and a randomly parted R-M
                            [--out bench/results/regime]        # needs root for the 1 Gbit/s link
     python bench/regime.py --words-only                        # bytes only: 1 epoch, shm, no timing
     python bench/regime.py --csbm SPEC --rmat SPEC ...         # other graphs (e.g. tiny ones)
+    python bench/regime.py --closed-form 64 256 1024           # closed forms only, no run
 
 Every run is ``bench/network.py``'s (``launch``: a real ``mpiexec`` training run, the link
 emulated there), with its 2-layer GCN (64 hidden); each algorithm trains on the shard set it
@@ -96,6 +97,38 @@ def run_one(graph: str, ranks: int, rate: str, name: str, args) -> dict | None:
             "test_acc": res["test_acc"], "wall_s": time.perf_counter() - t0}
 
 
+def closed_forms(args) -> list[dict]:
+    """Closed-form words per epoch at ``args.closed_form`` rank counts, from shard sets
+    preprocessed for them (nothing trains): where the words cross over past the run sizes."""
+    rows = []
+    for graph in args.graphs:
+        spec, partitioner = args.specs[graph]
+        root = Path(args.work) / graph
+        for ranks in args.closed_form:
+            for name in ALGORITHMS:
+                parts = network.part_count(name, ranks)
+                if parts is not None:
+                    shards = network.shard_set(spec, parts, root, partitioner)
+                    rows.append({"graph": graph, "ranks": ranks, "parts": parts,
+                                 "algorithm": network.algorithm(name),
+                                 "words_closed_form": closed_form_words(name, shards, ranks)})
+    return rows
+
+
+def closed_form_markdown(rows: list[dict]) -> str:
+    lines = ["| graph | P | algorithm | parts | words per epoch (closed form) |",
+             "|---|---:|---|---:|---:|"]
+    lines += [f"| {r['graph']} | {r['ranks']} | {r['algorithm']} | {r['parts']} | "
+              f"{r['words_closed_form']:,} |" for r in rows]
+    best = {}
+    for r in rows:
+        key = (r["graph"], r["ranks"])
+        if key not in best or r["words_closed_form"] < best[key]["words_closed_form"]:
+            best[key] = r
+    lines += [""] + [f"- {g}, P={p}: fewest words {r['algorithm']}" for (g, p), r in best.items()]
+    return "\n".join(lines) + "\n"
+
+
 def winners(results: list[dict], timed: bool) -> list[str]:
     """Per graph and link, at each P: the fastest algorithm (timed) and the one moving fewest
     words."""
@@ -141,6 +174,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=50)
     ap.add_argument("--words-only", action="store_true",
                     help="1 epoch on shared memory: the words columns only (no timing)")
+    ap.add_argument("--closed-form", type=int, nargs="+", metavar="P",
+                    help="only the closed-form words at these rank counts (preprocessing, no run)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--work", default=str(network.REPO / "runs" / "regime"))
     ap.add_argument("--out", default=str(network.REPO / "bench" / "results" / "regime"))
@@ -149,6 +184,11 @@ def main() -> None:
     if args.words_only:
         args.epochs, args.rates = 1, ["shm"]
         args.out += "-words"
+    if args.closed_form:
+        table = closed_form_markdown(closed_forms(args))
+        Path(args.out + "-closed-form.md").write_text(table)
+        print(table)
+        return
     if os.geteuid() != 0 and any(r != "shm" for r in args.rates):
         sys.exit("bench/regime.py: the link emulation needs root (unshare -n, tc); use --rates shm")
     results = []
