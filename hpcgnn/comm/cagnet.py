@@ -186,6 +186,8 @@ class Spmm15D(GridSpmm):
         self.a_t = {q: SparseBlock.from_scipy(m.T.tocsr(), dtype, dev) for q, m in blocks.items()}
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """``H_i`` ``(n_i, f)`` -> ``Z_i`` ``(n_i, f)``: ``K/c`` Bcasts of ``(K - 1) n_q f x 4``
+        bytes, one Allreduce of ``2 (c - 1) n_i f x 4``."""
         g, col = self.grid, self.comms.col
         partial = h.new_zeros(h.shape[0], h.shape[1])
         for q in g.columns:                               # Bcast H_q in the column group
@@ -194,6 +196,8 @@ class Spmm15D(GridSpmm):
         return self.wire.allreduce(self.comms.row, partial)     # the row group's replicas sum
 
     def backward(self, grad: torch.Tensor) -> torch.Tensor:
+        """``dZ_i`` ``(n_i, f)`` -> this replica's share of ``dH_i``: the Allreduce, then
+        ``K/c`` Reduces of ``(K - 1) n_q f x 4`` bytes."""
         g = self.grid
         grad = self.wire.allreduce(self.comms.row, grad)  # dL/dZ_i summed over the replicas
         out = grad.new_zeros(self.sizes[g.i], grad.shape[1])

@@ -179,7 +179,8 @@ class SummaSpmm(GridSpmm):
 
     # -- the blocks along the row ------------------------------------------------------------
     def block(self, k: int, transposed: bool) -> SparseBlock:
-        """``A[i, (k, l)]`` (or its transpose), Bcast along the row from rank ``(i, k, l)``."""
+        """``A[i, (k, l)]`` ``(n_i, n_kl)`` (or its transpose), Bcast along the row from rank
+        ``(i, k, l)``: ``(q - 1) (s (rows + 1) + (s + 4) nnz)`` bytes."""
         g = self.grid
         if k == g.j:
             mine = self.a_t if transposed else self.a
@@ -191,19 +192,22 @@ class SummaSpmm(GridSpmm):
 
     # -- forward -----------------------------------------------------------------------------
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """``h`` ``(n_il, f)`` -> ``Z[(i, l)]`` ``(n_il, f)``: q stages, the layers' sum (3D),
+        the row's Allgatherv."""
         g, cols = self.grid, column_slices(h.shape[1], self.grid.q)
         mine = cols[g.j]
         z = h.new_zeros(sum(self.row_sizes), _width(mine))
         for k in range(g.q):                                # SUMMA stage k of layer l
             a = self.block(k, transposed=False)
             hk = h[:, mine] if k == g.i else h.new_empty(self.sizes[g.group(k, g.l)], _width(mine))
-            z += a @ self.wire.bcast(self.comms.col, hk, root=k)
+            z += a @ self.wire.bcast(self.comms.col, hk, root=k)     # (q - 1) n_kl f_j x 4 B
         z = self.wire.reduce_scatter(self.comms.fiber, z,          # 3D: the layers' sum
                                      [n * _width(mine) for n in self.row_sizes])
         return self.gather_columns(z.reshape(h.shape[0], _width(mine)), cols)
 
     def gather_columns(self, z: torch.Tensor, cols: list[slice]) -> torch.Tensor:
-        """``(n, f_j)`` slices of the row's ranks -> ``(n, f)`` on each (one Allgatherv)."""
+        """``(n, f_j)`` slices of the row's ranks -> ``(n, f)`` on each (one Allgatherv:
+        ``(q - 1) n f_j x 4`` bytes from each rank)."""
         n = z.shape[0]
         flat = self.wire.allgather(self.comms.row, z, [n * _width(s) for s in cols])
         blocks = flat.split([n * _width(s) for s in cols])
@@ -211,6 +215,8 @@ class SummaSpmm(GridSpmm):
 
     # -- backward ----------------------------------------------------------------------------
     def backward(self, grad: torch.Tensor) -> torch.Tensor:
+        """``dZ[(i, l)]`` ``(n_il, f)`` of this replica -> this copy's share of ``dH[(i, l)]``
+        ``(n_il, f)`` (its column slice ``j``; the replicas' shares add up to the gradient)."""
         g, cols = self.grid, column_slices(grad.shape[1], self.grid.q)
         mine, n = cols[g.j], grad.shape[0]
         packed = torch.cat([grad[:, s].reshape(-1) for s in cols])
@@ -220,7 +226,7 @@ class SummaSpmm(GridSpmm):
         out = grad.new_zeros(grad.shape)
         for k in range(g.q):                                # adjoint of stage k
             part = self.block(k, transposed=True) @ gj
-            got = self.wire.reduce(self.comms.col, part, root=k)
+            got = self.wire.reduce(self.comms.col, part, root=k)     # (q - 1) n_kl f_j x 4 B
             if k == g.i:
                 out[:, mine] = got
         return out
