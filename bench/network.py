@@ -13,7 +13,10 @@ with the exchange skipped (``HPCGNN_BENCH_NO_EXCHANGE=1``): the same compute, no
 A schedule name may carry a training method: ``quant1-all@s1`` is that schedule with
 ``train.staleness = 1``, ``full@s1m`` adds PipeGCN's smoothing (0.95), ``full@retexo`` trains
 with RETEXO's lazy message passing (``train.method = retexo``, ``epochs / 2`` rounds per layer:
-the same total epochs; each layer's input rows cross the link once).
+the same total epochs; each layer's input rows cross the link once), or a CAGNET algorithm:
+``full@1.5d-c2`` (1.5D, replication 2, a ``P / c``-part set), ``full@2d`` (SUMMA, ``P = q^2``,
+a ``q``-part set), ``full@3d`` (split-3D, ``P = q^3``, a ``q^2``-part set); a rank count the
+algorithm cannot use is skipped (``bench/regime.py`` runs the four side by side).
 
 Per run: median epoch time (training step only), comm and codec share, bytes relative to fp32,
 test accuracy at the best validation epoch, and **time to accuracy**: the training time (sum of
@@ -69,11 +72,13 @@ def shard_set(spec: str, parts: int, root: Path, partitioner: str = "random") ->
 def method(name: str, epochs: int = 100) -> tuple[str, list[str], int]:
     """``SCHEDULE[@opt,...]`` -> (schedule, --set overrides, replication c). Options: ``sN``
     (staleness N), ``sNm`` (and PipeGCN's smoothing 0.95), ``1.5d-cN`` (CAGNET 1.5D, c = N),
-    ``retexo`` (RETEXO, ``epochs / LAYERS`` rounds per layer)."""
+    ``2d`` / ``3d`` (CAGNET 2D / 3D), ``retexo`` (RETEXO, ``epochs / LAYERS`` rounds per layer)."""
     sched, _, opts = name.partition("@")
     sets, c = [], 1
     for opt in filter(None, opts.split(",")):
-        if opt == "retexo":
+        if opt in ("2d", "3d"):
+            sets += ["--set", f"parallel.algorithm={opt}"]
+        elif opt == "retexo":
             if epochs % LAYERS:
                 raise SystemExit(f"bench/network.py: {name} needs --epochs divisible by {LAYERS}")
             sets += ["--set", "train.method=retexo", "--set", f"train.rounds_per_layer={epochs // LAYERS}"]
@@ -85,6 +90,27 @@ def method(name: str, epochs: int = 100) -> tuple[str, list[str], int]:
             sets += ["--set", f"train.staleness={int(opt[1:].rstrip('m'))}",
                      "--set", f"train.smoothing={0.95 if smooth else 0.0}"]
     return sched, sets, c
+
+
+def algorithm(name: str) -> str:
+    """The ``parallel.algorithm`` a schedule name runs: halo, 1.5d, 2d or 3d."""
+    opts = name.partition("@")[2].split(",")
+    return next((o[:4] if o.startswith("1.5d") else o for o in opts
+                 if o.startswith("1.5d") or o in ("2d", "3d")), "halo")
+
+
+def part_count(name: str, ranks: int) -> int | None:
+    """Parts of the shard set that ``name`` trains on with ``ranks`` ranks, or None when the
+    algorithm cannot run on that many: halo P, 1.5D P / c (c^2 dividing P), 2D q (P = q^2),
+    3D q^2 (P = q^3)."""
+    alg, c = algorithm(name), method(name)[2]
+    if alg == "1.5d":
+        return ranks // c if ranks % (c * c) == 0 else None
+    root = {"2d": 2, "3d": 3}.get(alg)
+    if root is None:
+        return ranks
+    q = round(ranks ** (1.0 / root))
+    return q ** (root - 1) if q ** root == ranks else None
 
 
 def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config: Path,
@@ -145,10 +171,10 @@ def run_all(args) -> dict:
     for ranks in args.ranks:
         for rate in args.rates:
             for schedule in args.schedules:
-                c = method(schedule)[2]
-                if ranks % (c * c):
-                    continue                                  # 1.5D needs P divisible by c^2
-                shards = shard_set(args.dataset, ranks // c, root, args.partitioner)
+                parts = part_count(schedule, ranks)
+                if parts is None:
+                    continue                          # e.g. 2D on a non-square rank count
+                shards = shard_set(args.dataset, parts, root, args.partitioner)
                 run_dir = root / f"r{ranks}-{rate}-{schedule}"
                 t0 = time.perf_counter()
                 launch(ranks, shards, schedule, rate, run_dir, config, args.timeout, args.epochs)
@@ -185,7 +211,8 @@ def to_markdown(results: dict, args) -> str:
     for key, r in results.items():
         ranks, rate, sched = key.split("|")
         tta = "—" if r.get("tta_s") is None else f"{r['tta_s']:.2f}"
-        sent = "none" if sched == "floor" else ("—" if "1.5d" in sched else f"{100 * r['bytes_ratio']:.1f} %")
+        sent = "none" if sched == "floor" else ("—" if algorithm(sched) != "halo"
+                                                 else f"{100 * r['bytes_ratio']:.1f} %")
         spd = "—" if r.get("tta_speedup") is None else f"{r['tta_speedup']:.2f}x"
         lines.append(f"| {ranks} | {rate} | {sched} | {1e3 * r['epoch_s']:.1f} | "
                      f"{r.get('epoch_speedup', 1):.2f}x | {100 * r['comm_share']:.0f} % | "

@@ -126,17 +126,22 @@ class TrainConfig:
               "use an integer >= 1")
 
 
+ALGORITHMS = ("halo", "1.5d", "2d", "3d")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     algorithm: str = "halo"
     """halo (vertex partition, Alltoallv of boundary rows) | 1.5d (CAGNET: block rows
-    replicated on `replication` ranks; the job has K * replication ranks for a K-part set)"""
+    replicated on `replication` ranks; the job has K * replication ranks for a K-part set) |
+    2d (CAGNET SUMMA: P = q x q ranks, q dividing K) | 3d (CAGNET split-3D: P = q^3 ranks, q^2
+    dividing K)"""
     replication: int = 1
     """1.5d: c, the ranks that hold each block row (the rank count must divide by c^2)"""
 
     def check(self, where: str) -> None:
-        _need(self.algorithm in ("halo", "1.5d"), where, "parallel.algorithm", self.algorithm,
-              "use 'halo' or '1.5d'")
+        _need(self.algorithm in ALGORITHMS, where, "parallel.algorithm", self.algorithm,
+              "use 'halo', '1.5d', '2d' or '3d'")
         _need(self.replication >= 1, where, "parallel.replication", self.replication,
               "use an integer >= 1")
         _need(self.algorithm == "1.5d" or self.replication == 1, where, "parallel.replication",

@@ -78,5 +78,5 @@ def test_every_area_has_a_level():
 def test_comm_reads_no_files():
     for path in (PKG / "comm").glob("*.py"):
         text = path.read_text()
-        for call in ("read_meta", "read_shard", "read_global_ids", "meta.json", "h5py"):
+        for call in ("read_meta", "read_shard", "read_global_ids", "read_part", "h5py"):
             assert call not in text, f"{path.name} reads the shard set ({call})"

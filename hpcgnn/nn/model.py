@@ -29,6 +29,11 @@ class GNN(nn.Module):
     def exchangers(self) -> list[HaloExchanger]:
         return [layer.prop.exchanger for layer in self.layers if hasattr(layer.prop, "exchanger")]
 
+    def connect(self) -> None:
+        """Every propagation's collective set-up, after the start-up agreement."""
+        for layer in self.layers:
+            layer.prop.connect()
+
     def stale_state(self) -> list | None:
         """Every layer's propagation state (None when no layer has any); completes what is in
         flight, so nothing is left on the wire."""

@@ -64,6 +64,9 @@ class HaloPropagation:
         """What a checkpoint keeps of this propagation (None: nothing)."""
         return None
 
+    def connect(self) -> None:
+        """Collective set-up after the start-up agreement (the exchanger's is lazy)."""
+
     def load_state_dict(self, state: dict | None) -> None:
         pass
 
@@ -117,6 +120,10 @@ class SpmmPropagation:
 
     def __init__(self, spmm):
         self.spmm = spmm
+
+    def connect(self) -> None:
+        """The operator's process-grid communicators (collective; made once for all layers)."""
+        self.spmm.connect()
 
     def aggregate(self, graph, src: torch.Tensor, settings: ExchangeSettings,
                   modules: Modules = (None, None)) -> torch.Tensor:

@@ -3,7 +3,7 @@ set-up, the propagation object of every layer, the layers, the model and the tra
 training method. Each choice is a table entry; the trainer then drives whatever was built.
 
 - ``ALGORITHMS`` (``parallel.algorithm``): reads this rank's shard and makes the distributed
-  SpMM operator where the algorithm has one (``halo``: none; ``1.5d``: CAGNET's).
+  SpMM operator where the algorithm has one (``halo``: none; ``1.5d``, ``2d``, ``3d``: CAGNET's).
 - ``PROPAGATIONS`` (from the algorithm and ``train.staleness``): how each layer reaches its
   neighbours' rows (``hpcgnn.nn.propagation``).
 - ``LAYERS`` (``model.arch``, ``hpcgnn.nn.model``): the layer class.
@@ -39,7 +39,7 @@ from hpcgnn.nn.retexo import RetexoGNN
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.data.shardset import ShardSet
 from hpcgnn.train.inputs import part_tensors
-from hpcgnn.train.parallel import load_15d
+from hpcgnn.train.parallel import load_partitioned
 from hpcgnn.train.records import RunRecord
 from hpcgnn.train.retexo import RetexoTrainer
 from hpcgnn.train.trainer import RunOptions, RunParts, Trainer
@@ -59,12 +59,14 @@ def load_halo(ctx: CommContext, cfg: Config, shards: ShardSet) -> AlgorithmSetup
     return AlgorithmSetup(shards.meta, shards.load(ctx.rank, ctx.size))
 
 
-def load_cagnet15d(ctx: CommContext, cfg: Config, shards: ShardSet) -> AlgorithmSetup:
-    return AlgorithmSetup(*load_15d(ctx, cfg, shards.path))
+def load_cagnet(ctx: CommContext, cfg: Config, shards: ShardSet) -> AlgorithmSetup:
+    """CAGNET's 1.5D, 2D or 3D (``hpcgnn.train.parallel.PLANS``): this rank's dense rows and
+    its distributed SpMM operator."""
+    return AlgorithmSetup(*load_partitioned(ctx, cfg, shards))
 
 
 ALGORITHMS: dict[str, Callable[[CommContext, Config, ShardSet], AlgorithmSetup]] = {
-    "halo": load_halo, "1.5d": load_cagnet15d}
+    "halo": load_halo, "1.5d": load_cagnet, "2d": load_cagnet, "3d": load_cagnet}
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,8 @@ class Trainer:
     # -- start-up (collectives) ---------------------------------------------------------
     def start(self) -> None:
         """Agree on the global training-node count and the initial (or resumed) state."""
+        if hasattr(self.model, "connect"):          # e.g. CAGNET's process grid: after the agreement
+            self.model.connect()
         counts = sum_float64(self.ctx, [float(self.data.train.sum()), float(self.data.val.sum()),
                                         float(self.data.test.sum())])
         self.n_train = max(int(counts[0]), 1)
