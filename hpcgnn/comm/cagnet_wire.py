@@ -38,7 +38,7 @@ import torch
 from hpcgnn.comm import gpu
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeStats
-from hpcgnn.comm.settings import CommSettings
+from hpcgnn.comm.settings import INT_MAX, CommSettings
 
 
 def message_limit(comm=None) -> int:

@@ -61,8 +61,9 @@ class CommSettings:
 def _parse(key: str, var: str, text: str):
     text = text.strip()
     if key == "max_message":
-        if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"{var}={text!r}: expected a byte count >= 1; unset it or fix it")
+        if not text.isdigit() or not 1 <= int(text) <= INT_MAX:
+            raise ValueError(f"{var}={text!r}: expected a byte count; use an integer of bytes in "
+                             f"[1, {INT_MAX}] (the MPI count limit), or unset it")
         return int(text)
     if key == "cuda_aware":
         text = {"1": "true", "0": "false"}.get(text, text)
