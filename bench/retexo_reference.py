@@ -4,7 +4,7 @@ normalisation (aashishkolluri/retexo-distributed trains DGL GraphConv, norm='bot
 loops, on in-subgraphs of the train / val / test nodes, so a source's degree counts only its edges
 into that set).
 
-    python bench/retexo_reference.py cora 5        # dataset in ../shared/data (or a path), seeds
+    python bench/retexo_reference.py cora 5        # a shipped dataset (hpcgnn/datasets) or a path, seeds
     python bench/retexo_reference.py cora 5 random kipf    # the authors' "cora_torch" split, one norm
     python bench/retexo_reference.py citeseer 2:3 public kipf    # seed 2 only (run seeds apart)
 
@@ -28,7 +28,7 @@ import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 torch.set_num_threads(1)
 path = Path(sys.argv[1])
 if not path.suffix:
-    path = Path(__file__).resolve().parents[2] / "shared" / "data" / f"{sys.argv[1]}.npz"
+    path = Path(__file__).resolve().parents[1] / "hpcgnn" / "datasets" / f"{sys.argv[1]}.npz"
 d = np.load(path)
 n = int(d['num_nodes'])
 indptr, indices = d['adj_indptr'], d['adj_indices']

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The timed benchmarks, in sequence, on the idle machine.
 set -x
-cd /work/main
+cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 date; uptime
 OMP_NUM_THREADS=1 $PY bench/codecs.py --repeat 5 --out bench/results/codecs

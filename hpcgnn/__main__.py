@@ -162,9 +162,12 @@ def _traffic_name(run_dir: Path) -> str:
         algorithm = load_config(run_dir / "config.toml").parallel.algorithm
     except ConfigError:
         return "bytes exchanged"
-    if algorithm == "1.5d":
-        return "1.5D bytes exchanged (block broadcasts, row all-reduces)"
-    return "halo bytes exchanged"
+    return TRAFFIC.get(algorithm, "halo bytes exchanged")
+
+
+TRAFFIC = {"1.5d": "1.5D bytes exchanged (block broadcasts, row all-reduces)",
+           "2d": "2D bytes exchanged (SUMMA block broadcasts, row all-gathers)",
+           "3d": "3D bytes exchanged (SUMMA block broadcasts, all-gathers, layer reduce-scatters)"}
 
 
 if __name__ == "__main__":

@@ -65,8 +65,11 @@ def _parse(key: str, var: str, text: str):
             raise ValueError(f"{var}={text!r}: expected a byte count; use an integer of bytes in "
                              f"[1, {INT_MAX}] (the MPI count limit), or unset it")
         return int(text)
-    if key == "cuda_aware":
-        text = {"1": "true", "0": "false"}.get(text, text)
+    if key == "cuda_aware":                  # the variable is 1 or 0 (hpcgnn.comm.gpu reads it too)
+        if text not in ("1", "0"):
+            raise ValueError(f"{var}={text!r}: expected 1 (device buffers to MPI) or 0 (stage "
+                             f"through host memory); unset it to ask the library")
+        return "true" if text == "1" else "false"
     if text not in CHOICES[key]:
         raise ValueError(f"{var}={text!r}: expected one of {', '.join(CHOICES[key])}; unset it "
                          f"or fix it")

@@ -1,4 +1,4 @@
-"""The ``h5:PATH`` input: an HDF5 file with the npz input keys (DESIGN.md, 'Input graph'), so a
+"""The ``h5:PATH`` input: an HDF5 file with the npz input keys (docs/formats.md, 'Input graph'), so a
 rank can read a row slice without loading the rest.
 
 Datasets at the file's root: ``num_nodes`` (int64 scalar), ``adj_indptr``, ``adj_indices``,

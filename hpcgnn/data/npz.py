@@ -1,4 +1,4 @@
-"""Reader of the npz input format (DESIGN.md, 'Input graph')."""
+"""Reader of the npz input format (docs/formats.md, 'Input graph')."""
 from __future__ import annotations
 
 import zipfile

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.graph import Graph
 
-FORMAT_HINT = "see DESIGN.md, 'Input graph', for the npz input format"
+FORMAT_HINT = "see docs/formats.md, 'Input graph', for the npz input format"
 log = logging.getLogger("hpcgnn.data")
 
 
