@@ -165,7 +165,7 @@ def _worker(shard_dir: str, out: str) -> None:
 
     from hpcgnn.codecs.base import IDENTITY
     from hpcgnn.comm.context import CommContext
-    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+    from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, HaloExchanger
     from hpcgnn.comm.plan import HaloPlan
     from hpcgnn.train.inputs import load_part
     ctx = CommContext.from_world("cpu")
@@ -180,9 +180,8 @@ def _worker(shard_dir: str, out: str) -> None:
         for overlap in (0, 1):
             exch = HaloExchanger(ctx, plan, layer=1, seed=3, stats=ExchangeStats(),
                                  overlap=bool(overlap))
-            exch.configure(2, IDENTITY, IDENTITY)
             x = torch.tensor(f(shard.global_id), dtype=torch.float32, requires_grad=True)
-            halo = exch.exchange(x)
+            halo = exch.exchange(x, ExchangeSettings(2, IDENTITY, IDENTITY))
             (halo * torch.tensor(w(ctx.rank, shard.halo_global_id), dtype=torch.float32)).sum().backward()
             key = f"{name}-{overlap}"
             grad = x.grad if x.grad is not None else torch.zeros_like(x)    # sends nothing

@@ -24,7 +24,7 @@ def _preprocess(spec: str, out, limit: int):
 
 def _refused(proc, nodes: int, limit: int, out) -> None:
     assert proc.returncode != 0, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error:")]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
     assert len(lines) == 2, proc.stderr                                    # both ranks
     for ln in lines:
         assert f"{nodes:,} nodes is more than distributed preprocessing handles ({limit:,}" in ln

@@ -142,7 +142,7 @@ def _controls(pool, buf: torch.Tensor, me: int, device) -> None:
 def _pool_worker(shard_dir: str) -> None:
     from hpcgnn.codecs import WireCodec
     from hpcgnn.comm.context import CommContext
-    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
+    from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, HaloExchanger
     from hpcgnn.comm.plan import HaloPlan
     from hpcgnn.train.inputs import load_part
     ctx = CommContext.from_world("cuda")
@@ -154,8 +154,7 @@ def _pool_worker(shard_dir: str) -> None:
     x = torch.as_tensor(shard.global_id, dtype=torch.float32, device=ctx.device)[:, None].repeat(1, 8)
     ptrs = None
     for epoch in range(6):                                   # the same exchange every epoch
-        exch.configure(epoch)
-        halo = exch.exchange(x.clone().requires_grad_(True))
+        halo = exch.exchange(x.clone().requires_grad_(True), ExchangeSettings(epoch))
         halo.sum().backward()
         assert torch.equal(halo[:, 0], want)
         now = {k: b.untyped_storage().data_ptr() for k, b in exch._pinned._buffers.items()}
@@ -164,8 +163,8 @@ def _pool_worker(shard_dir: str) -> None:
         assert now == ptrs, f"epoch {epoch}: staging buffers were reallocated"
     grow = HaloExchanger(ctx, plan, layer=1, seed=0, stats=ExchangeStats())
     for epoch, k in enumerate(range(1, 9)):                  # a growing exchange: k of 8 channels
-        grow.configure(epoch, WireCodec(channels="truncate", k=k))
-        assert torch.equal(grow.exchange(x)[:, :k], want[:, None].expand(-1, k))
+        settings = ExchangeSettings(epoch, WireCodec(channels="truncate", k=k))
+        assert torch.equal(grow.exchange(x, settings)[:, :k], want[:, None].expand(-1, k))
     # k = 1, 2, 3, 5 outgrow the send and the receive slot (doubling): 4 allocations each
     assert grow._pinned.allocations == 8, grow._pinned.allocations
     print(f"rank {ctx.rank}: pool ok", flush=True)
