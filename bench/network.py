@@ -10,6 +10,12 @@ with the exchange skipped (``HPCGNN_BENCH_NO_EXCHANGE=1``): the same compute, no
     python bench/network.py [--ranks 4 8] [--rates 1 shm] [--schedules full quant2-all ...]
                             [--epochs 100] [--out bench/results/network] [--plot] [--append]
 
+``--progress test fine thread ompi ompi+fine`` runs every stale schedule (``@sN``) once per
+way of progressing its exchanges in flight (``[comm] progress``: ``test``, ``fine``,
+``thread``; ``ompi``: Open MPI's own TCP progress thread, ``OMPI_MCA_btl_tcp_progress_thread=1``,
+with ``test``; ``+`` combines), keyed ``SCHEDULE~VARIANT``; without it they run with the
+config's default.
+
 A schedule name may carry a training method: ``quant1-all@s1`` is that schedule with
 ``train.staleness = 1``, ``full@s1m`` adds PipeGCN's smoothing (0.95), ``full@retexo`` trains
 with RETEXO's lazy message passing (``train.method = retexo``, ``epochs / 2`` rounds per layer:
@@ -119,16 +125,37 @@ def part_count(name: str, ranks: int) -> int | None:
     return q ** (root - 1) if q ** root == ranks else None
 
 
+PROGRESS_ENV = {"ompi": {"OMPI_MCA_btl_tcp_progress_thread": "1"}}   # Open MPI's TCP thread
+
+
+def progress_variant(variant: str) -> tuple[list[str], dict]:
+    """``test`` | ``fine`` | ``thread`` | ``ompi``, ``+``-joined -> (--set list, environment)."""
+    sets, env = [], {}
+    for part in filter(None, variant.split("+")):
+        if part in PROGRESS_ENV:
+            env.update(PROGRESS_ENV[part])
+        elif part in ("test", "fine", "thread"):
+            sets += ["--set", f"comm.progress={part}"]
+        else:
+            raise SystemExit(f"bench/network.py: progress variant {part!r}: use test, fine, "
+                             f"thread or ompi (joined with +)")
+    return sets, env
+
+
 def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config: Path,
            timeout: float, epochs: int = 100) -> None:
-    """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm')."""
+    """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm');
+    ``name``: ``SCHEDULE[@opts][~PROGRESS]``."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
+    name, _, variant = name.partition("~")
     schedule, sets, _ = method(name, epochs)
+    progress_sets, progress_env = progress_variant(variant)
+    sets += progress_sets
     sched = [] if schedule in ("full", "floor") else ["--schedule", str(REPO / "configs" / "schedules" / f"{schedule}.toml")]
     train = [str(mpiexec), "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "mpi4py",
              "-m", "hpcgnn", "train", "--shards", str(shards), "--config", str(config),
              "--out", str(run_dir), "--force", "--device", "cpu", *sched, *sets]
-    env = {**os.environ, **MPI_ENV}
+    env = {**os.environ, **MPI_ENV, **progress_env}
     if schedule == "floor":
         env["HPCGNN_BENCH_NO_EXCHANGE"] = "1"
     if rate == "shm":
@@ -193,8 +220,8 @@ def run_all(args) -> dict:
     results: dict = {}
     for ranks in args.ranks:
         for rate in args.rates:
-            for schedule in args.schedules:
-                parts = part_count(schedule, ranks)
+            for schedule in (n for s in args.schedules for n in with_progress(s, args.progress)):
+                parts = part_count(schedule.partition("~")[0], ranks)
                 if parts is None:
                     continue                          # e.g. 2D on a non-square rank count
                 shards = shard_set(args.dataset, parts, root, args.partitioner)
@@ -207,6 +234,12 @@ def run_all(args) -> dict:
                 print(f"ranks {ranks} link {rate} {schedule}: epoch {1e3 * res['epoch_s']:.1f} ms, "
                       f"test {res['test_acc']:.4f}, bytes {100 * res['bytes_ratio']:.1f} %", flush=True)
     return results
+
+
+def with_progress(schedule: str, variants: list[str] | None) -> list[str]:
+    """The run names of ``schedule``: one per progress variant where it is stale (``@sN``)."""
+    stale = any(o[:1] == "s" and o[1:2].isdigit() for o in schedule.partition("@")[2].split(","))
+    return [f"{schedule}~{v}" for v in variants] if stale and variants else [schedule]
 
 
 def add_time_to_accuracy(results: dict) -> None:
@@ -321,6 +354,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=2,
                     help="train.eval_every: evaluate every k epochs (the wall-clock columns include it)")
+    ap.add_argument("--progress", nargs="+", metavar="VARIANT",
+                    help="stale schedules once per variant: test, fine, thread, ompi (Open MPI's "
+                         "TCP progress thread), joined with + (default: the config's)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--work", default=str(REPO / "runs" / "network"))
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "network"))
