@@ -32,8 +32,8 @@ the training time (sum of ``epoch_s``) and the wall-clock (sum of ``wall_s``) un
 accuracy first reaches full communication's best validation accuracy at the same rank count
 and link, less 0.5 pt. Where the link has a rate, ``wire`` is the time its bytes take on it
 (all ranks share the one emulated link: bytes per epoch x 8 / rate) and ``vs max`` is the epoch
-against ``max(floor, wire)``, the floor run's epoch at the same ranks and link being the compute
-(run ``floor`` in the same sweep). Results: ``OUT.json``, ``OUT.md`` and, with ``--plot``,
+against ``max(compute, wire)``, the compute being the floor run's epoch at the same ranks and
+link plus the run's own codec time (run ``floor`` in the same sweep). Results: ``OUT.json``, ``OUT.md`` and, with ``--plot``,
 ``OUT-tta.png`` (accuracy against wall-clock) and ``OUT-speedup.png``. Run it on an otherwise
 idle machine.
 """
@@ -249,8 +249,9 @@ def add_time_to_accuracy(results: dict) -> None:
         ranks, rate, sched = key.split("|")
         res["wire_s"] = None if sched == "floor" else wire_s(res, rate)   # the floor sends nothing
         floor = results.get(f"{ranks}|{rate}|floor")
-        if floor is not None and res["wire_s"] is not None:
-            res["vs_max"] = res["epoch_s"] / max(floor["epoch_s"], res["wire_s"])
+        if floor is not None and res["wire_s"] is not None:      # compute: the floor + own codec
+            res["compute_s"] = floor["epoch_s"] + res.get("codec_s", 0.0)
+            res["vs_max"] = res["epoch_s"] / max(res["compute_s"], res["wire_s"])
         full = results.get(f"{ranks}|{rate}|full")
         if full is None:
             continue
@@ -273,7 +274,7 @@ def to_markdown(results: dict, args) -> str:
              f"rate-limited loopback in a network namespace (Open MPI over TCP), `none` = the same "
              f"TCP path unlimited, `shm` = shared memory. `epoch`: the training step (median); "
              f"`wall`: wall-clock per epoch with evaluation (mean). `wire`: the epoch's bytes on "
-             f"the link; `vs max`: epoch / max(floor epoch, wire). Time to accuracy: until "
+             f"the link; `vs max`: epoch / max(floor epoch + codec, wire). Time to accuracy: until "
              f"validation accuracy reaches full communication's best - 0.5 pt, in training time "
              f"and in wall-clock with evaluation (— = never).", "",
              "| ranks | link (Gbit/s) | schedule | epoch (ms) | vs full | wall (ms) | wire (ms) | "
