@@ -10,6 +10,12 @@ with the exchange skipped (``HPCGNN_BENCH_NO_EXCHANGE=1``): the same compute, no
     python bench/network.py [--ranks 4 8] [--rates 1 shm] [--schedules full quant2-all ...]
                             [--epochs 100] [--out bench/results/network] [--plot] [--append]
 
+``--progress test fine thread ompi ompi+fine`` runs every stale schedule (``@sN``) once per
+way of progressing its exchanges in flight (``[comm] progress``: ``test``, ``fine``,
+``thread``; ``ompi``: Open MPI's own TCP progress thread, ``OMPI_MCA_btl_tcp_progress_thread=1``,
+with ``test``; ``+`` combines), keyed ``SCHEDULE~VARIANT``; without it they run with the
+config's default.
+
 A schedule name may carry a training method: ``quant1-all@s1`` is that schedule with
 ``train.staleness = 1``, ``full@s1m`` adds PipeGCN's smoothing (0.95), ``full@retexo`` trains
 with RETEXO's lazy message passing (``train.method = retexo``, ``epochs / 2`` rounds per layer:
@@ -18,12 +24,18 @@ the same total epochs; each layer's input rows cross the link once), or a CAGNET
 a ``q``-part set), ``full@3d`` (split-3D, ``P = q^3``, a ``q^2``-part set); a rank count the
 algorithm cannot use is skipped (``bench/regime.py`` runs the four side by side).
 
-Per run: median epoch time (training step only), comm and codec share, bytes relative to fp32,
-test accuracy at the best validation epoch, and **time to accuracy**: the training time (sum of
-epoch times) until validation accuracy first reaches full communication's best validation
-accuracy at the same rank count and link, less 0.5 pt. Results: ``OUT.json``, ``OUT.md`` and,
-with ``--plot``, ``OUT-tta.png`` (accuracy against training time) and ``OUT-speedup.png``.
-Run it on an otherwise idle machine.
+Per run: median epoch time (the training step only, ``epoch_s``) and the mean wall-clock per
+epoch with evaluation (``wall_s`` of ``metrics.jsonl``: the step plus the evaluation every
+``--eval-every`` epochs, which runs synchronous and uncompressed), comm and codec share, bytes
+relative to fp32, test accuracy at the best validation epoch, and **time to accuracy** twice:
+the training time (sum of ``epoch_s``) and the wall-clock (sum of ``wall_s``) until validation
+accuracy first reaches full communication's best validation accuracy at the same rank count
+and link, less 0.5 pt. Where the link has a rate, ``wire`` is the time its bytes take on it
+(all ranks share the one emulated link: bytes per epoch x 8 / rate) and ``vs max`` is the epoch
+against ``max(compute, wire)``, the compute being the floor run's epoch at the same ranks and
+link plus the run's own codec time (run ``floor`` in the same sweep). Results: ``OUT.json``, ``OUT.md`` and, with ``--plot``,
+``OUT-tta.png`` (accuracy against wall-clock) and ``OUT-speedup.png``. Run it on an otherwise
+idle machine.
 """
 from __future__ import annotations
 
@@ -113,16 +125,37 @@ def part_count(name: str, ranks: int) -> int | None:
     return q ** (root - 1) if q ** root == ranks else None
 
 
+PROGRESS_ENV = {"ompi": {"OMPI_MCA_btl_tcp_progress_thread": "1"}}   # Open MPI's TCP thread
+
+
+def progress_variant(variant: str) -> tuple[list[str], dict]:
+    """``test`` | ``fine`` | ``thread`` | ``ompi``, ``+``-joined -> (--set list, environment)."""
+    sets, env = [], {}
+    for part in filter(None, variant.split("+")):
+        if part in PROGRESS_ENV:
+            env.update(PROGRESS_ENV[part])
+        elif part in ("test", "fine", "thread"):
+            sets += ["--set", f"comm.progress={part}"]
+        else:
+            raise SystemExit(f"bench/network.py: progress variant {part!r}: use test, fine, "
+                             f"thread or ompi (joined with +)")
+    return sets, env
+
+
 def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config: Path,
            timeout: float, epochs: int = 100) -> None:
-    """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm')."""
+    """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm');
+    ``name``: ``SCHEDULE[@opts][~PROGRESS]``."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
+    name, _, variant = name.partition("~")
     schedule, sets, _ = method(name, epochs)
+    progress_sets, progress_env = progress_variant(variant)
+    sets += progress_sets
     sched = [] if schedule in ("full", "floor") else ["--schedule", str(REPO / "configs" / "schedules" / f"{schedule}.toml")]
     train = [str(mpiexec), "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "mpi4py",
              "-m", "hpcgnn", "train", "--shards", str(shards), "--config", str(config),
              "--out", str(run_dir), "--force", "--device", "cpu", *sched, *sets]
-    env = {**os.environ, **MPI_ENV}
+    env = {**os.environ, **MPI_ENV, **progress_env}
     if schedule == "floor":
         env["HPCGNN_BENCH_NO_EXCHANGE"] = "1"
     if rate == "shm":
@@ -143,8 +176,11 @@ def summarise(run_dir: Path) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
     times = [r["epoch_s"] for r in rows]
+    walls = [r["wall_s"] for r in rows]                 # the step plus its evaluation, if any
     timed = times[1:] or times
     return {"epoch_s": statistics.median(timed),
+            "epoch_wall_s": statistics.mean(walls[1:] or walls),
+            "eval_s": statistics.mean(r["eval_s"] for r in rows),
             "comm_share": statistics.median(r["comm_s"] / r["epoch_s"] for r in rows[1:] or rows),
             "codec_share": statistics.median(r["codec_s"] / r["epoch_s"] for r in rows[1:] or rows),
             "codec_s": statistics.median(r["codec_s"] for r in rows[1:] or rows),   # bench/netmodel.py
@@ -152,13 +188,27 @@ def summarise(run_dir: Path) -> dict:
             "bytes_ratio": summary["bytes_sent"] / max(summary["bytes_full"], 1),
             "bytes_sent": summary["bytes_sent"], "test_acc": summary["test_acc"],
             "bytes_per_epoch": statistics.mean(r["bytes_sent"] for r in rows),
-            "best_val": summary["best_val_acc"], "train_s": sum(times),
-            "curve": [(sum(times[:i + 1]), r.get("val_acc"), r.get("test_acc")) for i, r in enumerate(rows)]}
+            "best_val": summary["best_val_acc"], "train_s": sum(times), "train_wall_s": sum(walls),
+            # (training time, val acc, test acc, wall-clock with evaluation) after each epoch
+            "curve": [(sum(times[:i + 1]), r.get("val_acc"), r.get("test_acc"), sum(walls[:i + 1]))
+                      for i, r in enumerate(rows)]}
 
 
-def time_to(curve: list, target: float) -> float | None:
-    """Training time until validation accuracy first reaches ``target``; None if never."""
-    return next((t for t, val, _ in curve if val is not None and val >= target), None)
+def time_to(curve: list, target: float, wall: bool = False) -> float | None:
+    """Training time (``wall``: wall-clock with evaluation) until validation accuracy first
+    reaches ``target``; None if never (or, for ``wall``, a curve from before wall-clock)."""
+    hit = next((c for c in curve if c[1] is not None and c[1] >= target), None)
+    if hit is None or (wall and len(hit) < 4):
+        return None
+    return hit[3] if wall else hit[0]
+
+
+def wire_s(res: dict, rate: str) -> float | None:
+    """Seconds the mean epoch's bytes (all ranks) take on the emulated link of ``rate`` Gbit/s."""
+    try:
+        return res["bytes_per_epoch"] * 8 / (float(rate) * 1e9)
+    except ValueError:
+        return None                                  # 'none' or 'shm': no rate
 
 
 def run_all(args) -> dict:
@@ -170,8 +220,8 @@ def run_all(args) -> dict:
     results: dict = {}
     for ranks in args.ranks:
         for rate in args.rates:
-            for schedule in args.schedules:
-                parts = part_count(schedule, ranks)
+            for schedule in (n for s in args.schedules for n in with_progress(s, args.progress)):
+                parts = part_count(schedule.partition("~")[0], ranks)
                 if parts is None:
                     continue                          # e.g. 2D on a non-square rank count
                 shards = shard_set(args.dataset, parts, root, args.partitioner)
@@ -186,38 +236,63 @@ def run_all(args) -> dict:
     return results
 
 
+def with_progress(schedule: str, variants: list[str] | None) -> list[str]:
+    """The run names of ``schedule``: one per progress variant where it is stale (``@sN``)."""
+    stale = any(o[:1] == "s" and o[1:2].isdigit() for o in schedule.partition("@")[2].split(","))
+    return [f"{schedule}~{v}" for v in variants] if stale and variants else [schedule]
+
+
 def add_time_to_accuracy(results: dict) -> None:
+    """Per run: time to accuracy (training time and wall-clock) against full communication at
+    the same ranks and link, and the epoch against ``max(floor, wire)``."""
     for key, res in results.items():
-        ranks, rate, _ = key.split("|")
+        ranks, rate, sched = key.split("|")
+        res["wire_s"] = None if sched == "floor" else wire_s(res, rate)   # the floor sends nothing
+        floor = results.get(f"{ranks}|{rate}|floor")
+        if floor is not None and res["wire_s"] is not None:      # compute: the floor + own codec
+            res["compute_s"] = floor["epoch_s"] + res.get("codec_s", 0.0)
+            res["vs_max"] = res["epoch_s"] / max(res["compute_s"], res["wire_s"])
         full = results.get(f"{ranks}|{rate}|full")
         if full is None:
             continue
         res["target_val"] = full["best_val"] - 0.005
-        res["tta_s"] = time_to(res["curve"], res["target_val"])
-        base = time_to(full["curve"], res["target_val"])
-        res["tta_speedup"] = base / res["tta_s"] if res["tta_s"] and base else None
+        for tag, wall in (("", False), ("_wall", True)):
+            res[f"tta{tag}_s"] = time_to(res["curve"], res["target_val"], wall)
+            base = time_to(full["curve"], res["target_val"], wall)
+            res[f"tta{tag}_speedup"] = base / res[f"tta{tag}_s"] if res[f"tta{tag}_s"] and base else None
         res["epoch_speedup"] = full["epoch_s"] / res["epoch_s"]
+
+
+def _fmt(value, spec: str, scale: float = 1.0, unit: str = "") -> str:
+    return "—" if value is None else f"{scale * value:{spec}}{unit}"
 
 
 def to_markdown(results: dict, args) -> str:
     lines = [f"`{args.dataset}`, GCN 2 layers, 64 hidden, {args.epochs} epochs, {args.partitioner} parts, "
+             f"evaluation every {args.eval_every} epochs (synchronous, uncompressed), "
              f"CPU ranks (one thread each) on {os.cpu_count()} cores; link: token-bucket "
              f"rate-limited loopback in a network namespace (Open MPI over TCP), `none` = the same "
-             f"TCP path unlimited, `shm` = shared memory. Time to accuracy: training time until "
-             f"validation accuracy reaches full communication's best - 0.5 pt (— = never).", "",
-             "| ranks | link (Gbit/s) | schedule | epoch (ms) | vs full | comm | codec | bytes vs fp32 | "
-             "MB / epoch (mean) | test acc | time to acc (s) | vs full |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"TCP path unlimited, `shm` = shared memory. `epoch`: the training step (median); "
+             f"`wall`: wall-clock per epoch with evaluation (mean). `wire`: the epoch's bytes on "
+             f"the link; `vs max`: epoch / max(floor epoch + codec, wire). Time to accuracy: until "
+             f"validation accuracy reaches full communication's best - 0.5 pt, in training time "
+             f"and in wall-clock with evaluation (— = never).", "",
+             "| ranks | link (Gbit/s) | schedule | epoch (ms) | vs full | wall (ms) | wire (ms) | "
+             "vs max | comm | codec | bytes vs fp32 | MB / epoch (mean) | test acc | "
+             "to acc, train (s) | vs full | to acc, wall (s) | vs full |",
+             "|---|---|---|" + "---:|" * 14]
     for key, r in results.items():
         ranks, rate, sched = key.split("|")
-        tta = "—" if r.get("tta_s") is None else f"{r['tta_s']:.2f}"
         sent = "none" if sched == "floor" else ("—" if algorithm(sched) != "halo"
                                                  else f"{100 * r['bytes_ratio']:.1f} %")
-        spd = "—" if r.get("tta_speedup") is None else f"{r['tta_speedup']:.2f}x"
-        lines.append(f"| {ranks} | {rate} | {sched} | {1e3 * r['epoch_s']:.1f} | "
-                     f"{r.get('epoch_speedup', 1):.2f}x | {100 * r['comm_share']:.0f} % | "
-                     f"{100 * r['codec_share']:.1f} % | {sent} | {r['bytes_per_epoch'] / 1e6:.2f} | "
-                     f"{r['test_acc']:.4f} | {tta} | {spd} |")
+        lines.append(
+            f"| {ranks} | {rate} | {sched} | {1e3 * r['epoch_s']:.1f} | "
+            f"{r.get('epoch_speedup', 1):.2f}x | {_fmt(r.get('epoch_wall_s'), '.1f', 1e3)} | "
+            f"{_fmt(r.get('wire_s'), '.1f', 1e3)} | {_fmt(r.get('vs_max'), '.2f', 1, 'x')} | "
+            f"{100 * r['comm_share']:.0f} % | {100 * r['codec_share']:.1f} % | {sent} | "
+            f"{r['bytes_per_epoch'] / 1e6:.2f} | {r['test_acc']:.4f} | {_fmt(r.get('tta_s'), '.2f')} | "
+            f"{_fmt(r.get('tta_speedup'), '.2f', 1, 'x')} | {_fmt(r.get('tta_wall_s'), '.2f')} | "
+            f"{_fmt(r.get('tta_wall_speedup'), '.2f', 1, 'x')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -233,14 +308,14 @@ def plot(results: dict, out: Path) -> None:
             r_, rate, sched = k.split("|")
             if r_ != rk:
                 continue
-            pts = [(c[0], c[1]) for c in results[k]["curve"] if c[1] is not None]
+            pts = [(c[-1], c[1]) for c in results[k]["curve"] if c[1] is not None]   # wall-clock
             if sched == "floor" or not pts:
                 continue                        # the floor's accuracy means nothing
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=sched, lw=1.2,
                     ls="--" if "@" in sched else "-")
         ax.set_title(f"{rk} ranks, link {rate} Gbit/s")
         ax.set_ylim(0.5, 0.9)
-        ax.set_xlabel("training time (s)")
+        ax.set_xlabel("wall-clock with evaluation (s; training time in older results)")
         ax.set_ylabel("validation accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -278,7 +353,11 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--partitioner", default="random", choices=("random", "metis"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-every", type=int, default=2)
+    ap.add_argument("--eval-every", type=int, default=2,
+                    help="train.eval_every: evaluate every k epochs (the wall-clock columns include it)")
+    ap.add_argument("--progress", nargs="+", metavar="VARIANT",
+                    help="stale schedules once per variant: test, fine, thread, ompi (Open MPI's "
+                         "TCP progress thread), joined with + (default: the config's)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--work", default=str(REPO / "runs" / "network"))
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "network"))
@@ -302,6 +381,7 @@ def main() -> None:
     table = to_markdown(results, args)
     out.with_suffix(".md").write_text(table)
     out.with_suffix(".json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
+                                                   "eval_every": args.eval_every,
                                                    "load_average": os.getloadavg()[0],
                                                    "results": results}, indent=1))
     print(table)

@@ -158,14 +158,15 @@ class CommConfig:
     """bytes per block and round; a larger exchange goes in rounds (HPCGNN_MAX_MESSAGE)"""
     progress: str = "test"
     """how a non-blocking (stale) exchange advances: test (MPI_Test at layer boundaries) |
-    thread (a progress thread; needs MPI_THREAD_MULTIPLE). HPCGNN_PROGRESS overrides it"""
+    fine (also between the products inside each layer, forward and backward) | thread (a
+    progress thread; needs MPI_THREAD_MULTIPLE). HPCGNN_PROGRESS overrides it"""
     cuda_aware: str = "auto"
     """auto (ask the MPI library) | true (hand device buffers to MPI) | false (stage through
     pinned host memory). HPCGNN_CUDA_AWARE (1 / 0) overrides it"""
 
     def check(self, where: str) -> None:
         for key, allowed in (("transport", ("auto", "alltoallv", "neighbor")),
-                             ("progress", ("test", "thread")),
+                             ("progress", ("test", "fine", "thread")),
                              ("cuda_aware", ("auto", "true", "false"))):
             value = getattr(self, key)
             _need(value in allowed, where, f"comm.{key}", value,

@@ -19,7 +19,7 @@ def test_environment_overrides_the_section():
     assert got.overridden({"HPCGNN_EXCHANGE": "alltoallv"}) == {"transport": "HPCGNN_EXCHANGE=alltoallv"}
     with pytest.raises(ValueError, match=r"HPCGNN_MAX_MESSAGE='lots': expected a byte count"):
         CommSettings.resolve(None, {"HPCGNN_MAX_MESSAGE": "lots"})
-    with pytest.raises(ValueError, match=r"HPCGNN_PROGRESS='async': expected one of test, thread"):
+    with pytest.raises(ValueError, match=r"HPCGNN_PROGRESS='async': expected one of test, fine, thread"):
         CommSettings.resolve(None, {"HPCGNN_PROGRESS": "async"})
 
 

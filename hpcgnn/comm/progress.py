@@ -1,44 +1,62 @@
 """Progress for non-blocking exchanges while the rank computes.
 
 Open MPI moves the bytes of an ``Ialltoallv`` only inside MPI calls: over TCP, the socket
-buffers fill and the transfer stalls until the next call, so a posted exchange does not overlap
-computation by itself. By default ``poke`` tests the requests in flight at every layer boundary
-of the forward and backward passes (``[comm] progress = "test"``). With ``progress = "thread"``
-(or ``HPCGNN_PROGRESS=thread``),
-where MPI granted ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it), a daemon thread calls
-``MPI_Testall`` on them every ``interval`` seconds while there are any, and exits when there
-are none. Measured on 4 ranks over 2 cores (``bench/results/network-progress.md``), the thread
-made no epoch shorter at 1 Gbit/s and made them up to 30 % longer (it takes CPU from the
-ranks), so tests are the default; a node with idle cores may differ. A request is handed back
-(``release``) before anyone waits on it: MPI forbids two threads completing one request at once.
+buffers fill and a large (rendezvous) message waits for the receiver's next call, so a posted
+exchange does not overlap computation by itself. ``[comm] progress`` (or ``HPCGNN_PROGRESS``)
+says who makes those calls:
+
+- ``test`` (default): ``poke`` tests the requests in flight at every layer boundary of the
+  forward and backward passes (``hpcgnn.comm.stale``);
+- ``fine``: as ``test``, and at ``point``s inside each layer's work as well — between the
+  dense products, the owned-row and halo-row sparse products and the receiver-side dropout,
+  in the forward pass and again, in reverse order, in the backward pass (``point`` is an
+  autograd identity that tests in both). The layers place the points through their
+  propagation object (``hpcgnn.nn.propagation``); about five per layer and direction;
+- ``thread``: where MPI granted ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it), a daemon thread
+  calls ``MPI_Testall`` on them every ``interval`` seconds while there are any, and exits when
+  there are none (without the grant, ``test``). A request is handed back (``release``) before
+  anyone waits on it: MPI forbids two threads completing one request at once.
+
+Open MPI's own progress thread for TCP (``OMPI_MCA_btl_tcp_progress_thread=1``, a site or
+launch setting, not a config key) combines with any of them; ``bench/network.py --progress``
+compares them. Measured on 4 ranks over 2 cores (``bench/results/network-progress.md``, before
+``fine`` existed) the thread made no epoch shorter at 1 Gbit/s and made them up to 30 % longer
+(it takes CPU from the ranks), so a thread is not the default.
+
+Cost: one ``MPI_Testall`` over the requests in flight per test (microseconds) and, with
+``fine``, one autograd node per point. ``tests`` counts the tests that found requests in flight.
 """
 from __future__ import annotations
 
 import threading
 import time
 
-from hpcgnn.comm.context import CommContext
-from hpcgnn.comm.settings import CommSettings
+import torch
 
+from hpcgnn.comm.context import CommContext
+from hpcgnn.comm.settings import CHOICES, CommSettings
+
+MODES = CHOICES["progress"]
 
 
 class Progress:
     """The requests in flight of one model's non-blocking exchanges, and who progresses them."""
 
     def __init__(self, ctx: CommContext, mode: str | None = None, interval: float = 2e-4):
-        """``mode``: ``test`` | ``thread`` (default: ``[comm] progress``'s default with the
-        environment's override)."""
+        """``mode``: ``test`` | ``fine`` | ``thread`` (default: ``[comm] progress``'s default with
+        the environment's override); ``thread`` without ``MPI_THREAD_MULTIPLE`` is ``test``."""
         from mpi4py import MPI
         mode = mode if mode is not None else CommSettings.resolve().progress
-        self.threaded = ctx.thread_level >= MPI.THREAD_MULTIPLE and mode == "thread"
+        if mode not in MODES:
+            raise ValueError(f"progress mode {mode!r}: use one of {', '.join(MODES)}")
+        threaded = ctx.thread_level >= MPI.THREAD_MULTIPLE and mode == "thread"
+        self.mode = mode if threaded or mode != "thread" else "test"
+        self.threaded = threaded
         self.interval = interval
+        self.tests = 0                            # tests that found requests in flight
         self._lock = threading.Lock()
         self._active: dict[int, object] = {}
         self._thread: threading.Thread | None = None
-
-    @property
-    def mode(self) -> str:
-        return "thread" if self.threaded else "test"
 
     def add(self, request) -> None:
         if request is None:
@@ -60,10 +78,14 @@ class Progress:
         if self.threaded:
             return
         with self._lock:
-            reqs = list(self._active.values())
-            if reqs:
-                from mpi4py import MPI
-                MPI.Request.Testall(reqs)
+            self._test()
+
+    def point(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` unchanged. With ``fine``: a test now, and another when the backward pass
+        reaches this point (an autograd identity); otherwise nothing."""
+        if self.mode != "fine":
+            return x
+        return _Point.apply(x, self)
 
     def drain(self) -> None:
         """Wait until the thread has nothing left and exits."""
@@ -71,13 +93,35 @@ class Progress:
         if thread is not None:
             thread.join()
 
-    def _run(self) -> None:
+    def _test(self) -> bool:
+        """``MPI_Testall`` of the requests in flight (the lock held); False when there are none."""
+        reqs = list(self._active.values())
+        if not reqs:
+            return False
         from mpi4py import MPI
+        MPI.Request.Testall(reqs)
+        self.tests += 1
+        return True
+
+    def _run(self) -> None:
         while True:
             with self._lock:
-                reqs = list(self._active.values())
-                if not reqs:
+                if not self._test():
                     self._thread = None
                     return
-                MPI.Request.Testall(reqs)
             time.sleep(self.interval)
+
+
+class _Point(torch.autograd.Function):
+    """Identity that tests the requests in flight in the forward and in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x, progress: Progress):
+        progress.poke()
+        ctx.progress = progress
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.progress.poke()
+        return grad, None

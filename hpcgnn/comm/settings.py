@@ -6,7 +6,7 @@ recorded in ``RUN_DIR/run.json``.
 |---|---|---|
 | ``transport`` | auto, alltoallv, neighbor | ``HPCGNN_EXCHANGE`` |
 | ``max_message`` | bytes per block and round (>= 1) | ``HPCGNN_MAX_MESSAGE`` |
-| ``progress`` | test, thread | ``HPCGNN_PROGRESS`` |
+| ``progress`` | test, fine, thread | ``HPCGNN_PROGRESS`` |
 | ``cuda_aware`` | auto, true, false | ``HPCGNN_CUDA_AWARE`` (1 / 0) |
 
 ``transport = auto`` uses ``Neighbor_alltoallv`` when every rank exchanges with at most half of
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 INT_MAX = 2**31 - 1
 ENV = {"transport": "HPCGNN_EXCHANGE", "max_message": "HPCGNN_MAX_MESSAGE",
        "progress": "HPCGNN_PROGRESS", "cuda_aware": "HPCGNN_CUDA_AWARE"}
-CHOICES = {"transport": ("auto", "alltoallv", "neighbor"), "progress": ("test", "thread"),
+CHOICES = {"transport": ("auto", "alltoallv", "neighbor"), "progress": ("test", "fine", "thread"),
            "cuda_aware": ("auto", "true", "false")}
 ENV_PREFIX = "HPCGNN_"
 

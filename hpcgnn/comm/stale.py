@@ -23,8 +23,10 @@ for received rows and gradients, and ``avg`` is used. ``avg`` starts at the firs
 value (PipeGCN starts it at zero, which scales the first stale rows by ``1 - m``).
 
 Progress: Open MPI advances a non-blocking collective only inside MPI calls, so the stale step
-tests what is in flight at every layer boundary (``poke``); ``HPCGNN_PROGRESS=thread`` uses a
-progress thread instead (``hpcgnn.comm.progress``).
+tests what is in flight at every stale layer's boundary, forward and backward (``poke``);
+``[comm] progress = "fine"`` tests at points inside every layer's work as well (placed by the
+layers through ``hpcgnn.nn.propagation``), and ``"thread"`` uses a progress thread instead
+(``hpcgnn.comm.progress``). The rows posted at epoch ``t`` have until their use at ``t + s``.
 
 Memory per rank and layer: ``s`` received halo blocks ``(n_halo, F_in)`` and ``s`` received
 gradient blocks ``(n_send, F_in)`` in fp32 (plus the wire buffers in flight), and one of each

@@ -121,9 +121,9 @@ class GATLayer(HaloLayer):
     def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
                   step: LayerStep | None = None) -> torch.Tensor:
         """The layer on ``x`` ``(n_owned, F_in)`` and given halo input rows ``(n_halo, F_in)``
-        (a stale step), no exchange."""
-        h = torch.cat([x, x_halo]) @ self.weight
-        return self.output(self.attend(h.view(-1, self.heads, self.out_dim), step))
+        (a stale step), no exchange; progress points after the transform and the attention."""
+        h = self.prop.point(torch.cat([x, x_halo]) @ self.weight)
+        return self.prop.point(self.output(self.attend(h.view(-1, self.heads, self.out_dim), step)))
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
         """``(n_owned, H, C)`` -> heads concatenated or averaged, plus the bias."""

@@ -85,8 +85,9 @@ class HaloLayer(nn.Module):
     def forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
         if step.training and self.prop.exchanges_input:
             halo = self.prop.input_halo(h, step.exchange)         # rows of t - s, not dropped
-            return self.with_halo(self.dropped(h, step, "owned"), self.dropped(halo, step, "halo"),
-                                  step)
+            point = self.prop.point                               # progress of what is in flight
+            return self.with_halo(point(self.dropped(h, step, "owned")),
+                                  point(self.dropped(halo, step, "halo")), step)
         return self.forward_owned(self.dropped(h, step, "owned"), step)
 
     def forward_owned(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
@@ -154,10 +155,11 @@ class GCNLayer(HaloLayer):
     def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
                   step: LayerStep | None = None) -> torch.Tensor:
         """The layer on ``x`` ``(n_owned, F_in)`` and given halo rows ``(n_halo, F_in)``, no
-        exchange; the narrower side is aggregated."""
+        exchange; the narrower side is aggregated (progress points between the products)."""
+        point, agg = self.prop.point, self.prop.aggregate_halo
         if self.weight.shape[1] < self.weight.shape[0]:
-            return self.graph.aggregate(x @ self.weight, x_halo @ self.weight) + self.bias
-        return self.from_aggregate(x, self.graph.aggregate(x, x_halo))
+            return agg(self.graph, point(x @ self.weight), point(x_halo @ self.weight)) + self.bias
+        return point(self.from_aggregate(x, agg(self.graph, x, x_halo)))
 
 
 class SAGELayer(HaloLayer):
@@ -189,9 +191,10 @@ class SAGELayer(HaloLayer):
     def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
                   step: LayerStep | None = None) -> torch.Tensor:
         """The layer on ``x`` ``(n_owned, F_in)`` and given halo rows ``(n_halo, F_in)``, no
-        exchange; the narrower side is aggregated."""
+        exchange; the narrower side is aggregated (progress points between the products)."""
+        point, agg = self.prop.point, self.prop.aggregate_halo
         if self.out_dim < self.weight.shape[0]:
             w_neigh = self.weight[:, self.out_dim:]
-            return (x @ self.weight[:, :self.out_dim]
-                    + self.graph.aggregate(x @ w_neigh, x_halo @ w_neigh) + self.bias)
-        return self.from_aggregate(x, self.graph.aggregate(x, x_halo))
+            return (point(x @ self.weight[:, :self.out_dim])
+                    + agg(self.graph, point(x @ w_neigh), point(x_halo @ w_neigh)) + self.bias)
+        return point(self.from_aggregate(x, agg(self.graph, x, x_halo)))

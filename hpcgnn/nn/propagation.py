@@ -18,6 +18,12 @@ Contract: ``aggregate(graph, src, settings, modules)`` returns ``A @ [src; src_h
 ``(n_owned, w)``; ``halo_rows(src, settings, local, modules)`` returns ``(local(), halo rows
 (n_halo, w) or None on one rank)``; ``exchanges_input`` says whether training steps call
 ``input_halo(h, settings)`` instead, before dropout.
+
+Progress points: a layer that computes on given halo rows (a stale step) marks the stages of
+its work with ``point(x)`` (``x`` unchanged) and sums ``A [x; x_halo]`` with
+``aggregate_halo(graph, x, x_halo)`` (a point after each sparse product). Where stale
+exchanges are in flight and ``[comm] progress = "fine"`` a point tests them, in the forward
+pass and again in the backward pass (``hpcgnn.comm.progress``); everywhere else it does nothing.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from typing import Callable, TypeVar
 import torch
 
 from hpcgnn.comm.exchange import ExchangeSettings, HaloExchanger
+from hpcgnn.comm.progress import Progress
 from hpcgnn.comm.stale import StaleExchange
 
 T = TypeVar("T")
@@ -37,12 +44,22 @@ class HaloPropagation:
 
     exchanges_input = False
 
-    def __init__(self, exchanger: HaloExchanger):
+    def __init__(self, exchanger: HaloExchanger, progress: Progress | None = None):
         self.exchanger = exchanger
+        self.progress = progress     # the stale exchanges in flight (None: nothing to progress)
 
     @property
     def single(self) -> bool:
         return self.exchanger.ctx.size == 1
+
+    def point(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` unchanged; a progress point of the exchanges in flight (module doc)."""
+        return x if self.progress is None else self.progress.point(x)
+
+    def aggregate_halo(self, graph, x: torch.Tensor, x_halo: torch.Tensor) -> torch.Tensor:
+        """``owned @ x + halo @ x_halo`` ``(n_owned, w)`` on given halo rows (no exchange), a
+        progress point after each sparse product."""
+        return self.point(graph.owned @ x) + self.point(graph.halo @ x_halo)
 
     def halo_rows(self, src: torch.Tensor, settings: ExchangeSettings, local: Callable[[], T],
                   modules: Modules = (None, None)) -> tuple[T, torch.Tensor | None]:
@@ -77,7 +94,7 @@ class StalePropagation(HaloPropagation):
     exchanges_input = True
 
     def __init__(self, exchanger: HaloExchanger, stale: StaleExchange):
-        super().__init__(exchanger)
+        super().__init__(exchanger, stale.progress)
         self.stale = stale
 
     def input_halo(self, h: torch.Tensor, settings: ExchangeSettings) -> torch.Tensor:
@@ -95,12 +112,13 @@ class StalePropagation(HaloPropagation):
 class ConstantPropagation(HaloPropagation):
     """The first layer of a stale run: its input never changes, so its halo rows are exchanged
     once (identity codec, no backward: the features need no gradient) and kept on the rank,
-    ``(n_halo, F_in)`` fp32. A resume exchanges them once more."""
+    ``(n_halo, F_in)`` fp32. A resume exchanges them once more. ``progress``: the later
+    layers' stale exchanges, which this layer's work progresses at its points."""
 
     exchanges_input = True
 
-    def __init__(self, exchanger: HaloExchanger):
-        super().__init__(exchanger)
+    def __init__(self, exchanger: HaloExchanger, progress: Progress | None = None):
+        super().__init__(exchanger, progress)
         self._rows: torch.Tensor | None = None
         self._key: tuple | None = None
 

@@ -114,16 +114,21 @@ def _exchanger(w: Wiring, layer: int) -> HaloExchanger:
                          overlap=w.cfg.train.overlap, comm=w.comm)
 
 
+def _progress(w: Wiring) -> Progress:
+    """The model's one ``Progress`` of its stale exchanges (``[comm] progress``)."""
+    w.progress = w.progress or Progress(w.ctx, w.comm.progress)
+    return w.progress
+
+
 def _stale(w: Wiring, layer: int) -> StalePropagation:
     ex = _exchanger(w, layer)
-    w.progress = w.progress or Progress(w.ctx, w.comm.progress)   # one for all layers
     t = w.cfg.train
-    return StalePropagation(ex, StaleExchange(ex, t.staleness, t.smoothing, w.progress))
+    return StalePropagation(ex, StaleExchange(ex, t.staleness, t.smoothing, _progress(w)))
 
 
 PROPAGATIONS: dict[str, Callable[[Wiring, int], object]] = {
     "halo": lambda w, i: HaloPropagation(_exchanger(w, i)),
-    "constant": lambda w, i: ConstantPropagation(_exchanger(w, i)),
+    "constant": lambda w, i: ConstantPropagation(_exchanger(w, i), _progress(w)),
     "stale": _stale,
     "spmm": lambda w, i: SpmmPropagation(w.spmm),
 }

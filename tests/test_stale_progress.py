@@ -1,0 +1,130 @@
+"""Progress of the stale exchanges in flight (``[comm] progress``, ``hpcgnn.comm.progress``).
+
+With ``fine`` progress points inside every layer's work, training is still exactly PipeGCN's
+(``tests/_pipegcn.py``, written independently of the code: GCN with transform-first and
+aggregate-first widths and 3 layers, SAGE with s = 2 and smoothing on uneven METIS parts, GAT
+with attention dropout; dropout 0.5 everywhere). On real ranks, ``fine`` tests the requests in
+flight inside the layers, in the forward and in the backward pass, where ``test`` tests only at
+the stale layers' boundaries, and both give the same losses bit for bit. This file is also the
+MPI worker of the last test.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CSBM, check_ok, read_metrics, run_mpi, train
+from test_methods_exact import _parts, init_of  # noqa: F401  (init_of: a fixture)
+
+EPOCHS = 8
+GAT_GRAPH = "csbm:nodes=799,classes=4,degree=8,features=24,seed=3"   # dense attention reference
+# (dataset, ranks, partitioner, --set list, staleness, smoothing)
+CASES = {
+    "gcn3-2ranks-s1": (CSBM, 2, "random", ("model.arch=gcn", "model.layers=3"), 1, 0.0),
+    "sage3-3ranks-s2-smooth": (CSBM, 3, "metis", ("model.arch=sage", "model.layers=3",
+                                                  "model.hidden=8"), 2, 0.5),
+    "gat-2ranks-s1-attn-dropout": (GAT_GRAPH, 2, "metis", ("model.arch=gat", "model.heads=2",
+                                                           "model.hidden=8",
+                                                           "model.attn_dropout=0.3"), 1, 0.0),
+}
+
+
+def reference_model(model_sets: tuple[str, ...]):
+    from _pipegcn import Model
+    cfg = dict(s.split("=") for s in model_sets)
+    layers = int(cfg.get("model.layers", 2))
+    heads = (int(cfg.get("model.heads", 1)),) * (layers - 1) + (1,)
+    return Model(cfg["model.arch"], layers, dropout=0.5,
+                 attn_dropout=float(cfg.get("model.attn_dropout", 0.0)), heads=heads)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", list(CASES))
+def test_fine_progress_training_equals_pipegcn(case, shards, init_of, tmp_path):  # noqa: F811
+    """``comm.progress = "fine"``: the per-epoch losses of PipeGCN computed in the test."""
+    from _pipegcn import pipegcn_losses
+    from hpcgnn.data.datasets import load_dataset
+    spec, ranks, partitioner, model_sets, s, m = CASES[case]
+    sets = (*model_sets, "model.dropout=0.5", f"train.epochs={EPOCHS}")
+    shard_dir = shards(spec, ranks, partitioner)
+    check_ok(train(ranks, shard_dir, tmp_path / "run", *sets, f"train.staleness={s}",
+                   f"train.smoothing={m}", "comm.progress=fine", timeout=300))
+    got = [r["loss"] for r in read_metrics(tmp_path / "run")]
+    g, parts, init = load_dataset(spec), _parts(shard_dir, ranks), init_of(spec, sets)
+    if partitioner == "metis":
+        assert len(set(np.bincount(parts).tolist())) > 1                  # uneven parts
+    model = reference_model(model_sets)
+    assert got == pytest.approx(pipegcn_losses(g, parts, init, model, s, m, EPOCHS), rel=2e-5)
+    assert got[s:] != pytest.approx(pipegcn_losses(g, parts, init, model, 0, 0.0, EPOCHS)[s:],
+                                    rel=1e-4)                            # staleness mattered
+
+
+def test_progress_mode_is_a_config_key_and_an_override():
+    from hpcgnn.comm.settings import CommSettings
+    from hpcgnn.config import ConfigError, load_config
+    assert load_config(None, ["comm.progress=fine"]).comm.progress == "fine"
+    assert CommSettings.resolve(None, {"HPCGNN_PROGRESS": "fine"}).progress == "fine"
+    with pytest.raises(ConfigError, match=r"comm.progress = 'often'.*'test', 'fine', 'thread'"):
+        load_config(None, ["comm.progress=often"])
+    with pytest.raises(ValueError, match=r"HPCGNN_PROGRESS='often'.*test, fine, thread"):
+        CommSettings.resolve(None, {"HPCGNN_PROGRESS": "often"})
+
+
+@pytest.mark.mpi
+def test_fine_points_test_inside_the_layers_both_ways(shards, tmp_path):
+    """2 ranks, a 3-layer GCN 24 -> 16 -> 16 -> 4 of a stale run (the first layer's input
+    constant), epochs 1-3 after the warm-up. ``test``: one test at each stale layer's
+    boundary, forward and backward (2 and 2). ``fine``: also at every point inside the layers.
+    Forward: layers 0 and 2 transform first, 6 points each (the dropped input and halo rows,
+    both transforms, both sparse products), layer 1 aggregates first, 5 (the dropped rows, both
+    sparse products, the output): 2 + 17 = 19. Backward: the points whose tensors carry a
+    gradient, all but layer 0's dropped features: 2 + 4 + 5 + 6 = 17. Same logits both ways,
+    bit for bit."""
+    shard_dir = shards(CSBM, 2, "random")
+    counts = {}
+    for mode in ("test", "fine"):
+        proc = run_mpi(2, [__file__, str(shard_dir), str(tmp_path / mode), mode], timeout=180)
+        check_ok(proc)
+        rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("tests ")]
+        assert len(rows) == 2 * 3                                     # 2 ranks x 3 epochs
+        counts[mode] = {(int(r[1]), int(r[2])): (int(r[3]), int(r[4]), r[5]) for r in rows}
+    for key, (fwd, bwd, loss) in counts["test"].items():
+        assert (fwd, bwd) == (2, 2), key
+        fine_fwd, fine_bwd, fine_loss = counts["fine"][key]
+        assert (fine_fwd, fine_bwd) == (19, 17), key
+        assert fine_loss == loss                                      # repr of the float
+
+
+# -- the worker (runs on every rank) --------------------------------------------------------
+
+def _worker(shard_dir: str, out: str, mode: str) -> None:
+    """Epochs 0-3 of a 3-layer stale GCN (forward, backward, no optimiser step); prints, per
+    epoch >= 1, the tests that found requests in flight in the forward and in the backward
+    pass, and the sum of the logits."""
+    from hpcgnn.codecs.base import FULL_PRECISION
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.config import load_config
+    from hpcgnn.train.build import prepare_trainer
+    ctx = CommContext.from_world("cpu")
+    cfg = load_config(None, ["model.layers=3", "model.hidden=16", "model.dropout=0.5",
+                             "train.staleness=1", f"comm.progress={mode}"])
+    trainer = prepare_trainer(ctx, cfg, shard_dir, Path(out), FULL_PRECISION)
+    trainer.start()
+    model, progress = trainer.model, trainer.model.layers[1].prop.progress
+    model.train()
+    for epoch in range(4):
+        before = progress.tests
+        logits = model(trainer.data.x, trainer.make_step(epoch, training=True))
+        forward = progress.tests - before
+        logits.square().mean().backward()
+        backward = progress.tests - before - forward
+        if epoch >= 1:
+            print(f"tests {ctx.rank} {epoch} {forward} {backward} {float(logits.sum())!r}", flush=True)
+    model.stale_state()                                   # nothing left in flight
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2], sys.argv[3])
