@@ -4,6 +4,11 @@
 Both start as the identity, so at the first step the pair is exactly ``truncate`` and every rank
 holds the same parameters without a broadcast; the trainer registers them as model submodules,
 so their gradients are all-reduced and stepped with the model's.
+
+The pair is applied only around an exchange that compresses with it (``k < F``: the first ``k``
+encoder outputs are a VARCO ``Linear(F, k)`` encoder, the decoder's first ``k`` columns its
+``Linear(k, F)`` decoder), to the rows sent to peers only; at ratio 1 and in evaluation the halo
+rows travel as they are (``hpcgnn.nn.propagation``, as the authors' code applies it).
 """
 from __future__ import annotations
 
