@@ -1,0 +1,311 @@
+"""``kind = "auto"``: a closed-loop compression policy that needs no tuning.
+
+```toml
+kind = "auto"
+codec = "quant"            # the only codec auto drives: bit widths of stochastic rounding
+bits = [1, 2, 4, 8]        # the candidates besides fp32 (always a candidate)
+every = 5                  # epochs between checks; epoch 0 measures and decides
+objective = "time"         # time (codec + wire seconds) | bytes (fewest bytes; deterministic)
+compress_last_layer = true # auto's default: fp32 is always a candidate
+compress_backward = true
+```
+
+Per layer and direction (forward activations, backward halo gradients) the controller keeps one
+setting: fp32 or ``b``-bit stochastic rounding (``hpcgnn.codecs.quant``).
+
+**Measuring** (a *probe epoch*; epoch 0 is one): the trainer asks every sender to measure, on
+the rows it actually sends in that epoch's exchanges (``ExchangeSettings.probe``), for each
+candidate ``b`` the squared error ``||x - x^b||^2`` of its encode + decode of exactly those rows
+(the real send's noise key) beside ``||x||^2``, its seconds and bytes, and every exchange's
+bytes and wire seconds (post + wait). The trainer reduces them over ranks (errors summed,
+seconds and bytes maxed) and rank 0 decides and broadcasts the new ``AutoState``.
+
+**Deciding**, per layer and direction: among the candidates whose relative error
+``e_b = sum ||x - x^b||^2 / sum ||x||^2`` is within the budget ``B`` (fp32, error 0, always
+is), the one of least predicted cost ``codec_s(b) + alpha + beta * bytes(b)``: ``(alpha, beta)``
+a least-squares fit of that direction's wire seconds against bytes over the last
+``WIRE_HISTORY`` probed exchanges (the ratio ``sum s / sum bytes`` where the fit fails: fewer
+than two sizes, or ``beta <= 0``). Ties go to the more precise, so where the link makes bytes
+free fp32 wins on time. ``objective = "bytes"`` ranks by bytes alone (a choice that does not
+depend on timing, so runs are reproducible bit for bit).
+
+**The budget only falls** (VARCO's monotone condition). Every ``every`` epochs (a *check*) it
+moves to ``B_k = min(B_{k-1}, max(0, 1 - Lbar_k / Lbar_{k-1}))``, ``Lbar_k`` the mean of the
+globally reduced training loss over the epochs since the previous check (epoch 0 alone for
+the first), ``B_0 = inf``: a codec may perturb what it sends (relative squared error) by no
+more than training currently improves the loss per ``every`` epochs. While the loss falls fast
+coarse codecs pass; as it slows the bits rise, up to fp32 once the loss stops improving
+(``B = 0``, after which nothing is measured any more). A check re-decides from the last
+measured figures at once when the budget falls, so the codec in use never has a last measured
+error above the current budget.
+
+**Probing less as things settle**: probes are ``every`` epochs apart at first; each probe that
+leaves every decision as it was doubles the interval (up to ``MAX_BACKOFF * every``), one that
+changes a decision resets it. Probing costs about ``|bits|`` encodes + decodes of one epoch's
+exchanges; checks cost nothing (no communication).
+
+Decisions are recorded at every check (``metrics.jsonl``'s ``auto``) and the whole state is
+checkpointed (``state_dict``): a resumed run continues with the same budget, codecs, figures
+and wire history. No MPI here: the trainer reduces and broadcasts (``hpcgnn.train.autotuning``).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field
+
+from hpcgnn.codecs.base import IDENTITY, CompressionPolicy, WireCodec
+from hpcgnn.codecs.quant import BITS, FP32
+
+DIRECTIONS = ("forward", "backward")
+OBJECTIVES = ("time", "bytes")
+WIRE_HISTORY = 64
+"""Wire samples (bytes, seconds) kept per direction for the fit: the latest probes'."""
+MAX_BACKOFF = 8
+"""The longest probe interval, in units of ``every``."""
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """The schedule file's keys for ``kind = "auto"`` (see the module docstring)."""
+
+    bits: tuple[int, ...] = BITS
+    every: int = 5
+    objective: str = "time"
+    compress_last_layer: bool = True
+    compress_backward: bool = True
+
+
+@dataclass(frozen=True)
+class ExchangeFigures:
+    """One layer and direction at one probe epoch, reduced over ranks: ``norm2`` and
+    ``error2[b]`` summed, ``codec_s[b]`` and ``bytes[b]`` (``b = 32``: fp32) the ranks' largest."""
+
+    norm2: float
+    error2: dict[int, float]
+    codec_s: dict[int, float]
+    bytes: dict[int, float]
+
+    def error(self, bits: int) -> float:
+        """Relative squared error of ``bits`` on the rows sent; 0 for fp32 or when none were."""
+        if bits == FP32 or self.norm2 <= 0:
+            return 0.0
+        return self.error2[bits] / self.norm2
+
+    def to_dict(self) -> dict:
+        """Plain, checkpointable: bit widths as string keys."""
+        return {"norm2": self.norm2, **{name: {str(b): v for b, v in getattr(self, name).items()}
+                                        for name in ("error2", "codec_s", "bytes")}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ExchangeFigures":
+        return cls(d["norm2"], *({int(b): v for b, v in d[name].items()}
+                                 for name in ("error2", "codec_s", "bytes")))
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one probe epoch measured: per ``(layer, direction)`` its ``ExchangeFigures``; per
+    direction the probed exchanges' ``(bytes, seconds)`` (each the ranks' largest)."""
+
+    exchanges: dict[tuple[int, str], ExchangeFigures]
+    wire: dict[str, list[tuple[float, float]]]
+
+
+@dataclass
+class AutoState:
+    """Everything the controller carries between epochs (the same on every rank)."""
+
+    bits: dict[str, int] = field(default_factory=dict)     # "layer/direction" -> 1|2|4|8|32
+    budget: float = math.inf
+    window: list[float] = field(default_factory=list)      # losses since the last check
+    last_mean: float | None = None                          # mean loss of the previous window
+    measured: dict[str, dict] = field(default_factory=dict)  # "layer/direction" -> last figures
+    wire: dict[str, list[list[float]]] = field(default_factory=dict)   # direction -> samples
+    interval: int = 0                                       # epochs to the next probe
+    next_probe: int = 0
+    probes: int = 0
+
+    def bits_of(self, layer: int, direction: str) -> int:
+        return self.bits.get(f"{layer}/{direction}", FP32)
+
+    @property
+    def settled(self) -> bool:
+        """The budget is 0: only fp32 can ever pass again, so nothing is measured."""
+        return self.probes > 0 and self.budget <= 0.0
+
+
+# -- the decision rule (pure) --------------------------------------------------------------------
+def fit_wire(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """``(alpha, beta)`` of ``seconds ~ alpha + beta * bytes`` by least squares; the ratio
+    ``(0, sum s / sum bytes)`` where that fails (fewer than two sizes, or ``beta <= 0``)."""
+    if not samples:
+        return 0.0, 0.0
+    n = len(samples)
+    mx = sum(b for b, _ in samples) / n
+    my = sum(s for _, s in samples) / n
+    sxx = sum((b - mx) ** 2 for b, _ in samples)
+    if sxx > 0:
+        beta = sum((b - mx) * (s - my) for b, s in samples) / sxx
+        if beta > 0:
+            return my - beta * mx, beta
+    total = sum(b for b, _ in samples)
+    return 0.0, (sum(s for _, s in samples) / total if total > 0 else 0.0)
+
+
+def predicted_cost(fig: ExchangeFigures, bits: int, wire: tuple[float, float],
+                   objective: str) -> float:
+    """Seconds (codec + wire) or bytes of ``bits`` on this exchange."""
+    if objective == "bytes":
+        return fig.bytes[bits]
+    alpha, beta = wire
+    return fig.codec_s.get(bits, 0.0) + alpha + beta * fig.bytes[bits]
+
+
+def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
+           wire: tuple[float, float], objective: str = "time") -> int:
+    """The candidate of least predicted cost whose error is within ``budget`` (fp32 always
+    passes); ties go to the more precise."""
+    allowed = [FP32] + [b for b in candidates if fig.error(b) <= budget]
+    return min(allowed, key=lambda b: (predicted_cost(fig, b, wire, objective), -b))
+
+
+def next_budget(budget: float, last_mean: float | None, window: list[float]) -> float:
+    """``min(budget, relative improvement of the window's mean loss over the last one's)``,
+    never below 0; unchanged when there is no earlier window to compare with."""
+    if last_mean is None or not window or not last_mean > 0:
+        return budget
+    improvement = 1.0 - (sum(window) / len(window)) / last_mean
+    return min(budget, max(0.0, improvement))
+
+
+def _probe_interval(state: AutoState, bits: dict[str, int], every: int) -> int:
+    """Double the interval when a probe changed nothing, else back to ``every``."""
+    if state.probes == 0 or bits != state.bits:
+        return every
+    return min(2 * max(state.interval, every), MAX_BACKOFF * every)
+
+
+def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, epoch: int
+           ) -> tuple[AutoState, dict]:
+    """A check after epoch ``epoch``: the next state (budget, bits per exchange, figures, wire
+    history, next probe) and its record for ``metrics.jsonl``. ``figures``: what this epoch
+    measured (rank 0, reduced), or None to re-decide from the last ones. Pure."""
+    budget = next_budget(state.budget, state.last_mean, state.window)
+    measured = dict(state.measured)
+    wire = {d: [list(s) for s in state.wire.get(d, [])] for d in DIRECTIONS}
+    if figures is not None:
+        measured.update({f"{layer}/{d}": fig.to_dict()
+                         for (layer, d), fig in figures.exchanges.items()})
+        wire = {d: (wire[d] + [list(s) for s in figures.wire.get(d, [])])[-WIRE_HISTORY:]
+                for d in DIRECTIONS}
+    fits = {d: fit_wire([tuple(s) for s in wire[d]]) for d in DIRECTIONS}
+    bits, rows = dict(state.bits), []
+    for key in sorted(measured):
+        layer, direction = key.split("/")
+        fig = ExchangeFigures.from_dict(measured[key])
+        bits[key] = choose(fig, settings.bits, budget, fits[direction], settings.objective)
+        rows.append(_row(int(layer), direction, bits[key], fig, settings, fits[direction]))
+    new = AutoState(bits=bits, budget=budget, window=[], measured=measured, wire=wire,
+                    last_mean=_mean(state.window, state.last_mean), interval=state.interval,
+                    next_probe=state.next_probe, probes=state.probes)
+    if figures is not None:
+        new.interval = _probe_interval(state, bits, settings.every)
+        new.next_probe, new.probes = epoch + new.interval, state.probes + 1
+    record = {"epoch": epoch, "budget": budget, "probed": figures is not None,
+              "next_probe": None if new.settled else new.next_probe,
+              "wire": {d: {"alpha_s": fits[d][0], "beta_s_per_byte": fits[d][1]}
+                       for d in DIRECTIONS}, "exchanges": rows}
+    return new, record
+
+
+def _mean(window: list[float], default: float | None) -> float | None:
+    return sum(window) / len(window) if window else default
+
+
+def _row(layer: int, direction: str, pick: int, fig: ExchangeFigures, settings: AutoSettings,
+         wire: tuple[float, float]) -> dict:
+    cands = (*settings.bits, FP32)
+    return {"layer": layer, "direction": direction, "bits": pick,
+            "error": {str(b): fig.error(b) for b in cands},
+            "predicted": {str(b): predicted_cost(fig, b, wire, settings.objective)
+                          for b in cands}}
+
+
+# -- the policy ----------------------------------------------------------------------------------
+def quant_codec(bits: int) -> WireCodec:
+    return IDENTITY if bits == FP32 else WireCodec(bits=bits)
+
+
+class AutoPolicy(CompressionPolicy):
+    """The ``CompressionPolicy`` of ``kind = "auto"``: codecs from ``state``, which the trainer
+    advances (``observe_loss`` every epoch on every rank; at a check ``decide``, on rank 0 when
+    the epoch probed, then ``adopt`` of the broadcast state on every rank)."""
+
+    adaptive = True
+
+    def __init__(self, path: str, settings: AutoSettings):
+        self.path, self.settings = path, settings
+        self.num_layers: int | None = None
+        self.state = AutoState()
+
+    def bind(self, epochs: int, num_layers: int) -> "AutoPolicy":
+        bound = copy.copy(self)
+        bound.num_layers, bound.state = int(num_layers), AutoState()
+        return bound
+
+    def _compressed(self, layer: int, num_layers: int | None, direction: str) -> bool:
+        last = num_layers is not None and layer == num_layers - 1
+        if last and not self.settings.compress_last_layer:
+            return False
+        return direction == "forward" or self.settings.compress_backward
+
+    def bits(self, layer: int, num_layers: int | None, direction: str) -> int:
+        if not self._compressed(layer, num_layers, direction):
+            return FP32
+        return self.state.bits_of(layer, direction)
+
+    def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
+        return FP32 / self.bits(layer, num_layers, "forward")
+
+    def forward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
+        return quant_codec(self.bits(layer, num_layers, "forward"))
+
+    def backward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
+        return quant_codec(self.bits(layer, num_layers, "backward"))
+
+    # -- the loop ------------------------------------------------------------------------------
+    def check(self, epoch: int) -> bool:
+        """Whether a check (budget update, maybe a new decision) follows ``epoch``'s step."""
+        return epoch % self.settings.every == 0
+
+    def due(self, epoch: int) -> bool:
+        """Whether ``epoch``'s training step measures the candidates (a probe epoch)."""
+        return (self.check(epoch) and epoch >= self.state.next_probe
+                and not self.state.settled)
+
+    def probe(self, epoch: int, layer: int, num_layers: int, direction: str
+              ) -> tuple[WireCodec, ...]:
+        """The candidates ``layer``'s exchange in ``direction`` measures at ``epoch``."""
+        if not (self.due(epoch) and self._compressed(layer, num_layers, direction)):
+            return ()
+        return tuple(WireCodec(bits=b) for b in self.settings.bits)
+
+    def observe_loss(self, loss: float) -> None:
+        """Every rank, every epoch: the globally reduced training loss."""
+        self.state.window.append(float(loss))
+
+    def decide(self, epoch: int, figures: Figures | None) -> tuple[AutoState, dict]:
+        """The check's new state and record (``hpcgnn.autotune.decide``)."""
+        return decide(self.state, self.settings, figures, epoch)
+
+    def adopt(self, state: AutoState) -> None:
+        """Every rank: the state of the check (rank 0's, broadcast, after a probe)."""
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return asdict(self.state)
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is not None:
+            self.state = AutoState(**state)
