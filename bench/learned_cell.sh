@@ -3,7 +3,7 @@
 # configs/cora.toml (200 epochs), seeds 0-2: full communication, truncate, and learned (the
 # encoder/decoder applied only while the exchange compresses, as VARCO's code applies them).
 # Prints: method seed test_acc(best val) final_test_acc bytes_sent/bytes_full
-#   bash bench/learned_cell.sh [WORK_DIR]
+#   bash bench/learned_cell.sh [WORK_DIR] ["full truncate learned"]
 # The variants that found the cause (the pair at ratio 1, frozen, a smaller codec lr) are in
 # bench/learned_diagnose.py.
 set -u
@@ -16,7 +16,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 S=shards/cora-4
 python -m preprocess verify $S >/dev/null 2>&1 || python -m preprocess --dataset cora --parts 4 --partitioner metis --out $S --force -q
 for seed in 0 1 2; do
-  for m in full truncate learned; do
+  for m in ${2:-full truncate learned}; do
     sched=(); sets=(--set train.seed=$seed)
     case $m in truncate) sched=(--schedule configs/schedules/varco.toml);;
       learned) sched=(--schedule "$work/learned.toml");; esac
