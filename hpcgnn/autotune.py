@@ -30,10 +30,12 @@ free fp32 wins on time. ``objective = "bytes"`` ranks by bytes alone (a choice t
 depend on timing, so runs are reproducible bit for bit).
 
 **The budget only falls** (VARCO's monotone condition). Every ``every`` epochs (a *check*) it
-moves to ``B_k = min(B_{k-1}, max(0, 1 - Lbar_k / Lbar_{k-1}))``, ``Lbar_k`` the mean of the
-globally reduced training loss over the epochs since the previous check (epoch 0 alone for
-the first), ``B_0 = inf``: a codec may perturb what it sends (relative squared error) by no
-more than training currently improves the loss per ``every`` epochs. While the loss falls fast
+moves to ``B_k = min(B_{k-1}, max(0, (1 - Lbar_k / Lbar_j) / (k - j)))``, ``j = max(0, k -
+LOSS_WINDOWS)``, ``Lbar_k`` the mean of the globally reduced training loss over the epochs
+since the previous check (epoch 0 alone for ``k = 0``), ``B_0 = inf``: a codec may perturb what
+it sends (relative squared error) by no more than training currently improves the loss per
+``every`` epochs, averaged over the last ``LOSS_WINDOWS`` windows (20 epochs at the default) so
+that one noisy window (dropout) cannot end compression for good. While the loss falls fast
 coarse codecs pass; as it slows the bits rise, up to fp32 once the loss stops improving
 (``B = 0``, after which nothing is measured any more). A check re-decides from the last
 measured figures at once when the budget falls, so the codec in use never has a last measured
@@ -63,6 +65,8 @@ WIRE_HISTORY = 64
 """Wire samples (bytes, seconds) kept per direction for the fit: the latest probes'."""
 MAX_BACKOFF = 8
 """The longest probe interval, in units of ``every``."""
+LOSS_WINDOWS = 4
+"""How many check windows back the loss improvement is measured from (averaged per window)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ class AutoState:
     bits: dict[str, int] = field(default_factory=dict)     # "layer/direction" -> 1|2|4|8|32
     budget: float = math.inf
     window: list[float] = field(default_factory=list)      # losses since the last check
-    last_mean: float | None = None                          # mean loss of the previous window
+    means: list[float] = field(default_factory=list)       # mean loss of the last windows
     measured: dict[str, dict] = field(default_factory=dict)  # "layer/direction" -> last figures
     wire: dict[str, list[list[float]]] = field(default_factory=dict)   # direction -> samples
     interval: int = 0                                       # epochs to the next probe
@@ -170,12 +174,14 @@ def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
     return min(allowed, key=lambda b: (predicted_cost(fig, b, wire, objective), -b))
 
 
-def next_budget(budget: float, last_mean: float | None, window: list[float]) -> float:
-    """``min(budget, relative improvement of the window's mean loss over the last one's)``,
-    never below 0; unchanged when there is no earlier window to compare with."""
-    if last_mean is None or not window or not last_mean > 0:
+def next_budget(budget: float, means: list[float], window: list[float]) -> float:
+    """``min(budget, relative improvement per window of this window's mean loss over the mean
+    of the window LOSS_WINDOWS back)`` (``means``: the earlier windows', latest last; fewer
+    early on), never below 0; unchanged when there is no earlier window to compare with."""
+    back = means[-LOSS_WINDOWS:]
+    if not back or not window or not back[0] > 0:
         return budget
-    improvement = 1.0 - (sum(window) / len(window)) / last_mean
+    improvement = (1.0 - (sum(window) / len(window)) / back[0]) / len(back)
     return min(budget, max(0.0, improvement))
 
 
@@ -191,7 +197,7 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
     """A check after epoch ``epoch``: the next state (budget, bits per exchange, figures, wire
     history, next probe) and its record for ``metrics.jsonl``. ``figures``: what this epoch
     measured (rank 0, reduced), or None to re-decide from the last ones. Pure."""
-    budget = next_budget(state.budget, state.last_mean, state.window)
+    budget = next_budget(state.budget, state.means, state.window)
     measured = dict(state.measured)
     wire = {d: [list(s) for s in state.wire.get(d, [])] for d in DIRECTIONS}
     if figures is not None:
@@ -206,9 +212,11 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
         fig = ExchangeFigures.from_dict(measured[key])
         bits[key] = choose(fig, settings.bits, budget, fits[direction], settings.objective)
         rows.append(_row(int(layer), direction, bits[key], fig, settings, fits[direction]))
-    new = AutoState(bits=bits, budget=budget, window=[], measured=measured, wire=wire,
-                    last_mean=_mean(state.window, state.last_mean), interval=state.interval,
-                    next_probe=state.next_probe, probes=state.probes)
+    means = (state.means + [sum(state.window) / len(state.window)] if state.window
+             else state.means)[-LOSS_WINDOWS:]
+    new = AutoState(bits=bits, budget=budget, window=[], means=means, measured=measured,
+                    wire=wire, interval=state.interval, next_probe=state.next_probe,
+                    probes=state.probes)
     if figures is not None:
         new.interval = _probe_interval(state, bits, settings.every)
         new.next_probe, new.probes = epoch + new.interval, state.probes + 1
@@ -217,10 +225,6 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
               "wire": {d: {"alpha_s": fits[d][0], "beta_s_per_byte": fits[d][1]}
                        for d in DIRECTIONS}, "exchanges": rows}
     return new, record
-
-
-def _mean(window: list[float], default: float | None) -> float | None:
-    return sum(window) / len(window) if window else default
 
 
 def _row(layer: int, direction: str, pick: int, fig: ExchangeFigures, settings: AutoSettings,

@@ -55,11 +55,15 @@ def test_fit_wire_least_squares_and_the_ratio_fallback():
     assert fit_wire([]) == (0.0, 0.0)
 
 
-def test_budget_is_the_relative_improvement_and_never_rises():
-    assert next_budget(math.inf, None, [2.0]) == math.inf            # nothing to compare yet
-    assert next_budget(math.inf, 2.0, [1.9, 1.7]) == pytest.approx(0.1)
-    assert next_budget(0.05, 2.0, [1.0]) == 0.05                      # a big gain: no rise
-    assert next_budget(0.05, 1.0, [1.1]) == 0.0                       # the loss got worse
+def test_budget_is_the_mean_improvement_per_window_and_never_rises():
+    assert next_budget(math.inf, [], [2.0]) == math.inf                # nothing to compare yet
+    assert next_budget(math.inf, [2.0], [1.9, 1.7]) == pytest.approx(0.1)
+    # four windows back at most: (1 - 1.0 / 1.8) / 4
+    assert next_budget(math.inf, [2.0, 1.8, 1.6, 1.5, 1.2], [1.0]) == pytest.approx(1 / 9)
+    assert next_budget(0.05, [2.0], [1.0]) == 0.05                      # a big gain: no rise
+    assert next_budget(0.05, [1.0], [1.1]) == 0.0                       # the loss got worse
+    # one window worse than the last does not end compression: (1 - 0.75 / 1.0) / 4
+    assert next_budget(1.0, [1.0, 0.9, 0.8, 0.7], [0.75]) == pytest.approx(0.0625)
 
 
 def _figures(scale: float = 1.0) -> Figures:
@@ -83,23 +87,27 @@ def _run(losses, probe_at, settings=AutoSettings(objective="bytes")):
 
 
 def test_decide_budget_falls_bits_rise_then_settle():
-    losses = [2.0] + [1.5] * 5 + [1.45] * 5 + [1.445] * 5 + [1.5] * 5 + [1.0] * 5
+    means = [1.0, 0.9, 0.85, 0.84, 0.845, 0.85, 0.85, 0.9]      # per 5-epoch window
+    losses = [2.0] + [m for m in means for _ in range(5)]
     probes = []
     state, records = _run(losses, probes)
     budgets = [r["budget"] for r in records]
     bits = [r["exchanges"][0]["bits"] for r in records]
-    assert budgets == pytest.approx([math.inf, 0.25, 1 / 30, 1 / 290, 0.0, 0.0])
-    assert bits == [1, 2, 4, 8, 32, 32]            # fewest bytes within each budget
+    assert budgets == pytest.approx([math.inf, 0.5, 0.275, 0.575 / 3, 0.145, 0.0387500,
+                                     0.05 / 3.6, 0.0, 0.0])
+    assert bits == [1, 2, 2, 2, 4, 4, 4, 32, 32]     # fewest bytes within each budget
     assert all(a >= b for a, b in zip(budgets, budgets[1:]))
-    assert state.settled and probes == [0, 5, 10, 15, 20]   # settled at 20: no more probes
-    assert records[5]["probed"] is False and records[5]["next_probe"] is None
+    # probes 5 apart, 10 once nothing changed, back to 5 after a change; none once settled
+    assert probes == [0, 5, 10, 20, 25, 35] and state.settled
+    assert [r["probed"] for r in records] == [e in probes for e in range(0, 45, 5)]
+    assert records[-1]["next_probe"] is None
 
 
 def test_probe_interval_doubles_while_nothing_changes():
     losses = [2.0 * 0.9 ** t for t in range(200)]    # steady 0.41 improvement per window
     probes = []
     _run(losses, probes, AutoSettings(objective="bytes", every=5))
-    assert probes[:6] == [0, 5, 10, 20, 40, 80]        # the budget inf -> 0.26 changes 1 -> 2
+    assert probes[:6] == [0, 5, 10, 20, 40, 80]        # the budget inf -> 0.21: 1 -> 2 bits
     assert max(b - a for a, b in zip(probes, probes[1:])) == MAX_BACKOFF * 5
 
 
