@@ -18,12 +18,17 @@ the same total epochs; each layer's input rows cross the link once), or a CAGNET
 a ``q``-part set), ``full@3d`` (split-3D, ``P = q^3``, a ``q^2``-part set); a rank count the
 algorithm cannot use is skipped (``bench/regime.py`` runs the four side by side).
 
+``auto`` is ``configs/schedules/auto.toml`` (``kind = "auto"``, its defaults); the epochs in
+which it measures its candidates are part of its time, as they are of a user's run.
+
 Per run: median epoch time (training step only), comm and codec share, bytes relative to fp32,
-test accuracy at the best validation epoch, and **time to accuracy**: the training time (sum of
-epoch times) until validation accuracy first reaches full communication's best validation
-accuracy at the same rank count and link, less 0.5 pt. Results: ``OUT.json``, ``OUT.md`` and,
-with ``--plot``, ``OUT-tta.png`` (accuracy against training time) and ``OUT-speedup.png``.
-Run it on an otherwise idle machine.
+test accuracy at the best validation epoch, and **time to accuracy** until validation accuracy
+first reaches full communication's best validation accuracy at the same rank count and link,
+less 0.5 pt: wall clock with evaluation (the sum of ``metrics.jsonl``'s ``wall_s``: training
+step + evaluation, every epoch up to the one that reaches it), the headline, and the training
+steps alone (the sum of ``epoch_s``) beside it. Results: ``OUT.json``, ``OUT.md`` and, with
+``--plot``, ``OUT-tta.png`` (accuracy against wall-clock time with evaluation) and
+``OUT-speedup.png``. Run it on an otherwise idle machine.
 """
 from __future__ import annotations
 
@@ -39,8 +44,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = "csbm:nodes=20000,classes=8,degree=10,homophily=0.7,features=128,signal=0.8,seed=11"
-SCHEDULES = ("full", "varco", "varco-quant2-all", "quant4-all", "quant2-all", "quant1-all",
-             "sample-all", "sample-quant2-all")
+SCHEDULES = ("full", "auto", "varco", "varco-quant2-all", "quant4-all", "quant2-all", "quant1-all",
+             "quant-1to4-all", "sample-all", "sample-quant2-all")
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1",
            "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMP_NUM_THREADS": "1"}
@@ -153,12 +158,33 @@ def summarise(run_dir: Path) -> dict:
             "bytes_sent": summary["bytes_sent"], "test_acc": summary["test_acc"],
             "bytes_per_epoch": statistics.mean(r["bytes_sent"] for r in rows),
             "best_val": summary["best_val_acc"], "train_s": sum(times),
-            "curve": [(sum(times[:i + 1]), r.get("val_acc"), r.get("test_acc")) for i, r in enumerate(rows)]}
+            "train_wall_s": sum(r["wall_s"] for r in rows),
+            "curve": curve(rows)}
 
 
-def time_to(curve: list, target: float) -> float | None:
-    """Training time until validation accuracy first reaches ``target``; None if never."""
-    return next((t for t, val, _ in curve if val is not None and val >= target), None)
+def curve(rows: list[dict]) -> list[tuple]:
+    """Per epoch: (training time so far, wall clock with evaluation so far, val, test acc)."""
+    out, train, wall = [], 0.0, 0.0
+    for r in rows:
+        train, wall = train + r["epoch_s"], wall + r["wall_s"]
+        out.append((train, wall, r.get("val_acc"), r.get("test_acc")))
+    return out
+
+
+def time_to(points: list, target: float, wall: bool = True) -> float | None:
+    """Wall clock with evaluation (``wall``) or training time alone until validation accuracy
+    first reaches ``target``; None if never (or, for an older sweep, no wall clock)."""
+    return next((p[1 if wall else 0] for p in points if p[2] is not None and p[2] >= target),
+                None)
+
+
+def earlier(out: Path) -> dict:
+    """The results of ``OUT.json``; curves of sweeps before the wall clock was recorded,
+    ``(train, val, test)``, read as ``(train, None, val, test)``."""
+    results = json.loads(out.with_suffix(".json").read_text())["results"]
+    for res in results.values():
+        res["curve"] = [c if len(c) == 4 else (c[0], None, *c[1:]) for c in res["curve"]]
+    return results
 
 
 def run_all(args) -> dict:
@@ -193,9 +219,11 @@ def add_time_to_accuracy(results: dict) -> None:
         if full is None:
             continue
         res["target_val"] = full["best_val"] - 0.005
-        res["tta_s"] = time_to(res["curve"], res["target_val"])
-        base = time_to(full["curve"], res["target_val"])
-        res["tta_speedup"] = base / res["tta_s"] if res["tta_s"] and base else None
+        for key_s, key_x, wall in (("tta_wall_s", "tta_wall_speedup", True),
+                                   ("tta_s", "tta_speedup", False)):
+            res[key_s] = time_to(res["curve"], res["target_val"], wall)
+            base = time_to(full["curve"], res["target_val"], wall)
+            res[key_x] = base / res[key_s] if res[key_s] and base else None
         res["epoch_speedup"] = full["epoch_s"] / res["epoch_s"]
 
 
@@ -203,22 +231,30 @@ def to_markdown(results: dict, args) -> str:
     lines = [f"`{args.dataset}`, GCN 2 layers, 64 hidden, {args.epochs} epochs, {args.partitioner} parts, "
              f"CPU ranks (one thread each) on {os.cpu_count()} cores; link: token-bucket "
              f"rate-limited loopback in a network namespace (Open MPI over TCP), `none` = the same "
-             f"TCP path unlimited, `shm` = shared memory. Time to accuracy: training time until "
-             f"validation accuracy reaches full communication's best - 0.5 pt (— = never).", "",
+             f"TCP path unlimited, `shm` = shared memory. Time to accuracy: until validation "
+             f"accuracy reaches full communication's best - 0.5 pt (— = never), wall clock with "
+             f"evaluation (every {args.eval_every} epochs) and, beside it, the training steps "
+             f"alone.", "",
              "| ranks | link (Gbit/s) | schedule | epoch (ms) | vs full | comm | codec | bytes vs fp32 | "
-             "MB / epoch (mean) | test acc | time to acc (s) | vs full |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "MB / epoch (mean) | test acc | time to acc, wall with eval (s) | vs full | "
+             "time to acc, training only (s) | vs full |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, r in results.items():
         ranks, rate, sched = key.split("|")
-        tta = "—" if r.get("tta_s") is None else f"{r['tta_s']:.2f}"
         sent = "none" if sched == "floor" else ("—" if algorithm(sched) != "halo"
                                                  else f"{100 * r['bytes_ratio']:.1f} %")
-        spd = "—" if r.get("tta_speedup") is None else f"{r['tta_speedup']:.2f}x"
         lines.append(f"| {ranks} | {rate} | {sched} | {1e3 * r['epoch_s']:.1f} | "
                      f"{r.get('epoch_speedup', 1):.2f}x | {100 * r['comm_share']:.0f} % | "
                      f"{100 * r['codec_share']:.1f} % | {sent} | {r['bytes_per_epoch'] / 1e6:.2f} | "
-                     f"{r['test_acc']:.4f} | {tta} | {spd} |")
+                     f"{r['test_acc']:.4f} | {_tta(r, 'tta_wall_s', 'tta_wall_speedup')} | "
+                     f"{_tta(r, 'tta_s', 'tta_speedup')} |")
     return "\n".join(lines) + "\n"
+
+
+def _tta(r: dict, seconds: str, speedup: str) -> str:
+    """'time | speed-up over full' cells, — where never reached (or no full run)."""
+    t, x = r.get(seconds), r.get(speedup)
+    return f"{'—' if t is None else f'{t:.2f}'} | {'—' if x is None else f'{x:.2f}x'}"
 
 
 def plot(results: dict, out: Path) -> None:
@@ -233,14 +269,15 @@ def plot(results: dict, out: Path) -> None:
             r_, rate, sched = k.split("|")
             if r_ != rk:
                 continue
-            pts = [(c[0], c[1]) for c in results[k]["curve"] if c[1] is not None]
+            pts = [(c[1], c[2]) for c in results[k]["curve"] if c[2] is not None
+                   and c[1] is not None]
             if sched == "floor" or not pts:
                 continue                        # the floor's accuracy means nothing
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=sched, lw=1.2,
                     ls="--" if "@" in sched else "-")
         ax.set_title(f"{rk} ranks, link {rate} Gbit/s")
         ax.set_ylim(0.5, 0.9)
-        ax.set_xlabel("training time (s)")
+        ax.set_xlabel("wall-clock time with evaluation (s)")
         ax.set_ylabel("validation accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -292,11 +329,11 @@ def main() -> None:
         args.schedules.insert(0, "full")
     out = Path(args.out)
     if args.replot:
-        plot(json.loads(out.with_suffix(".json").read_text())["results"], out)
+        plot(earlier(out), out)
         return
     results = run_all(args)
     if args.append and out.with_suffix(".json").is_file():      # merge with an earlier sweep
-        results = {**json.loads(out.with_suffix(".json").read_text())["results"], **results}
+        results = {**earlier(out), **results}
     add_time_to_accuracy(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = to_markdown(results, args)

@@ -18,7 +18,9 @@ the rows it actually sends in that epoch's exchanges (``ExchangeSettings.probe``
 candidate ``b`` the squared error ``||x - x^b||^2`` of its encode + decode of exactly those rows
 (the real send's noise key) beside ``||x||^2``, its seconds and bytes, and every exchange's
 bytes and wire seconds (post + wait). The trainer reduces them over ranks (errors summed,
-seconds and bytes maxed) and rank 0 decides and broadcasts the new ``AutoState``.
+seconds and bytes maxed) and rank 0 decides and broadcasts the new ``AutoState``. An exchange
+no rank sent anything through (a layer whose rows need no gradient has no backward) gets no
+decision.
 
 **Deciding**, per layer and direction: among the candidates whose relative error
 ``e_b = sum ||x - x^b||^2 / sum ||x||^2`` is within the budget ``B`` (fp32, error 0, always

@@ -66,8 +66,7 @@ def check_ok(proc) -> None:
 
 
 def train_here(shard_dir: Path, out: Path, *sets: str, config: str | None = "configs/cora.toml",
-               resume: bool = False, stop_after: int | None = None,
-               schedule: str | Path | None = None) -> list[dict]:
+               resume: bool = False, stop_after: int | None = None) -> list[dict]:
     """Train on ONE rank inside the pytest process (MPI singleton); returns metrics records.
     The trainer's signal handlers are restored afterwards."""
     import signal
@@ -75,14 +74,12 @@ def train_here(shard_dir: Path, out: Path, *sets: str, config: str | None = "con
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
     from hpcgnn.train.build import prepare_trainer
-    from hpcgnn.train.launch import load_policy
     saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
     try:
         ctx = CommContext.from_world("cpu")
         assert ctx.size == 1
-        trainer = prepare_trainer(ctx, load_config(config, list(sets)), shard_dir, out,
-                                  load_policy(None if schedule is None else str(schedule)),
-                                  resume=resume, stop_after=stop_after)
+        trainer = prepare_trainer(ctx, load_config(config, list(sets)), shard_dir, out, resume=resume,
+                                  stop_after=stop_after)
         trainer.start()
         trainer.run()
     finally:

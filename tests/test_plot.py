@@ -49,12 +49,12 @@ def test_plot_draws_auto_decisions(shards, tmp_path):
     """A ``kind = "auto"`` run fills the bottom-right panel (bits and budget); a run without
     it leaves that panel blank."""
     mpl_image = pytest.importorskip("matplotlib.image")
-    from hpcgnn.plot import _auto_series
+    from hpcgnn.plot import _auto_series, read_metrics
     (tmp_path / "auto.toml").write_text('kind = "auto"\nobjective = "bytes"\n')
-    auto = train_here(shards("cora", 1), tmp_path / "auto", "train.epochs=12",
-                      schedule=tmp_path / "auto.toml")
+    check_ok(train(2, shards("cora", 2), tmp_path / "auto", "train.epochs=12",
+                   config="configs/cora.toml", extra=("--schedule", tmp_path / "auto.toml")))
     train_here(shards("cora", 1), tmp_path / "full", "train.epochs=12")
-    series = _auto_series(auto)
+    series = _auto_series(read_metrics(tmp_path / "auto"))
     assert list(series["epoch"]) == [0, 5, 10] and set(series["bits"]) == {
         (0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")}
     corner = {}

@@ -57,10 +57,11 @@ def reduce_figures(ctx: CommContext, stats: ExchangeStats, keys: list) -> Figure
     for layer, d, cands in keys:
         n = len(cands)
         bits = [c.bits for c in cands]
-        exchanges[(layer, DIRECTIONS[d])] = ExchangeFigures(
-            norm2=sums[i], error2=dict(zip(bits, sums[i + 1:i + 1 + n])),
-            codec_s=dict(zip(bits, maxes[j:j + n])),
-            bytes=dict(zip([*bits, FP32], maxes[j + n:j + 2 * n + 1])))
+        fig = ExchangeFigures(norm2=sums[i], error2=dict(zip(bits, sums[i + 1:i + 1 + n])),
+                              codec_s=dict(zip(bits, maxes[j:j + n])),
+                              bytes=dict(zip([*bits, FP32], maxes[j + n:j + 2 * n + 1])))
+        if fig.bytes[FP32] > 0:           # no rank sent anything (e.g. no backward): no choice
+            exchanges[(layer, DIRECTIONS[d])] = fig
         i, j = i + 1 + n, j + 2 * n + 1
     wire = {name: [] for name in DIRECTIONS}
     for k, sample in enumerate(stats.wire):
