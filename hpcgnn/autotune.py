@@ -11,7 +11,9 @@ compress_backward = true
 ```
 
 Per layer and direction (forward activations, backward halo gradients) the controller keeps one
-setting: fp32 or ``b``-bit stochastic rounding (``hpcgnn.codecs.quant``).
+setting: fp32 or ``b``-bit stochastic rounding (``hpcgnn.codecs.quant``). Epoch 0, before anything
+is measured, sends the fewest bits of ``bits``: the budget starts unbounded, and VARCO too starts
+at its heaviest compression.
 
 **Measuring** (a *probe epoch*; epoch 0 is one): the trainer asks every sender to measure, on
 the rows it actually sends in that epoch's exchanges (``ExchangeSettings.probe``), for each
@@ -131,9 +133,6 @@ class AutoState:
     interval: int = 0                                       # epochs to the next probe
     next_probe: int = 0
     probes: int = 0
-
-    def bits_of(self, layer: int, direction: str) -> int:
-        return self.bits.get(f"{layer}/{direction}", FP32)
 
     @property
     def settled(self) -> bool:
@@ -267,9 +266,11 @@ class AutoPolicy(CompressionPolicy):
         return direction == "forward" or self.settings.compress_backward
 
     def bits(self, layer: int, num_layers: int | None, direction: str) -> int:
+        """The bits ``layer``'s exchange in ``direction`` sends now (32: fp32); before the
+        first decision the fewest candidate bits."""
         if not self._compressed(layer, num_layers, direction):
             return FP32
-        return self.state.bits_of(layer, direction)
+        return self.state.bits.get(f"{layer}/{direction}", min(self.settings.bits))
 
     def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
         return FP32 / self.bits(layer, num_layers, "forward")

@@ -132,7 +132,7 @@ def _auto(tmp_path, text="", epochs=100, layers=3):
 def test_auto_defaults_and_codecs_follow_the_state(tmp_path):
     p = _auto(tmp_path)
     assert p.adaptive and p.settings == AutoSettings()
-    assert p.forward_codec(0, 2, 3, 16) is IDENTITY and p.ratio(0, 0, 3) == 1.0   # start: fp32
+    assert p.forward_codec(0, 2, 3, 16) == WireCodec(bits=1) and p.ratio(0, 0, 3) == 32.0
     assert [c.bits for c in p.probe(0, 2, 3, "backward")] == [1, 2, 4, 8]   # last layer too
     assert p.probe(3, 0, 3, "forward") == ()                               # not a check
     p.state.bits = {"0/forward": 2, "2/backward": 8}
@@ -147,6 +147,7 @@ def test_auto_keys_are_honoured(tmp_path):
                                       compress_last_layer=False, compress_backward=False)
     assert p.probe(3, 2, 3, "forward") == () and p.probe(3, 0, 3, "backward") == ()
     assert [c.bits for c in p.probe(3, 0, 3, "forward")] == [2, 8]
+    assert p.forward_codec(0, 0, 3, 16) == WireCodec(bits=2)          # start: fewest bits
     p.state.bits = {"2/forward": 2, "0/backward": 2}
     assert p.forward_codec(3, 2, 3, 16) is IDENTITY and p.backward_codec(3, 0, 3, 16) is IDENTITY
 
@@ -182,3 +183,18 @@ def test_auto_is_a_whole_schedule_kind(tmp_path):
     path.write_text('codec = "truncate"\n[layers.1]\nkind = "auto"\n')
     with pytest.raises(ScheduleError, match="layers.1.kind.*top of the file"):
         load_schedule(path)
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["train.staleness=1"], r"train.staleness >= 1 hides the wire time.*staleness = 0"),
+    (["train.method=retexo", "train.rounds_per_layer=50", "train.epochs=100"],
+     r"retexo.*no loop for kind = 'auto' to close"),
+])
+def test_auto_refusals_name_the_keys_and_the_fix(tmp_path, sets, match):
+    from hpcgnn.combinations import check_combination
+    from hpcgnn.config import ConfigError, load_config
+    path = tmp_path / "auto.toml"
+    path.write_text('kind = "auto"\n')
+    with pytest.raises(ConfigError, match=match) as err:
+        check_combination(load_config(None, sets), load_schedule(path))
+    assert str(path) in str(err.value) and "kind = 'auto'" in str(err.value)
