@@ -19,7 +19,7 @@ at its heaviest compression.
 the rows it actually sends in that epoch's exchanges (``ExchangeSettings.probe``), for each
 candidate ``b`` the squared error ``||x - x^b||^2`` of its encode + decode of exactly those rows
 (the real send's noise key) beside ``||x||^2``, its seconds and bytes, and every exchange's
-bytes and wire seconds (post + wait). The trainer reduces them over ranks (errors summed,
+bytes, wire seconds (post + wait) and the layer's compute between post and wait. The trainer reduces them over ranks (errors summed,
 seconds and bytes maxed) and rank 0 decides and broadcasts the new ``AutoState``. An exchange
 no rank sent anything through (a layer whose rows need no gradient has no backward) gets no
 decision.
@@ -29,7 +29,9 @@ decision.
 is), the one of least predicted cost ``codec_s(b) + alpha + beta * bytes(b)``: ``(alpha, beta)``
 a least-squares fit of that direction's wire seconds against bytes over the last
 ``WIRE_HISTORY`` probed exchanges (the ratio ``sum s / sum bytes`` where the fit fails: fewer
-than two sizes, or ``beta <= 0``). Ties go to the more precise, so where the link makes bytes
+than two sizes, or ``beta <= 0``). With ``train.overlap`` (non-blocking exchanges) the wire
+time counts only past the layer's compute that hides it: ``max(0, alpha + beta * bytes(b) -
+compute_s)``, and a sample's wire seconds are post + compute + wait. Ties go to the more precise, so where the link makes bytes
 free fp32 wins on time. ``objective = "bytes"`` ranks by bytes alone (a choice that does not
 depend on timing, so runs are reproducible bit for bit).
 
@@ -87,12 +89,16 @@ class AutoSettings:
 @dataclass(frozen=True)
 class ExchangeFigures:
     """One layer and direction at one probe epoch, reduced over ranks: ``norm2`` and
-    ``error2[b]`` summed, ``codec_s[b]`` and ``bytes[b]`` (``b = 32``: fp32) the ranks' largest."""
+    ``error2[b]`` summed, ``codec_s[b]`` and ``bytes[b]`` (``b = 32``: fp32) the ranks' largest;
+    ``compute_s`` the layer's work between the post and the wait (largest rank), which the wire
+    time hides when the exchange is non-blocking (``overlap``, ``train.overlap``)."""
 
     norm2: float
     error2: dict[int, float]
     codec_s: dict[int, float]
     bytes: dict[int, float]
+    compute_s: float = 0.0
+    overlap: bool = False
 
     def error(self, bits: int) -> float:
         """Relative squared error of ``bits`` on the rows sent; 0 for fp32 or when none were."""
@@ -102,13 +108,15 @@ class ExchangeFigures:
 
     def to_dict(self) -> dict:
         """Plain, checkpointable: bit widths as string keys."""
-        return {"norm2": self.norm2, **{name: {str(b): v for b, v in getattr(self, name).items()}
-                                        for name in ("error2", "codec_s", "bytes")}}
+        return {"norm2": self.norm2, "compute_s": self.compute_s, "overlap": self.overlap,
+                **{name: {str(b): v for b, v in getattr(self, name).items()}
+                   for name in ("error2", "codec_s", "bytes")}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ExchangeFigures":
         return cls(d["norm2"], *({int(b): v for b, v in d[name].items()}
-                                 for name in ("error2", "codec_s", "bytes")))
+                                 for name in ("error2", "codec_s", "bytes")),
+                   compute_s=d["compute_s"], overlap=d["overlap"])
 
 
 @dataclass(frozen=True)
@@ -160,11 +168,15 @@ def fit_wire(samples: list[tuple[float, float]]) -> tuple[float, float]:
 
 def predicted_cost(fig: ExchangeFigures, bits: int, wire: tuple[float, float],
                    objective: str) -> float:
-    """Seconds (codec + wire) or bytes of ``bits`` on this exchange."""
+    """Seconds (codec + the wire time not hidden by the layer's compute) or bytes of ``bits``
+    on this exchange."""
     if objective == "bytes":
         return fig.bytes[bits]
     alpha, beta = wire
-    return fig.codec_s.get(bits, 0.0) + alpha + beta * fig.bytes[bits]
+    seconds = alpha + beta * fig.bytes[bits]
+    if fig.overlap:                         # a non-blocking exchange hides up to compute_s
+        seconds = max(0.0, seconds - fig.compute_s)
+    return fig.codec_s.get(bits, 0.0) + seconds
 
 
 def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
@@ -231,7 +243,7 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
 def _row(layer: int, direction: str, pick: int, fig: ExchangeFigures, settings: AutoSettings,
          wire: tuple[float, float]) -> dict:
     cands = (*settings.bits, FP32)
-    return {"layer": layer, "direction": direction, "bits": pick,
+    return {"layer": layer, "direction": direction, "bits": pick, "compute_s": fig.compute_s,
             "error": {str(b): fig.error(b) for b in cands},
             "predicted": {str(b): predicted_cost(fig, b, wire, settings.objective)
                           for b in cands}}

@@ -47,6 +47,16 @@ def test_choose_ties_go_to_the_more_precise_and_bytes_objective_ignores_time():
     assert choose(FIG, BITS, 0.2, (0.0, 1e-12), objective="bytes") == 2   # time would say fp32
 
 
+def test_overlapped_wire_time_is_free_up_to_the_layers_compute():
+    hidden = ExchangeFigures(FIG.norm2, FIG.error2, FIG.codec_s, FIG.bytes, compute_s=0.3,
+                             overlap=True)
+    assert choose(FIG, BITS, math.inf, (0.0, 1e-6)) == 1          # blocking: bytes cost time
+    assert choose(hidden, BITS, math.inf, (0.0, 1e-6)) == 32      # 0.256 s of fp32 wire hidden
+    shorter = ExchangeFigures(FIG.norm2, FIG.error2, FIG.codec_s, FIG.bytes, compute_s=0.1,
+                              overlap=True)
+XX
+
+
 def test_fit_wire_least_squares_and_the_ratio_fallback():
     alpha, beta = fit_wire([(1000.0, 0.003), (3000.0, 0.007), (2000.0, 0.005)])
     assert alpha == pytest.approx(0.001) and beta == pytest.approx(2e-6)

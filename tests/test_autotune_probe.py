@@ -65,7 +65,7 @@ def test_probe_measures_the_documented_error_of_the_sent_rows(ranks, shards, tmp
         # one wire sample per direction: this rank's fp32 bytes, a positive time
         assert [s[:3] for s in got["wire"]] == [[LAYER, 0, got["bytes_fwd"]],
                                                 [LAYER, 1, got["bytes_bwd"]]]
-        assert all(s[3] > 0 for s in got["wire"])
+        assert all(s[3] > 0 and s[4] >= 0 for s in got["wire"])
 
 
 def _exchange(ctx, plan, shard, settings):
@@ -102,7 +102,7 @@ def _worker(shard_dir: str, out: str) -> None:
                        "bytes": {str(c.bits): v for c, v in fig.bytes.items()}}
               for (layer, d), fig in stats.probes.items() if layer == LAYER}
     Path(out, f"{ctx.rank}.json").write_text(json.dumps({
-        "probes": probes, "wire": [[s.layer, s.direction, s.bytes, s.seconds] for s in stats.wire],
+        "probes": probes, "wire": [[s.layer, s.direction, s.bytes, s.seconds, s.compute_s] for s in stats.wire],
         "bytes_fwd": sum(plan.send_counts) * WIDTH * 4,
         "bytes_bwd": sum(plan.recv_counts) * WIDTH * 4,
         "same_as_unprobed": bool(torch.equal(halo, plain[1]) and torch.equal(grad, plain[2])

@@ -90,13 +90,17 @@ class ProbeFigures:
 
 @dataclass
 class WireSample:
-    """One probed exchange on the wire: this rank's bytes sent and its seconds in MPI calls
-    (post, then the wait, added when the exchange completes)."""
+    """One probed exchange: this rank's bytes sent, its seconds in MPI calls (post, then the
+    wait, added when the exchange completes), and ``compute_s``, the layer's own work between
+    the post and the wait (the owned-row aggregation a non-blocking exchange overlaps)."""
 
     layer: int
     direction: int
     bytes: int
     seconds: float
+    nonblocking: bool = False
+    compute_s: float = 0.0
+    posted_at: float = 0.0
 
 
 @dataclass
@@ -241,7 +245,8 @@ class HaloExchanger:
         sample = None
         if probe:                                 # measured after the post: off the books
             self._probe(rows.detach(), probe, direction, sblocks, skeys, noise, fwd)
-            sample = WireSample(self.layer, direction, lay.send_total, t2 - t1)
+            sample = WireSample(self.layer, direction, lay.send_total, t2 - t1, nb,
+                                posted_at=time.perf_counter())
             self.stats.wire.append(sample)
         return Pending(request, recv, keep, rblocks, width, codec, rkeys, sample)
 
@@ -285,6 +290,7 @@ class HaloExchanger:
         self.stats.comm_s += t1 - t0
         if pending.sample is not None:
             pending.sample.seconds += t1 - t0
+            pending.sample.compute_s += t0 - pending.sample.posted_at
         self.stats.codec_s += time.perf_counter() - t1
         return rows.reshape(-1, pending.width)
 

@@ -6,7 +6,8 @@ After a probe epoch's training step, every rank in the same order:
   one Allreduce (MAX) of the candidates' seconds and bytes and of the wire samples,
   rank 0 decides (``AutoPolicy.decide``), one Bcast of the new controller state (a few kB).
 Per layer and direction ``1 + |candidates|`` summed and ``2 |candidates| + 1`` maxed values,
-plus 2 per probed exchange. Other checks decide from the state alone (no communication).
+plus 3 per probed exchange (bytes, wire seconds, the layer's compute between post and wait).
+Other checks decide from the state alone (no communication).
 """
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def _local(stats: ExchangeStats, keys: list) -> tuple[list[float], list[float]]:
         sums += [fig.norm2, *(fig.error2.get(c, 0.0) for c in cands)]
         maxes += [*(fig.seconds.get(c, 0.0) for c in cands),
                   *(float(fig.bytes.get(c, 0)) for c in (*cands, IDENTITY))]
-    for sample in stats.wire:
-        maxes += [float(sample.bytes), sample.seconds]
+    for sample in stats.wire:                 # a hidden (non-blocking) wire time: up to compute
+        wire_s = sample.seconds + (sample.compute_s if sample.nonblocking else 0.0)
+        maxes += [float(sample.bytes), wire_s, sample.compute_s]
     return sums, maxes
 
 
@@ -53,19 +55,25 @@ def reduce_figures(ctx: CommContext, stats: ExchangeStats, keys: list) -> Figure
     Every rank probed the same exchanges in the same order, so the vectors line up."""
     sums, maxes = _local(stats, keys)
     sums, maxes = sum_float64(ctx, sums), max_float64(ctx, maxes)
+    wire, compute = {name: [] for name in DIRECTIONS}, {}
+    at = len(maxes) - 3 * len(stats.wire)
+    for k, sample in enumerate(stats.wire):
+        nbytes, seconds, comp = maxes[at + 3 * k:at + 3 * k + 3]
+        wire[DIRECTIONS[sample.direction]].append((nbytes, seconds))
+        key = (sample.layer, sample.direction)
+        compute[key] = (compute.get(key, (0.0, False))[0] + comp, sample.nonblocking)
     exchanges, i, j = {}, 0, 0
     for layer, d, cands in keys:
         n = len(cands)
         bits = [c.bits for c in cands]
+        comp, overlap = compute.get((layer, d), (0.0, False))
         fig = ExchangeFigures(norm2=sums[i], error2=dict(zip(bits, sums[i + 1:i + 1 + n])),
                               codec_s=dict(zip(bits, maxes[j:j + n])),
-                              bytes=dict(zip([*bits, FP32], maxes[j + n:j + 2 * n + 1])))
+                              bytes=dict(zip([*bits, FP32], maxes[j + n:j + 2 * n + 1])),
+                              compute_s=comp, overlap=overlap)
         if fig.bytes[FP32] > 0:           # no rank sent anything (e.g. no backward): no choice
             exchanges[(layer, DIRECTIONS[d])] = fig
         i, j = i + 1 + n, j + 2 * n + 1
-    wire = {name: [] for name in DIRECTIONS}
-    for k, sample in enumerate(stats.wire):
-        wire[DIRECTIONS[sample.direction]].append((maxes[j + 2 * k], maxes[j + 2 * k + 1]))
     return Figures(exchanges, wire)
 
 
