@@ -24,6 +24,9 @@ the same total epochs; each layer's input rows cross the link once), or a CAGNET
 a ``q``-part set), ``full@3d`` (split-3D, ``P = q^3``, a ``q^2``-part set); a rank count the
 algorithm cannot use is skipped (``bench/regime.py`` runs the four side by side).
 
+``auto`` is ``configs/schedules/auto.toml`` (``kind = "auto"``, its defaults); the epochs in
+which it measures its candidates are part of its time, as they are of a user's run.
+
 Per run: median epoch time (the training step only, ``epoch_s``) and the mean wall-clock per
 epoch with evaluation (``wall_s`` of ``metrics.jsonl``: the step plus the evaluation every
 ``--eval-every`` epochs, which runs synchronous and uncompressed), comm and codec share, bytes
@@ -51,8 +54,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = "csbm:nodes=20000,classes=8,degree=10,homophily=0.7,features=128,signal=0.8,seed=11"
-SCHEDULES = ("full", "varco", "varco-quant2-all", "quant4-all", "quant2-all", "quant1-all",
-             "sample-all", "sample-quant2-all")
+SCHEDULES = ("full", "auto", "varco", "varco-quant2-all", "quant4-all", "quant2-all", "quant1-all",
+             "quant-1to4-all", "sample-all", "sample-quant2-all")
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1",
            "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMP_NUM_THREADS": "1"}

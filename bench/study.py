@@ -4,6 +4,13 @@
     python bench/study.py report                 # table + plots from bench/results/study_runs.jsonl
     python bench/study.py ship                   # winning schedules -> configs/schedules/
 
+Issue 23's re-run on the current codecs, with ``auto`` (``kind = "auto"``) as a column: Cora,
+Citeseer, cSBM-50k x METIS, random x 4, 8 ranks x seeds 0-2, into its own result files
+(``--tag``: ``bench/results/study-TAG_runs.jsonl``, ``study-TAG.md``):
+
+    python bench/study.py run --tag auto-2core-DATE --phase auto-full auto auto-others
+    python bench/study.py report --tag auto-2core-DATE
+
 Every training is a real MPI run of the real trainer (``hpcgnn.__main__.main(["train", ...])``):
 the runs of one shard set share one ``mpiexec`` launch (``python -m mpi4py bench/study.py batch
 JOBS.json``), because on a small machine starting K ranks of Python + torch costs far more than
@@ -31,6 +38,10 @@ SHIPPED = REPO / "configs" / "schedules"
 
 DATASETS = {
     "cora": {"spec": "cora", "config": {
+        "model": {"arch": "gcn", "hidden": 128, "layers": 2, "dropout": 0.5},
+        "data": {"normalize_features": True},
+        "train": {"epochs": 100, "lr": 0.01, "weight_decay": 5e-4, "eval_every": 5}}},
+    "citeseer": {"spec": "citeseer", "config": {
         "model": {"arch": "gcn", "hidden": 128, "layers": 2, "dropout": 0.5},
         "data": {"normalize_features": True},
         "train": {"epochs": 100, "lr": 0.01, "weight_decay": 5e-4, "eval_every": 5}}},
@@ -108,7 +119,29 @@ PLAN = [  # most important first, so a cut-short study still has its headline
     *[("robust", ds, 4, part, QUANT_ALL, [0]) for ds, part in
       (("cora", "random"), ("sbm", "random"), ("sbm", "metis"))],
 ]
-METHODS = {**PAPER, **PAPER_EXTRA, **BEYOND}
+# issue 23: the closed loop (kind = "auto", its defaults) against full communication on every
+# cell, then the paper's schedule and the shipped quantisers beside them
+AUTO = {"auto": {"kind": "auto"},
+        "quant4-all": {"codec": "quant", "kind": "constant", "ratio": 8.0,
+                       "compress_last_layer": True}}
+AUTO_CELLS = [(ds, parts, part) for ds in ("cora", "citeseer", "sbm")
+              for part in ("metis", "random") for parts in (4, 8)]
+PLAN += [(phase, ds, parts, part, methods, [0, 1, 2]) for phase, methods in
+         (("auto-full", ["full"]), ("auto", ["auto"]),
+          ("auto-others", ["varco-s5", "quant2-all", "quant4-all"]))
+         for ds, parts, part in AUTO_CELLS]
+METHODS = {**PAPER, **PAPER_EXTRA, **BEYOND, **AUTO}
+
+
+def use_tag(tag: str | None) -> None:
+    """Read and write ``study-TAG_runs.jsonl`` / ``study-TAG.md`` / ``.csv`` (None: the
+    original ``study_runs.jsonl`` / ``study.md``)."""
+    global RUNS_FILE, TABLE_STEM
+    RUNS_FILE = RESULTS / (f"study-{tag}_runs.jsonl" if tag else "study_runs.jsonl")
+    TABLE_STEM = f"study-{tag}" if tag else "study"
+
+
+TABLE_STEM = "study"
 
 
 def run_id(dataset: str, parts: int, partitioner: str, method: str, seed: int) -> str:
@@ -222,6 +255,8 @@ def record(job: dict) -> None:
             curve.append([r["epoch"], r["val_acc"], r["test_acc"], sent])
     shares = [r["codec_s"] / r["epoch_s"] for r in rows if r["epoch_s"] > 0]
     rec = {k: job[k] for k in ("id", "dataset", "parts", "partitioner", "method", "seed")}
+    rec["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                   capture_output=True, text=True).stdout.strip()
     rec.update({k: summary[k] for k in ("test_acc", "final_test_acc", "best_val_acc",
                                         "bytes_sent", "bytes_full", "epoch_time_s_median")})
     rec.update({"byte_share": summary["bytes_sent"] / summary["bytes_full"],
@@ -298,7 +333,7 @@ def table_rows(runs: list[dict]) -> list[dict]:
 TABLE_NOTE = """# VARCO study (`python bench/study.py run && python bench/study.py report`)
 
 2-layer GCN, hidden 128, dropout 0.5, Adam lr 0.01, weight decay 5e-4, evaluated every 5 epochs;
-test accuracy at the best validation epoch. Cora: row-normalised features, 100 epochs. sbm:
+test accuracy at the best validation epoch. Cora, Citeseer: row-normalised features, 100 epochs. sbm:
 `{sbm}`, 100 epochs; on it a 2-layer MLP of the features alone reaches
 20.0 % test accuracy, logistic regression on 1- and 2-hop propagated features 55.0 % and 85.4 %
 (single process, torch, 150 epochs): the neighbours carry the signal.
@@ -311,11 +346,11 @@ last layer compressed too. Seeds > 1: mean ± sd.
 """
 
 
-def write_table(rows: list[dict]) -> None:
+def write_table(rows: list[dict], commits: list[str] = ()) -> None:
     keys = list(rows[0])
     csv = [",".join(keys)] + [",".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k])
                                        for k in keys) for r in rows]
-    (RESULTS / "study.csv").write_text("\n".join(csv) + "\n")
+    (RESULTS / f"{TABLE_STEM}.csv").write_text("\n".join(csv) + "\n")
     md = ["| dataset | partitioner | parts | method | seeds | test acc % | Δ vs full (pt) | "
           "bytes vs full % | codec share of epoch % |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -324,7 +359,9 @@ def write_table(rows: list[dict]) -> None:
                   f"{r['seeds']} | {r['test_acc']:.1f}{sd} | {r['delta_vs_full']:+.1f} | "
                   f"{r['byte_share_pct']:.1f} | {r['codec_share_pct']:.1f} |")
     note = TABLE_NOTE.format(sbm=DATASETS["sbm"]["spec"])
-    (RESULTS / "study.md").write_text(note + "\n".join(md) + "\n")
+    if commits:
+        note += f"Runs made at commit {', '.join(commits)}.\n\n"
+    (RESULTS / f"{TABLE_STEM}.md").write_text(note + "\n".join(md) + "\n" + auto_table(rows))
 
 
 def winners(rows: list[dict], tolerance: float = 0.5) -> list[dict]:
@@ -453,10 +490,71 @@ def draw_all(runs: list[dict], rows: list[dict], out: Path) -> None:
     draw_parts(runs, "cora", out)
 
 
+AUTO_COLUMNS = ("auto", "varco-s5", "quant2-all", "quant4-all")
+
+
+def auto_table(rows: list[dict]) -> str:
+    """Issue 23's table: per cell, full communication's accuracy and each method's difference
+    (3-seed means) and share of full bytes; empty when no run of ``auto`` is in ``rows``."""
+    by = {(r["dataset"], r["partitioner"], r["parts"], r["method"]): r for r in rows}
+    cells = sorted({k[:3] for k in by if k[3] == "auto"})
+    if not cells:
+        return ""
+    head = " | ".join(f"{m} Δ pt (bytes %)" for m in AUTO_COLUMNS)
+    md = ["", "### `auto` beside full communication (3-seed means, test accuracy at best "
+          "validation)", "", f"| dataset | partitioner | parts | full % | {head} |",
+          "|---|---|---:|---:|" + "---:|" * len(AUTO_COLUMNS)]
+    for cell in cells:
+        full = by.get((*cell, "full"))
+        line = [*map(str, cell), f"{full['test_acc']:.1f} ± {full['test_acc_sd']:.1f}"
+                if full else "—"]
+        for m in AUTO_COLUMNS:
+            r = by.get((*cell, m))
+            line.append("—" if r is None else
+                        f"{r['delta_vs_full']:+.1f} ({r['byte_share_pct']:.0f})" +
+                        ("" if r["seeds"] == 3 else f" [{r['seeds']} seeds]"))
+        md.append("| " + " | ".join(line) + " |")
+    return "\n".join(md) + "\n"
+
+
+def draw_auto(runs: list[dict], out: Path) -> None:
+    """Per cell: each method's test accuracy minus full's (seed means, with the seeds' range)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = grouped(runs)
+    cells = sorted({k[:3] for k in groups if k[3] == "auto"})
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(cells)), 4.5))
+    for j, m in enumerate(AUTO_COLUMNS):
+        xs, ys, lo, hi = [], [], [], []
+        for i, cell in enumerate(cells):
+            rs, full = groups.get((*cell, m)), groups.get((*cell, "full"))
+            if not rs or not full:
+                continue
+            d = [100 * r["test_acc"] - _mean_acc(full) for r in rs]
+            xs.append(i + 0.18 * (j - 1.5))
+            ys.append(statistics.mean(d))
+            lo.append(ys[-1] - min(d))
+            hi.append(max(d) - ys[-1])
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=2, label=m)
+    ax.axhspan(-0.5, 0.5, color="grey", alpha=0.2, label="full ± 0.5 pt")
+    ax.set_xticks(range(len(cells)), [f"{d}\n{p} {n}" for d, n, p in cells], fontsize=7)
+    ax.set_ylabel("test accuracy − full's (pt)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"{TABLE_STEM}.png", dpi=110)
+    plt.close(fig)
+
+
 def report() -> None:
     runs = load_runs()
     rows = table_rows(runs)
-    write_table(rows)
+    write_table(rows, sorted({r["commit"] for r in runs if r.get("commit")}))
+    if TABLE_STEM != "study":                  # a tagged study: its own table and plot only
+        draw_auto(runs, RESULTS)
+        print((RESULTS / f"{TABLE_STEM}.md").read_text())
+        return
     best = winners(rows)
     (RESULTS / "winners.json").write_text(json.dumps(best, indent=1))
     draw_all(runs, rows, RESULTS)
@@ -488,10 +586,12 @@ def main() -> None:
     r.add_argument("--phase", nargs="+", default=["all"],
                    choices=("all", *dict.fromkeys(p[0] for p in PLAN)))
     r.add_argument("--work", default=str(REPO / "runs" / "study"))
-    sub.add_parser("report")
+    r.add_argument("--tag", help="record into study-TAG_runs.jsonl (e.g. auto-2core-20250101)")
+    sub.add_parser("report").add_argument("--tag", help="report study-TAG_runs.jsonl")
     sub.add_parser("ship").add_argument("--count", type=int, default=2)
     sub.add_parser("batch").add_argument("listing")
     args = ap.parse_args()
+    use_tag(getattr(args, "tag", None))
     if args.cmd == "run":
         run(args.phase, Path(args.work))
     elif args.cmd == "report":

@@ -15,6 +15,9 @@ What is refused, and why:
   run uncompressed and synchronous) and GAT (its attention changes the adjacency every step).
 - ``train.staleness >= 1`` with the ``learned`` codec (its encoder would train on rows of
   another epoch).
+- a closed-loop schedule (``kind = "auto"``) with ``train.method = 'retexo'`` (each layer's rows
+  cross the wire once: there is no loop to close) or with ``train.staleness >= 1`` (the stale
+  exchange hides the wire time the controller weighs, and its rows are of another epoch).
 - ``model.arch = 'gat'`` with a schedule whose ``sample`` stage is on at any epoch of any layer,
   forward or backward: a dropped halo row would enter the softmax as a zero row, not as a
   missing edge.
@@ -54,8 +57,22 @@ def check_combination(cfg, policy: CompressionPolicy | None = None,
           "train.staleness >= 1 does not combine with the 'learned' codec (its encoder would "
           "train on rows of another epoch); use truncate, random, quant or sample, or "
           "staleness = 0")
+    if bound.adaptive:
+        _check_auto(cfg, sched)
     if cfg.model.arch == "gat":
         _check_gat_sampling(cfg, bound, sched)
+
+
+def _check_auto(cfg, sched: str) -> None:
+    """What a closed-loop schedule (``kind = "auto"``) does not combine with."""
+    _need(cfg.train.method != "retexo", sched, "kind", "auto",
+          "train.method = 'retexo' exchanges each layer's rows once, so there is no loop for "
+          "kind = 'auto' to close; use a curve kind (e.g. codec = 'quant', bits = 4) or "
+          "train.method = 'full'")
+    _need(not cfg.train.staleness, sched, "kind", "auto",
+          "train.staleness >= 1 hides the wire time kind = 'auto' weighs against the codec's "
+          "error; use a curve kind (e.g. codec = 'quant', bits = 2) with staleness, or "
+          "train.staleness = 0 with kind = 'auto'")
 
 
 def _check_method(cfg, where: str) -> None:

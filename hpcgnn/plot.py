@@ -3,8 +3,11 @@
 Panels (one colour per run, legend = run directory): loss, and accuracy (test solid, validation
 dashed), against the epoch and against the cumulative halo bytes sent (training exchanges, all
 ranks, forward + backward, from ``metrics.jsonl``'s ``bytes_sent``); the compression ratio of
-every layer against the epoch (one line style per layer). Headless (matplotlib's Agg backend);
-matplotlib is the optional extra ``pip install 'hpcgnn[plot]'``.
+every layer against the epoch (one line style per layer); and, for runs with
+``kind = "auto"``, the bits it decided per layer and direction at each check (line style per
+layer, circles forward, crosses backward; 32 = fp32) with its budget (dotted, right axis, log).
+Headless (matplotlib's Agg backend); matplotlib is the optional extra
+``pip install 'hpcgnn[plot]'``.
 """
 from __future__ import annotations
 
@@ -60,6 +63,30 @@ def _series(records: list[dict]) -> dict[str, np.ndarray]:
             "test": np.array([r["test_acc"] for r in evals]), "val": np.array([r["val_acc"] for r in evals])}
 
 
+def _auto_series(records: list[dict]) -> dict | None:
+    """``kind = "auto"``'s checks: epochs, budget (inf as NaN) and bits per (layer, direction)."""
+    checks = [r for r in records if "auto" in r]
+    if not checks:
+        return None
+    bits: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for r in checks:
+        for e in r["auto"]["exchanges"]:
+            bits.setdefault((e["layer"], e["direction"]), []).append((r["epoch"], e["bits"]))
+    budget = [r["auto"]["budget"] for r in checks]
+    return {"epoch": np.array([r["epoch"] for r in checks]),
+            "budget": np.array([b if np.isfinite(b) else np.nan for b in budget], dtype=float),
+            "bits": bits}
+
+
+def _draw_auto(ax, budget_ax, auto: dict, label: str, color) -> None:
+    for (layer, direction), pts in sorted(auto["bits"].items()):
+        ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color=color,
+                linestyle=LAYER_STYLES[layer % len(LAYER_STYLES)],
+                marker="o" if direction == "forward" else "x", markersize=3,
+                label=f"{label} layer {layer} {direction}")
+    budget_ax.plot(auto["epoch"], auto["budget"], color=color, linestyle=":", alpha=0.7)
+
+
 def _draw(axes, s: dict, label: str, color) -> None:
     (loss_e, acc_e, ratio_e), (loss_b, acc_b, _) = axes
     for ax, x in ((loss_e, s["epoch"]), (loss_b, s["mb"])):
@@ -85,18 +112,37 @@ def _decorate(axes) -> None:
     axes[0][2].set_yscale("log", base=2)
 
 
+def _decorate_auto(ax, budget_ax) -> None:
+    ax.set_title('kind = "auto": bits per layer and direction; budget (dotted)', fontsize=10)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("bits (32 = fp32)")
+    ax.set_yscale("log", base=2)
+    ax.set_yticks([1, 2, 4, 8, 32], ["1", "2", "4", "8", "32"])
+    budget_ax.set_yscale("log")
+    budget_ax.set_ylabel("error budget")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+
+
 def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Draw ``run_dirs`` into the PNG ``out`` (written to a temporary name, then renamed)."""
     run_dirs, out = [Path(p) for p in run_dirs], Path(out)
     records = [read_metrics(p) for p in run_dirs]           # every error before drawing
     plt = _pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
-    axes[1][2].set_visible(False)
+    autos = [_auto_series(recs) for recs in records]
+    auto_ax = axes[1][2]
+    budget_ax = auto_ax.twinx() if any(autos) else None
+    auto_ax.set_visible(budget_ax is not None)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (recs, label) in enumerate(zip(records, _labels(run_dirs))):
         if recs:
             _draw(axes, _series(recs), label, colors[i % len(colors)])
+        if autos[i]:
+            _draw_auto(auto_ax, budget_ax, autos[i], label, colors[i % len(colors)])
     _decorate(axes)
+    if budget_ax is not None:
+        _decorate_auto(auto_ax, budget_ax)
     fig.tight_layout()
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:

@@ -26,6 +26,11 @@ replaces the whole rate curve, one that sets ``codec`` its ``bits``/``keep``; ot
 overrides tweak single keys. ``ratio()`` reports the
 schedule's ratio; the exact bytes of a combined codec come from its ``block_bytes``.
 
+``kind = "auto"`` is a closed loop, not a curve: it takes no ratio keys and no per-layer or
+``[backward]`` tables, only ``codec = "quant"``, ``bits`` (the candidate widths), ``every``,
+``objective``, ``compress_last_layer`` (default true for auto) and ``compress_backward``; see
+``hpcgnn.autotune``.
+
 Every check runs at load time (layer indices at ``bind``), before any rank communicates; each
 error names the file, the key and the fix.
 """
@@ -39,6 +44,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from hpcgnn.autotune import OBJECTIVES, AutoPolicy, AutoSettings
 from hpcgnn.codecs.base import IDENTITY, CompressionPolicy, WireCodec
 from hpcgnn.codecs.build import CodecSpec, build_codec, parse_codec
 from hpcgnn.codecs.learned import learned_pair
@@ -49,7 +55,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-KINDS = ("constant", "linear", "exponential", "step", "table")
+KINDS = ("constant", "linear", "exponential", "step", "table")  # and "auto" (hpcgnn.autotune)
 RATE_KEYS = ("kind", "max_ratio", "min_ratio", "slope", "ratio", "every", "factor", "phase")
 STAGE_KEYS = ("bits", "keep")
 RULE_KEYS = ("codec", *RATE_KEYS, *STAGE_KEYS)
@@ -174,6 +180,10 @@ def _check_phase_order(phases: list, prefix: str, where: _Where, fix: str) -> No
 
 def _curve(table: dict, prefix: str, where: _Where) -> RateCurve:
     kind = table.get("kind", DEFAULTS["kind"])
+    if kind == "auto":
+        raise where.error(prefix + "kind", "kind = 'auto' decides every layer and direction "
+                          "itself and is set for the whole schedule only", "write kind = "
+                          "'auto' at the top of the file and remove this override")
     if kind not in KINDS:
         raise where.error(prefix + "kind", f"unknown kind {kind!r}", f"use one of {', '.join(KINDS)}")
     if "ratio" in table and kind != "constant":
@@ -429,9 +439,67 @@ class SchedulePolicy(CompressionPolicy):
                 if self._rules(i).forward.codec.learned and self._compressed(i, num_layers)]
 
 
-def parse_schedule(top: dict, path: str = "<schedule>") -> SchedulePolicy:
+# --- kind = "auto" -----------------------------------------------------------------------------
+AUTO_KEYS = ("kind", "codec", "bits", "every", "objective", "compress_last_layer",
+             "compress_backward", "epochs")
+
+
+def _auto_refusals(top: dict, where: _Where) -> None:
+    """The keys of a rate curve or of overrides: auto sets those itself."""
+    for key in (*RATE_KEYS, "keep"):
+        if key not in ("kind", "every") and key in top:
+            raise where.error(key, "kind = 'auto' chooses the rate itself (the bits per layer "
+                              "and direction, from measured error and cost)",
+                              f"remove {key}, or use a curve kind (constant, linear, ...) with "
+                              f"codec = 'quant' to fix the rate")
+    for key in ("layers", "backward"):
+        if key in top:
+            raise where.error(key, "kind = 'auto' decides every layer and direction itself",
+                              f"remove [{key}...]; use compress_last_layer = false or "
+                              "compress_backward = false to keep exchanges at fp32")
+    _check_keys(top, AUTO_KEYS, "", where)
+    if top.get("codec", "quant") != "quant":
+        raise where.error("codec", f"kind = 'auto' drives the quant codec's bits, not "
+                          f"{top['codec']!r}", "write codec = 'quant' (or leave codec out)")
+
+
+def _auto_bits(top: dict, where: _Where) -> tuple[int, ...]:
+    bits = top.get("bits", list(BITS))
+    fix = f"a non-empty list drawn from {list(BITS)}, e.g. bits = [2, 4, 8]"
+    if (not isinstance(bits, list) or not bits or not all(_valid_bits(b) for b in bits)
+            or len(set(bits)) != len(bits)):
+        raise where.error("bits", f"kind = 'auto' takes the candidate bit widths as a list, "
+                          f"got {bits!r}", fix)
+    return tuple(sorted(bits))
+
+
+def _auto_every(top: dict, where: _Where) -> int:
+    every = top.get("every", AutoSettings.every)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise where.error("every", f"expected a number of epochs >= 1, got {every!r}",
+                          f"write every = {AutoSettings.every}")
+    return every
+
+
+def _auto(top: dict, where: _Where) -> AutoPolicy:
+    """``kind = "auto"``: the controller's settings, checked."""
+    _auto_refusals(top, where)
+    objective = top.get("objective", AutoSettings.objective)
+    if objective not in OBJECTIVES:
+        raise where.error("objective", f"unknown objective {objective!r}",
+                          f"use one of {', '.join(OBJECTIVES)}")
+    _epochs(top, where)
+    return AutoPolicy(where.path, AutoSettings(
+        bits=_auto_bits(top, where), every=_auto_every(top, where), objective=objective,
+        compress_last_layer=_flag(top, "compress_last_layer", True, where),
+        compress_backward=_flag(top, "compress_backward", True, where)))
+
+
+def parse_schedule(top: dict, path: str = "<schedule>") -> CompressionPolicy:
     """A policy from an already-parsed schedule table; every check runs here."""
     where = _Where(path)
+    if top.get("kind") == "auto":
+        return _auto(top, where)
     _check_keys(top, TOP_KEYS, "", where)
     _check_keys(_sub_table(top, "backward", "", where), RULE_KEYS, "backward.", where)
     return SchedulePolicy(path, _layer_rules(top, {}, "", where), _layers(top, where),
@@ -439,7 +507,7 @@ def parse_schedule(top: dict, path: str = "<schedule>") -> SchedulePolicy:
                           _flag(top, "compress_backward", True, where), _epochs(top, where))
 
 
-def load_schedule(path: str | Path) -> SchedulePolicy:
+def load_schedule(path: str | Path) -> CompressionPolicy:
     """Read and validate a schedule file; raises ScheduleError naming the file, key and fix."""
     path = Path(path)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "hpcgnn"
 LEVEL = {"hashing": 0, "errors": 0, "log": 0, "data": 1, "kernels": 1, "datasets": 1,
-         "codecs": 2, "combinations": 3, "config": 3, "schedule": 3, "comm": 4, "nn": 5,
+         "codecs": 2, "combinations": 3, "config": 3, "schedule": 3, "autotune": 3, "comm": 4, "nn": 5,
          "train": 6, "predict": 7, "plot": 7, "__main__": 8}
 
 

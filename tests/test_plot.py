@@ -43,3 +43,23 @@ def test_plot_errors(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)                # as if not installed
     with pytest.raises(PlotError, match=r"pip install 'hpcgnn\[plot\]'"):
         plot_runs([tmp_path / "run"], tmp_path / "x.png")
+
+
+def test_plot_draws_auto_decisions(shards, tmp_path):
+    """A ``kind = "auto"`` run fills the bottom-right panel (bits and budget); a run without
+    it leaves that panel blank."""
+    mpl_image = pytest.importorskip("matplotlib.image")
+    from hpcgnn.plot import _auto_series, read_metrics
+    (tmp_path / "auto.toml").write_text('kind = "auto"\nobjective = "bytes"\n')
+    check_ok(train(2, shards("cora", 2), tmp_path / "auto", "train.epochs=12",
+                   config="configs/cora.toml", extra=("--schedule", tmp_path / "auto.toml")))
+    train_here(shards("cora", 1), tmp_path / "full", "train.epochs=12")
+    series = _auto_series(read_metrics(tmp_path / "auto"))
+    assert list(series["epoch"]) == [0, 5, 10] and set(series["bits"]) == {
+        (0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")}
+    corner = {}
+    for name, runs in (("auto", ["full", "auto"]), ("plain", ["full"])):
+        proc = _plot(*(tmp_path / r for r in runs), "--out", tmp_path / f"{name}.png")
+        assert proc.returncode == 0, proc.stderr
+        corner[name] = mpl_image.imread(tmp_path / f"{name}.png")[500:850, 1150:1550, :3].std()
+    assert corner["auto"] > 0.05 and corner["plain"] < 0.01

@@ -198,8 +198,13 @@ class CompressionPolicy:
     learned encoder/decoder pair (VARCO's ``learned`` codec): the model registers them as
     submodules, so their gradients are all-reduced and stepped with the model's, applies the
     encoder to the rows it sends before ``encode`` and the decoder to the halo rows after
-    ``decode``.
+    ``decode`` — while the forward codec is ``learned`` (``k < F``), never at ratio 1 or in
+    evaluation.
     """
+
+    adaptive = False
+    """True for a closed-loop policy (``kind = "auto"``, ``hpcgnn.autotune.AutoPolicy``): the
+    trainer measures the candidates ``probe`` lists and hands the policy its figures."""
 
     def bind(self, epochs: int, num_layers: int) -> "CompressionPolicy":
         """Tell the policy the run's epoch count and layer count; call once, before training.
@@ -223,6 +228,13 @@ class CompressionPolicy:
         """Codec the schedule gives the backward (halo-gradient) exchange; the exchange sends
         ``base.backward_codec(forward, this)``, its adjoint-exact form."""
         return IDENTITY
+
+    def probe(self, epoch: int, layer: int, num_layers: int, direction: str
+              ) -> tuple[WireCodec, ...]:
+        """The codecs whose error and cost ``layer``'s exchange in ``direction`` (``forward`` |
+        ``backward``) measures at ``epoch`` on the rows it sends (``ExchangeSettings.probe``);
+        a schedule measures nothing."""
+        return ()
 
     def layer_modules(self, layer: int, width: int) -> tuple[torch.nn.Module | None,
                                                              torch.nn.Module | None]:

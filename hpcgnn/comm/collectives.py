@@ -3,7 +3,7 @@
 - ``allreduce_sum_``: one flat-buffer ``Allreduce`` (SUM) of a list of tensors, in place —
   the per-step gradient sum (``sum(numel) * 4`` bytes per rank).
 - ``broadcast_params_``: rank 0's parameters to every rank (one flat ``Bcast``).
-- ``sum_float64`` / ``any_true``: small reductions of Python numbers.
+- ``sum_float64`` / ``max_float64`` / ``any_true``: small reductions of Python numbers.
 """
 from __future__ import annotations
 
@@ -56,6 +56,15 @@ def sum_float64(ctx: CommContext, values: list[float]) -> list[float]:
     if ctx.size > 1:
         from mpi4py import MPI
         ctx.comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
+    return arr.tolist()
+
+
+def max_float64(ctx: CommContext, values: list[float]) -> list[float]:
+    """Element-wise maximum of ``values`` over ranks (one small Allreduce)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if ctx.size > 1:
+        from mpi4py import MPI
+        ctx.comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.MAX)
     return arr.tolist()
 
 

@@ -51,15 +51,56 @@ class ExchangeSettings:
     """What one layer's exchange does in one step, passed per call: the epoch its block keys
     and rounding noise are drawn for, and the forward and backward codecs (the backward
     exchange sends ``backward_codec(forward, backward)``, the adjoint of the forward's
-    selection). ``ExchangeSettings(epoch)`` is the identity both ways."""
+    selection). ``ExchangeSettings(epoch)`` is the identity both ways.
+
+    ``probe`` / ``probe_backward``: candidate codecs the sender measures on the rows it sends in
+    that direction (``kind = "auto"``, ``hpcgnn.autotune``): each candidate's encode + decode of
+    exactly those rows, with the real send's noise key, recorded in ``ExchangeStats.probes``
+    (squared error, ``||x||^2``, seconds, bytes) along with the exchange's wire seconds and
+    bytes (``ExchangeStats.wire``). Nothing extra crosses the wire."""
 
     epoch: int = 0
     forward: WireCodec = IDENTITY
     backward: WireCodec = IDENTITY
+    probe: tuple[WireCodec, ...] = ()
+    probe_backward: tuple[WireCodec, ...] = ()
 
 
 class CodecError(RuntimeError):
     """A codec produced a buffer whose size differs from its own byte counts."""
+
+
+@dataclass
+class ProbeFigures:
+    """What one rank measured on the rows one layer's exchange sent in one direction (summed
+    over the exchange's calls in the epoch): ``norm2 = sum ||x||^2`` of the rows, and per
+    candidate codec ``error2 = sum ||x - decode(encode(x))||^2``, the encode + decode
+    ``seconds`` and the ``bytes`` it would have sent (``IDENTITY``: fp32's)."""
+
+    norm2: float = 0.0
+    error2: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    bytes: dict = field(default_factory=dict)
+
+    def add(self, codec: WireCodec, error2: float, seconds: float, nbytes: int) -> None:
+        self.error2[codec] = self.error2.get(codec, 0.0) + error2
+        self.seconds[codec] = self.seconds.get(codec, 0.0) + seconds
+        self.bytes[codec] = self.bytes.get(codec, 0) + nbytes
+
+
+@dataclass
+class WireSample:
+    """One probed exchange: this rank's bytes sent, its seconds in MPI calls (post, then the
+    wait, added when the exchange completes), and ``compute_s``, the layer's own work between
+    the post and the wait (the owned-row aggregation a non-blocking exchange overlaps)."""
+
+    layer: int
+    direction: int
+    bytes: int
+    seconds: float
+    nonblocking: bool = False
+    compute_s: float = 0.0
+    posted_at: float = 0.0
 
 
 @dataclass
@@ -69,12 +110,15 @@ class ExchangeStats:
     bytes_sent: int = 0      # bytes this rank handed to MPI, forward and backward
     bytes_full: int = 0      # what fp32 rows would have taken for the same exchanges
     comm_s: float = 0.0      # time in MPI calls (post + wait)
-    codec_s: float = 0.0     # time in encode/decode
+    codec_s: float = 0.0     # time in encode/decode (the probes' excluded)
     exchanges: int = 0
+    probes: dict = field(default_factory=dict)   # (layer, direction) -> ProbeFigures
+    wire: list = field(default_factory=list)     # WireSample of every probed exchange, in order
 
     def reset(self) -> None:
         self.bytes_sent = self.bytes_full = self.exchanges = 0
         self.comm_s = self.codec_s = 0.0
+        self.probes, self.wire = {}, []
 
 
 @dataclass
@@ -88,6 +132,7 @@ class Pending:
     width: int
     codec: WireCodec
     keys: torch.Tensor
+    sample: WireSample | None = None         # a probed exchange's wire figures (wait added)
 
 
 @dataclass
@@ -190,12 +235,37 @@ class HaloExchanger:
         t1 = time.perf_counter()
         nb = self.overlap if nonblocking is None else nonblocking
         request, recv, keep = self._alltoallv(buf, lay, f"{direction}{slot}", nb)
+        t2 = time.perf_counter()
         self.stats.codec_s += t1 - t0
-        self.stats.comm_s += time.perf_counter() - t1
+        self.stats.comm_s += t2 - t1
         self.stats.bytes_sent += lay.send_total
         self.stats.bytes_full += full
         self.stats.exchanges += 1
-        return Pending(request, recv, keep, rblocks, width, codec, rkeys)
+        probe = settings.probe if fwd else settings.probe_backward
+        sample = None
+        if probe:                                 # measured after the post: off the books
+            self._probe(rows.detach(), probe, direction, sblocks, skeys, noise, fwd)
+            sample = WireSample(self.layer, direction, lay.send_total, t2 - t1, nb,
+                                posted_at=time.perf_counter())
+            self.stats.wire.append(sample)
+        return Pending(request, recv, keep, rblocks, width, codec, rkeys, sample)
+
+    def _probe(self, rows: torch.Tensor, candidates: tuple[WireCodec, ...], direction: int,
+               blocks: Blocks, keys: torch.Tensor, noise: int, fwd: bool) -> None:
+        """Encode + decode ``rows`` ``(R, width)`` with every candidate (the real send's keys
+        and noise) and record each one's squared error, seconds and bytes, and ``||rows||^2``
+        (``ExchangeStats.probes[(layer, direction)]``). Local work only."""
+        x = rows.to(torch.float32)
+        width = int(x.shape[1])
+        counts = self.plan.send_counts if fwd else self.plan.recv_counts
+        fig = self.stats.probes.setdefault((self.layer, direction), ProbeFigures())
+        fig.norm2 += float(x.double().pow(2).sum())
+        fig.add(IDENTITY, 0.0, 0.0, sum(IDENTITY.byte_counts(counts, width)))
+        for codec in candidates:
+            t0 = time.perf_counter()
+            y = codec.decode(codec.encode(x, blocks, keys, noise), blocks, width, keys)
+            err = float((y.reshape(x.shape) - x).double().pow(2).sum())   # syncs the device
+            fig.add(codec, err, time.perf_counter() - t0, sum(codec.byte_counts(counts, width)))
 
     def _layout(self, codec: WireCodec, width: int, fwd: bool) -> tuple[Layout, int]:
         """(byte layout of the exchange, fp32 bytes of the same rows), cached per (codec, width,
@@ -218,6 +288,9 @@ class HaloExchanger:
         t1 = time.perf_counter()
         rows = pending.codec.decode(recv, pending.blocks, pending.width, pending.keys)
         self.stats.comm_s += t1 - t0
+        if pending.sample is not None:
+            pending.sample.seconds += t1 - t0
+            pending.sample.compute_s += t0 - pending.sample.posted_at
         self.stats.codec_s += time.perf_counter() - t1
         return rows.reshape(-1, pending.width)
 

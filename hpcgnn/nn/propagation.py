@@ -24,6 +24,16 @@ its work with ``point(x)`` (``x`` unchanged) and sums ``A [x; x_halo]`` with
 ``aggregate_halo(graph, x, x_halo)`` (a point after each sparse product). Where stale
 exchanges are in flight and ``[comm] progress = "fine"`` a point tests them, in the forward
 pass and again in the backward pass (``hpcgnn.comm.progress``); everywhere else it does nothing.
+
+VARCO's learned codec (``modules = (encoder, decoder)``, ``hpcgnn.codecs.learned``) is applied
+as the authors' code applies it (IntelLabs/SAR ``FeatureCompressorDecompressor`` in
+``full_partition_block.py``): to the rows sent to peers only (the owned rows never pass through
+it), and only while the exchange compresses — when the step's forward codec sends ``k < F``
+learned channels. At ratio 1 (every channel sent), in evaluation (uncompressed) and in the
+last layer (uncompressed by default) the halo rows are the sender's rows as they are. Applied
+at ratio 1 too, ``decoder(encoder(.))`` was an ``F x F`` map on the halo rows alone that Adam
+(steps of ``lr`` per parameter, whatever the gradient's size) walked away from the identity:
+76.0 % against 82.0 % on Cora (``bench/learned_diagnose.py``, ``docs/compression.md``).
 """
 from __future__ import annotations
 
@@ -64,8 +74,9 @@ class HaloPropagation:
     def halo_rows(self, src: torch.Tensor, settings: ExchangeSettings, local: Callable[[], T],
                   modules: Modules = (None, None)) -> tuple[T, torch.Tensor | None]:
         """``(local(), halo rows (n_halo, w) of src (n_owned, w))``; ``local()`` runs while the
-        rows travel. On one rank the halo is None (no collective kept in the autograd graph)."""
-        encoder, decoder = modules
+        rows travel. On one rank the halo is None (no collective kept in the autograd graph).
+        ``modules``: the learned codec's pair, used only when the forward codec is learned."""
+        encoder, decoder = modules if settings.forward.channels == "learned" else (None, None)
         handle = self.exchanger.start(src, settings, encoder)   # (I)Alltoallv posted
         out = local()                                           # no communication needed
         halo = self.exchanger.finish(handle, decoder)           # wait, decode

@@ -7,6 +7,8 @@ Per epoch (every rank, same order of collectives):
   eval      every train.eval_every epochs: a synchronous forward (uncompressed, or through the
             training codecs with train.eval_codec = "train"), one small Allreduce of counts;
             metrics.jsonl records its time apart (eval_s) and the epoch's wall clock (wall_s)
+  tune      kind = "auto" only, at its decision epochs: two small Allreduces of what the
+            exchanges measured and one small Bcast of rank 0's decision (hpcgnn.train.autotuning)
   end       one small Allreduce: preemption flag, byte counts, times
 The loss is the sum over the owned training nodes divided by the GLOBAL number of training
 nodes, so the summed gradient is exactly the single-process gradient.
@@ -29,6 +31,7 @@ from hpcgnn.config import Config
 from hpcgnn.log import get_logger
 from hpcgnn.nn.step import Step
 from hpcgnn.train import checkpoint as ckpt
+from hpcgnn.train.autotuning import tune, with_probes
 from hpcgnn.train.inputs import PartInputs
 from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
@@ -159,6 +162,8 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.progress = Progress(**state["progress"])
+        if self.policy.adaptive:                         # kind = "auto": the controller's state
+            self.policy.load_state_dict(state.get("autotune"))
 
     def check_prediction_state(self, state: dict) -> None:
         """``hpcgnn predict``, rank 0: raise when the checkpoint cannot give predictions (any
@@ -211,6 +216,7 @@ class Trainer:
     def run_epoch(self, epoch: int) -> tuple[dict, bool]:
         step = self.train_step(epoch)
         stats = self.model.stats
+        auto = self.tune(epoch, step["loss"])
         local = [float(self.preempt.raised), stats.bytes_sent, stats.bytes_full,
                  stats.comm_s + step["allreduce_s"], stats.codec_s]
         t_eval = time.perf_counter()
@@ -226,8 +232,17 @@ class Trainer:
                   "bytes_sent": int(sent), "bytes_full": int(full), "epoch_s": step["epoch_s"],
                   "eval_s": eval_s, "wall_s": step["epoch_s"] + eval_s,
                   "comm_s": comm_s / self.ctx.size, "codec_s": codec_s / self.ctx.size, **accs}
+        if auto is not None:
+            record["auto"] = auto
         self._track_best(epoch, accs)
         return record, flag > 0
+
+    def tune(self, epoch: int, loss: float) -> dict | None:
+        """``kind = "auto"``: hand the policy the step's loss and, at a decision epoch, the
+        reduced figures; the decision's record (None otherwise, and for schedules)."""
+        if not self.policy.adaptive:
+            return None
+        return tune(self.ctx, self.policy, epoch, loss, self.model.stats, len(self.model.layers))
 
     def train_step(self, epoch: int) -> dict:
         """One full-batch step: forward, backward, ONE gradient Allreduce, Adam."""
@@ -269,6 +284,9 @@ class Trainer:
             ExchangeSettings(epoch, self.policy.forward_codec(epoch, i, n, layer.width),
                              self.policy.backward_codec(epoch, i, n, layer.width))
             for i, layer in enumerate(self.model.layers))
+        if training and self.policy.adaptive:          # kind = "auto": what this step measures
+            exchanges = tuple(with_probes(ex, self.policy, epoch, i, n)
+                              for i, ex in enumerate(exchanges))
         return Step(epoch, training, self.cfg.train.seed, exchanges)
 
     def ratios(self, epoch: int) -> list[float]:
@@ -351,7 +369,8 @@ class Trainer:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "torch_rng": torch.get_rng_state(), "progress": vars(self.progress).copy(),
                 "record": None if self.record is None else self.record.fingerprint(),
-                "ranks": self.ctx.size, "rank_files": rank_files}
+                "ranks": self.ctx.size, "rank_files": rank_files,
+                "autotune": self.policy.state_dict() if self.policy.adaptive else None}
 
     def summary(self) -> dict:
         p = self.progress

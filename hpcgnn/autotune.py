@@ -1,0 +1,330 @@
+"""``kind = "auto"``: a closed-loop compression policy that needs no tuning.
+
+```toml
+kind = "auto"
+codec = "quant"            # the only codec auto drives: bit widths of stochastic rounding
+bits = [1, 2, 4, 8]        # the candidates besides fp32 (always a candidate)
+every = 5                  # epochs between checks; epoch 0 measures and decides
+objective = "time"         # time (codec + wire seconds) | bytes (fewest bytes; deterministic)
+compress_last_layer = true # auto's default: fp32 is always a candidate
+compress_backward = true
+```
+
+Per layer and direction (forward activations, backward halo gradients) the controller keeps one
+setting: fp32 or ``b``-bit stochastic rounding (``hpcgnn.codecs.quant``). Epoch 0, before anything
+is measured, sends the fewest bits of ``bits``: the budget starts unbounded, and VARCO too starts
+at its heaviest compression.
+
+**Measuring** (a *probe epoch*; epoch 0 is one): the trainer asks every sender to measure, on
+the rows it actually sends in that epoch's exchanges (``ExchangeSettings.probe``), for each
+candidate ``b`` the squared error ``||x - x^b||^2`` of its encode + decode of exactly those rows
+(the real send's noise key) beside ``||x||^2``, its seconds and bytes, and every exchange's
+bytes, wire seconds (post + wait) and the layer's compute between post and wait. The trainer reduces them over ranks (errors summed,
+seconds and bytes maxed) and rank 0 decides and broadcasts the new ``AutoState``. An exchange
+no rank sent anything through (a layer whose rows need no gradient has no backward) gets no
+decision.
+
+**Deciding**, per layer and direction: among the candidates whose relative error
+``e_b = sum ||x - x^b||^2 / sum ||x||^2`` is within the budget ``B`` (fp32, error 0, always
+is), the one of least predicted cost ``codec_s(b) + alpha + beta * bytes(b)``: ``(alpha, beta)``
+a least-squares fit of that direction's wire seconds against bytes over the last
+``WIRE_HISTORY`` probed exchanges (the ratio ``sum s / sum bytes`` where the fit fails: fewer
+than two sizes, or ``beta <= 0``). With ``train.overlap`` (non-blocking exchanges) the wire
+time counts only past the layer's compute that hides it: ``max(0, alpha + beta * bytes(b) -
+compute_s)``, and a sample's wire seconds are post + compute + wait. Ties go to the more precise, so where the link makes bytes
+free fp32 wins on time. ``objective = "bytes"`` ranks by bytes alone (a choice that does not
+depend on timing, so runs are reproducible bit for bit).
+
+**The budget only falls** (VARCO's monotone condition). Every ``every`` epochs (a *check*) it
+moves to ``B_k = min(B_{k-1}, max(0, (1 - Lbar_k / Lbar_j) / (k - j)))``, ``j = max(0, k -
+LOSS_WINDOWS)``, ``Lbar_k`` the mean of the globally reduced training loss over the epochs
+since the previous check (epoch 0 alone for ``k = 0``), ``B_0 = inf``: a codec may perturb what
+it sends (relative squared error) by no more than training currently improves the loss per
+``every`` epochs, averaged over the last ``LOSS_WINDOWS`` windows (20 epochs at the default) so
+that one noisy window (dropout) cannot end compression for good. While the loss falls fast
+coarse codecs pass; as it slows the bits rise, up to fp32 once the loss stops improving
+(``B = 0``, after which nothing is measured any more). A check re-decides from the last
+measured figures at once when the budget falls, so the codec in use never has a last measured
+error above the current budget.
+
+**Probing less as things settle**: probes are ``every`` epochs apart at first; each probe that
+leaves every decision as it was doubles the interval (up to ``MAX_BACKOFF * every``), one that
+changes a decision resets it. Probing costs about ``|bits|`` encodes + decodes of one epoch's
+exchanges; checks cost nothing (no communication).
+
+Decisions are recorded at every check (``metrics.jsonl``'s ``auto``) and the whole state is
+checkpointed (``state_dict``): a resumed run continues with the same budget, codecs, figures
+and wire history. No MPI here: the trainer reduces and broadcasts (``hpcgnn.train.autotuning``).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field
+
+from hpcgnn.codecs.base import IDENTITY, CompressionPolicy, WireCodec
+from hpcgnn.codecs.quant import BITS, FP32
+
+DIRECTIONS = ("forward", "backward")
+OBJECTIVES = ("time", "bytes")
+WIRE_HISTORY = 64
+"""Wire samples (bytes, seconds) kept per direction for the fit: the latest probes'."""
+MAX_BACKOFF = 8
+"""The longest probe interval, in units of ``every``."""
+LOSS_WINDOWS = 4
+"""How many check windows back the loss improvement is measured from (averaged per window)."""
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """The schedule file's keys for ``kind = "auto"`` (see the module docstring)."""
+
+    bits: tuple[int, ...] = BITS
+    every: int = 5
+    objective: str = "time"
+    compress_last_layer: bool = True
+    compress_backward: bool = True
+
+
+@dataclass(frozen=True)
+class ExchangeFigures:
+    """One layer and direction at one probe epoch, reduced over ranks: ``norm2`` and
+    ``error2[b]`` summed, ``codec_s[b]`` and ``bytes[b]`` (``b = 32``: fp32) the ranks' largest;
+    ``compute_s`` the layer's work between the post and the wait (largest rank), which the wire
+    time hides when the exchange is non-blocking (``overlap``, ``train.overlap``)."""
+
+    norm2: float
+    error2: dict[int, float]
+    codec_s: dict[int, float]
+    bytes: dict[int, float]
+    compute_s: float = 0.0
+    overlap: bool = False
+
+    def error(self, bits: int) -> float:
+        """Relative squared error of ``bits`` on the rows sent; 0 for fp32 or when none were."""
+        if bits == FP32 or self.norm2 <= 0:
+            return 0.0
+        return self.error2[bits] / self.norm2
+
+    def to_dict(self) -> dict:
+        """Plain, checkpointable: bit widths as string keys."""
+        return {"norm2": self.norm2, "compute_s": self.compute_s, "overlap": self.overlap,
+                **{name: {str(b): v for b, v in getattr(self, name).items()}
+                   for name in ("error2", "codec_s", "bytes")}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ExchangeFigures":
+        return cls(d["norm2"], *({int(b): v for b, v in d[name].items()}
+                                 for name in ("error2", "codec_s", "bytes")),
+                   compute_s=d["compute_s"], overlap=d["overlap"])
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one probe epoch measured: per ``(layer, direction)`` its ``ExchangeFigures``; per
+    direction the probed exchanges' ``(bytes, seconds)`` (each the ranks' largest)."""
+
+    exchanges: dict[tuple[int, str], ExchangeFigures]
+    wire: dict[str, list[tuple[float, float]]]
+
+
+@dataclass
+class AutoState:
+    """Everything the controller carries between epochs (the same on every rank)."""
+
+    bits: dict[str, int] = field(default_factory=dict)     # "layer/direction" -> 1|2|4|8|32
+    budget: float = math.inf
+    window: list[float] = field(default_factory=list)      # losses since the last check
+    means: list[float] = field(default_factory=list)       # mean loss of the last windows
+    measured: dict[str, dict] = field(default_factory=dict)  # "layer/direction" -> last figures
+    wire: dict[str, list[list[float]]] = field(default_factory=dict)   # direction -> samples
+    interval: int = 0                                       # epochs to the next probe
+    next_probe: int = 0
+    probes: int = 0
+
+    @property
+    def settled(self) -> bool:
+        """The budget is 0: only fp32 can ever pass again, so nothing is measured."""
+        return self.probes > 0 and self.budget <= 0.0
+
+
+# -- the decision rule (pure) --------------------------------------------------------------------
+def fit_wire(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """``(alpha, beta)`` of ``seconds ~ alpha + beta * bytes`` by least squares; the ratio
+    ``(0, sum s / sum bytes)`` where that fails (fewer than two sizes, or ``beta <= 0``)."""
+    if not samples:
+        return 0.0, 0.0
+    n = len(samples)
+    mx = sum(b for b, _ in samples) / n
+    my = sum(s for _, s in samples) / n
+    sxx = sum((b - mx) ** 2 for b, _ in samples)
+    if sxx > 0:
+        beta = sum((b - mx) * (s - my) for b, s in samples) / sxx
+        if beta > 0:
+            return my - beta * mx, beta
+    total = sum(b for b, _ in samples)
+    return 0.0, (sum(s for _, s in samples) / total if total > 0 else 0.0)
+
+
+def predicted_cost(fig: ExchangeFigures, bits: int, wire: tuple[float, float],
+                   objective: str) -> float:
+    """Seconds (codec + the wire time not hidden by the layer's compute) or bytes of ``bits``
+    on this exchange."""
+    if objective == "bytes":
+        return fig.bytes[bits]
+    alpha, beta = wire
+    seconds = alpha + beta * fig.bytes[bits]
+    if fig.overlap:                         # a non-blocking exchange hides up to compute_s
+        seconds = max(0.0, seconds - fig.compute_s)
+    return fig.codec_s.get(bits, 0.0) + seconds
+
+
+def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
+           wire: tuple[float, float], objective: str = "time") -> int:
+    """The candidate of least predicted cost whose error is within ``budget`` (fp32 always
+    passes); ties go to the more precise."""
+    allowed = [FP32] + [b for b in candidates if fig.error(b) <= budget]
+    return min(allowed, key=lambda b: (predicted_cost(fig, b, wire, objective), -b))
+
+
+def next_budget(budget: float, means: list[float], window: list[float]) -> float:
+    """``min(budget, relative improvement per window of this window's mean loss over the mean
+    of the window LOSS_WINDOWS back)`` (``means``: the earlier windows', latest last; fewer
+    early on), never below 0; unchanged when there is no earlier window to compare with."""
+    back = means[-LOSS_WINDOWS:]
+    if not back or not window or not back[0] > 0:
+        return budget
+    improvement = (1.0 - (sum(window) / len(window)) / back[0]) / len(back)
+    return min(budget, max(0.0, improvement))
+
+
+def _probe_interval(state: AutoState, bits: dict[str, int], every: int) -> int:
+    """Double the interval when a probe changed nothing, else back to ``every``."""
+    if state.probes == 0 or bits != state.bits:
+        return every
+    return min(2 * max(state.interval, every), MAX_BACKOFF * every)
+
+
+def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, epoch: int
+           ) -> tuple[AutoState, dict]:
+    """A check after epoch ``epoch``: the next state (budget, bits per exchange, figures, wire
+    history, next probe) and its record for ``metrics.jsonl``. ``figures``: what this epoch
+    measured (rank 0, reduced), or None to re-decide from the last ones. Pure."""
+    budget = next_budget(state.budget, state.means, state.window)
+    measured = dict(state.measured)
+    wire = {d: [list(s) for s in state.wire.get(d, [])] for d in DIRECTIONS}
+    if figures is not None:
+        measured.update({f"{layer}/{d}": fig.to_dict()
+                         for (layer, d), fig in figures.exchanges.items()})
+        wire = {d: (wire[d] + [list(s) for s in figures.wire.get(d, [])])[-WIRE_HISTORY:]
+                for d in DIRECTIONS}
+    fits = {d: fit_wire([tuple(s) for s in wire[d]]) for d in DIRECTIONS}
+    bits, rows = dict(state.bits), []
+    for key in sorted(measured):
+        layer, direction = key.split("/")
+        fig = ExchangeFigures.from_dict(measured[key])
+        bits[key] = choose(fig, settings.bits, budget, fits[direction], settings.objective)
+        rows.append(_row(int(layer), direction, bits[key], fig, settings, fits[direction]))
+    means = (state.means + [sum(state.window) / len(state.window)] if state.window
+             else state.means)[-LOSS_WINDOWS:]
+    new = AutoState(bits=bits, budget=budget, window=[], means=means, measured=measured,
+                    wire=wire, interval=state.interval, next_probe=state.next_probe,
+                    probes=state.probes)
+    if figures is not None:
+        new.interval = _probe_interval(state, bits, settings.every)
+        new.next_probe, new.probes = epoch + new.interval, state.probes + 1
+    record = {"epoch": epoch, "budget": budget, "probed": figures is not None,
+              "next_probe": None if new.settled else new.next_probe,
+              "wire": {d: {"alpha_s": fits[d][0], "beta_s_per_byte": fits[d][1]}
+                       for d in DIRECTIONS}, "exchanges": rows}
+    return new, record
+
+
+def _row(layer: int, direction: str, pick: int, fig: ExchangeFigures, settings: AutoSettings,
+         wire: tuple[float, float]) -> dict:
+    cands = (*settings.bits, FP32)
+    return {"layer": layer, "direction": direction, "bits": pick, "compute_s": fig.compute_s,
+            "error": {str(b): fig.error(b) for b in cands},
+            "predicted": {str(b): predicted_cost(fig, b, wire, settings.objective)
+                          for b in cands}}
+
+
+# -- the policy ----------------------------------------------------------------------------------
+def quant_codec(bits: int) -> WireCodec:
+    return IDENTITY if bits == FP32 else WireCodec(bits=bits)
+
+
+class AutoPolicy(CompressionPolicy):
+    """The ``CompressionPolicy`` of ``kind = "auto"``: codecs from ``state``, which the trainer
+    advances (``observe_loss`` every epoch on every rank; at a check ``decide``, on rank 0 when
+    the epoch probed, then ``adopt`` of the broadcast state on every rank)."""
+
+    adaptive = True
+
+    def __init__(self, path: str, settings: AutoSettings):
+        self.path, self.settings = path, settings
+        self.num_layers: int | None = None
+        self.state = AutoState()
+
+    def bind(self, epochs: int, num_layers: int) -> "AutoPolicy":
+        bound = copy.copy(self)
+        bound.num_layers, bound.state = int(num_layers), AutoState()
+        return bound
+
+    def _compressed(self, layer: int, num_layers: int | None, direction: str) -> bool:
+        last = num_layers is not None and layer == num_layers - 1
+        if last and not self.settings.compress_last_layer:
+            return False
+        return direction == "forward" or self.settings.compress_backward
+
+    def bits(self, layer: int, num_layers: int | None, direction: str) -> int:
+        """The bits ``layer``'s exchange in ``direction`` sends now (32: fp32); before the
+        first decision the fewest candidate bits."""
+        if not self._compressed(layer, num_layers, direction):
+            return FP32
+        return self.state.bits.get(f"{layer}/{direction}", min(self.settings.bits))
+
+    def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
+        return FP32 / self.bits(layer, num_layers, "forward")
+
+    def forward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
+        return quant_codec(self.bits(layer, num_layers, "forward"))
+
+    def backward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
+        return quant_codec(self.bits(layer, num_layers, "backward"))
+
+    # -- the loop ------------------------------------------------------------------------------
+    def check(self, epoch: int) -> bool:
+        """Whether a check (budget update, maybe a new decision) follows ``epoch``'s step."""
+        return epoch % self.settings.every == 0
+
+    def due(self, epoch: int) -> bool:
+        """Whether ``epoch``'s training step measures the candidates (a probe epoch)."""
+        return (self.check(epoch) and epoch >= self.state.next_probe
+                and not self.state.settled)
+
+    def probe(self, epoch: int, layer: int, num_layers: int, direction: str
+              ) -> tuple[WireCodec, ...]:
+        """The candidates ``layer``'s exchange in ``direction`` measures at ``epoch``."""
+        if not (self.due(epoch) and self._compressed(layer, num_layers, direction)):
+            return ()
+        return tuple(WireCodec(bits=b) for b in self.settings.bits)
+
+    def observe_loss(self, loss: float) -> None:
+        """Every rank, every epoch: the globally reduced training loss."""
+        self.state.window.append(float(loss))
+
+    def decide(self, epoch: int, figures: Figures | None) -> tuple[AutoState, dict]:
+        """The check's new state and record (``hpcgnn.autotune.decide``)."""
+        return decide(self.state, self.settings, figures, epoch)
+
+    def adopt(self, state: AutoState) -> None:
+        """Every rank: the state of the check (rank 0's, broadcast, after a probe)."""
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return asdict(self.state)
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is not None:
+            self.state = AutoState(**state)

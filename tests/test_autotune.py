@@ -1,0 +1,211 @@
+"""``kind = "auto"`` without processes: the decision rule, the wire fit, the falling budget and
+the probe cadence on hand-made figures, and the schedule keys (checked, with clear errors).
+The measurement on real ranks is ``tests/test_autotune_probe.py``, whole runs
+``tests/test_autotune_run.py``."""
+import io
+import math
+
+import pytest
+import torch
+
+from hpcgnn.autotune import (MAX_BACKOFF, AutoPolicy, AutoSettings, AutoState, ExchangeFigures,
+                             Figures, choose, decide, fit_wire, next_budget)
+from hpcgnn.codecs import IDENTITY, WireCodec
+from hpcgnn.schedule import ScheduleError, load_schedule
+
+# relative errors 1.5, 0.15, 0.006, 2e-5; bytes of 1000 rows x 64 channels; codec seconds
+FIG = ExchangeFigures(norm2=100.0, error2={1: 150.0, 2: 15.0, 4: 0.6, 8: 0.002},
+                      codec_s={1: 0.004, 2: 0.004, 4: 0.005, 8: 0.006},
+                      bytes={1: 14000, 2: 22000, 4: 38000, 8: 70000, 32: 256000})
+BITS = (1, 2, 4, 8)
+
+
+def test_relative_error_is_error2_over_norm2():
+    assert FIG.error(2) == pytest.approx(0.15) and FIG.error(32) == 0.0
+    assert ExchangeFigures(0.0, {2: 0.0}, {}, {}).error(2) == 0.0   # nothing sent: no error
+
+
+@pytest.mark.parametrize("budget,beta,want", [
+    (math.inf, 1e-6, 1),       # slow link, anything goes: fewest bytes
+    (0.2, 1e-6, 2),            # 1 bit (1.5) over budget
+    (0.01, 1e-6, 4),
+    (1e-4, 1e-6, 8),
+    (1e-6, 1e-6, 32),          # nothing but fp32 within budget
+    (math.inf, 1e-9, 32),      # 0.256 ms of fp32 wire beats 4+ ms of codec: fp32 wins on time
+    (math.inf, 5e-8, 1),       # 0.7 ms of wire for 1 bit against 12.8 ms for fp32
+    (0.15, 1e-6, 2),           # "within" includes the budget itself
+])
+def test_choose_least_cost_within_budget(budget, beta, want):
+    # costs at beta: 32 -> 256000 beta; b -> codec_s[b] + bytes[b] beta (alpha cancels)
+    assert choose(FIG, BITS, budget, (0.001, beta)) == want
+
+
+def test_choose_ties_go_to_the_more_precise_and_bytes_objective_ignores_time():
+    even = ExchangeFigures(1.0, {b: 0.0 for b in BITS}, {b: 0.0 for b in BITS},
+                           {b: 10.0 for b in (*BITS, 32)})
+    assert choose(even, BITS, 1.0, (0.0, 1.0)) == 32
+    assert choose(FIG, BITS, 0.2, (0.0, 1e-12), objective="bytes") == 2   # time would say fp32
+
+
+def test_overlapped_wire_time_is_free_up_to_the_layers_compute():
+    hidden = ExchangeFigures(FIG.norm2, FIG.error2, FIG.codec_s, FIG.bytes, compute_s=0.3,
+                             overlap=True)
+    assert choose(FIG, BITS, math.inf, (0.0, 1e-6)) == 1          # blocking: bytes cost time
+    assert choose(hidden, BITS, math.inf, (0.0, 1e-6)) == 32      # 0.256 s of fp32 wire hidden
+    shorter = ExchangeFigures(FIG.norm2, FIG.error2, FIG.codec_s, FIG.bytes, compute_s=0.1,
+                              overlap=True)
+    # 0.156 s of fp32 wire exposed; 1 and 2 bits fully hidden at the same codec cost: 2 bits
+    assert choose(shorter, BITS, math.inf, (0.0, 1e-6)) == 2
+
+
+def test_fit_wire_least_squares_and_the_ratio_fallback():
+    alpha, beta = fit_wire([(1000.0, 0.003), (3000.0, 0.007), (2000.0, 0.005)])
+    assert alpha == pytest.approx(0.001) and beta == pytest.approx(2e-6)
+    assert fit_wire([(1000.0, 0.002), (1000.0, 0.004)]) == pytest.approx((0.0, 3e-6))  # one size
+    assert fit_wire([(1000.0, 0.004), (2000.0, 0.002)]) == pytest.approx((0.0, 2e-6))  # beta < 0
+    assert fit_wire([]) == (0.0, 0.0)
+
+
+def test_budget_is_the_mean_improvement_per_window_and_never_rises():
+    assert next_budget(math.inf, [], [2.0]) == math.inf                # nothing to compare yet
+    assert next_budget(math.inf, [2.0], [1.9, 1.7]) == pytest.approx(0.1)
+    # four windows back at most: (1 - 1.0 / 1.8) / 4
+    assert next_budget(math.inf, [2.0, 1.8, 1.6, 1.5, 1.2], [1.0]) == pytest.approx(1 / 9)
+    assert next_budget(0.05, [2.0], [1.0]) == 0.05                      # a big gain: no rise
+    assert next_budget(0.05, [1.0], [1.1]) == 0.0                       # the loss got worse
+    # one window worse than the last does not end compression: (1 - 0.75 / 1.0) / 4
+    assert next_budget(1.0, [1.0, 0.9, 0.8, 0.7], [0.75]) == pytest.approx(0.0625)
+
+
+def _figures(scale: float = 1.0) -> Figures:
+    fig = ExchangeFigures(FIG.norm2, {b: v * scale for b, v in FIG.error2.items()},
+                          FIG.codec_s, FIG.bytes)
+    return Figures({(0, "forward"): fig, (0, "backward"): fig},
+                   {"forward": [(256000.0, 0.26), (70000.0, 0.075)], "backward": []})
+
+
+def _run(losses, probe_at, settings=AutoSettings(objective="bytes")):
+    """Drive ``decide`` as the trainer does: checks every ``every`` epochs, figures at probes."""
+    state, out = AutoState(), []
+    for epoch, loss in enumerate(losses):
+        probing = epoch % settings.every == 0 and epoch >= state.next_probe and not state.settled
+        state.window.append(loss)
+        if epoch % settings.every == 0:
+            state, record = decide(state, settings, _figures() if probing else None, epoch)
+            probe_at.append(epoch) if probing else None
+            out.append(record)
+    return state, out
+
+
+def test_decide_budget_falls_bits_rise_then_settle():
+    means = [1.0, 0.9, 0.85, 0.84, 0.845, 0.85, 0.85, 0.9]      # per 5-epoch window
+    losses = [2.0] + [m for m in means for _ in range(5)]
+    probes = []
+    state, records = _run(losses, probes)
+    budgets = [r["budget"] for r in records]
+    bits = [r["exchanges"][0]["bits"] for r in records]
+    assert budgets == pytest.approx([math.inf, 0.5, 0.275, 0.575 / 3, 0.145, 0.0387500,
+                                     0.05 / 3.6, 0.0, 0.0])
+    assert bits == [1, 2, 2, 2, 4, 4, 4, 32, 32]     # fewest bytes within each budget
+    assert all(a >= b for a, b in zip(budgets, budgets[1:]))
+    # probes 5 apart, 10 once nothing changed, back to 5 after a change; none once settled
+    assert probes == [0, 5, 10, 20, 25, 35] and state.settled
+    assert [r["probed"] for r in records] == [e in probes for e in range(0, 45, 5)]
+    assert records[-1]["next_probe"] is None
+
+
+def test_probe_interval_doubles_while_nothing_changes():
+    losses = [2.0 * 0.9 ** t for t in range(200)]    # steady 0.41 improvement per window
+    probes = []
+    _run(losses, probes, AutoSettings(objective="bytes", every=5))
+    assert probes[:6] == [0, 5, 10, 20, 40, 80]        # the budget inf -> 0.21: 1 -> 2 bits
+    assert max(b - a for a, b in zip(probes, probes[1:])) == MAX_BACKOFF * 5
+
+
+def test_state_round_trips_through_a_checkpoint():
+    state, _ = _run([2.0] + [1.0] * 7, [])
+    a = AutoPolicy("s.toml", AutoSettings()).bind(10, 1)
+    a.adopt(state)
+    buf = io.BytesIO()
+    torch.save({"autotune": a.state_dict()}, buf)         # as checkpoint.pt holds it
+    b = AutoPolicy("s.toml", AutoSettings()).bind(10, 1)
+    b.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True)["autotune"])
+    assert b.state == state and b.state.window == [1.0, 1.0]
+
+
+# -- the policy and its schedule file --------------------------------------------------------------
+def _auto(tmp_path, text="", epochs=100, layers=3):
+    path = tmp_path / "auto.toml"
+    path.write_text('kind = "auto"\n' + text)
+    return load_schedule(path).bind(epochs, layers)
+
+
+def test_auto_defaults_and_codecs_follow_the_state(tmp_path):
+    p = _auto(tmp_path)
+    assert p.adaptive and p.settings == AutoSettings()
+    assert p.forward_codec(0, 2, 3, 16) == WireCodec(bits=1) and p.ratio(0, 0, 3) == 32.0
+    assert [c.bits for c in p.probe(0, 2, 3, "backward")] == [1, 2, 4, 8]   # last layer too
+    assert p.probe(3, 0, 3, "forward") == ()                               # not a check
+    p.state.bits = {"0/forward": 2, "2/backward": 8}
+    assert p.forward_codec(7, 0, 3, 16) == WireCodec(bits=2) and p.ratio(7, 0, 3) == 16.0
+    assert p.backward_codec(7, 2, 3, 16) == WireCodec(bits=8)
+
+
+def test_auto_keys_are_honoured(tmp_path):
+    p = _auto(tmp_path, 'bits = [8, 2]\nevery = 3\nobjective = "bytes"\n'
+                        'compress_last_layer = false\ncompress_backward = false\n')
+    assert p.settings == AutoSettings(bits=(2, 8), every=3, objective="bytes",
+                                      compress_last_layer=False, compress_backward=False)
+    assert p.probe(3, 2, 3, "forward") == () and p.probe(3, 0, 3, "backward") == ()
+    assert [c.bits for c in p.probe(3, 0, 3, "forward")] == [2, 8]
+    assert p.forward_codec(0, 0, 3, 16) == WireCodec(bits=2)          # start: fewest bits
+    p.state.bits = {"2/forward": 2, "0/backward": 2}
+    assert p.forward_codec(3, 2, 3, 16) is IDENTITY and p.backward_codec(3, 0, 3, 16) is IDENTITY
+
+
+AUTO_BAD = [
+    ('max_ratio = 8.0\n', "max_ratio", "chooses the rate itself"),
+    ('slope = 5.0\n', "slope", "remove slope"),
+    ('ratio = 4.0\n', "ratio", "curve kind"),
+    ('codec = "truncate"\n', "codec", "codec = 'quant'"),
+    ('bits = 4\n', "bits", "as a list"),
+    ('bits = [3]\n', "bits", "[1, 2, 4, 8]"),
+    ('bits = []\n', "bits", "non-empty"),
+    ('every = 0\n', "every", "every = 5"),
+    ('objective = "speed"\n', "objective", "time, bytes"),
+    ('budget = 0.1\n', "budget", "unknown key"),
+    ('[layers.0]\nbits = 2\n', "layers", "decides every layer"),
+    ('[backward]\nkind = "constant"\n', "backward", "compress_backward = false"),
+]
+
+
+@pytest.mark.parametrize("text,key,message", AUTO_BAD)
+def test_bad_auto_files_name_file_key_and_fix(tmp_path, text, key, message):
+    path = tmp_path / "bad.toml"
+    path.write_text('kind = "auto"\n' + text)
+    with pytest.raises(ScheduleError) as err:
+        load_schedule(path)
+    got = str(err.value)
+    assert str(path) in got and f"'{key}'" in got and message in got and "fix:" in got
+
+
+def test_auto_is_a_whole_schedule_kind(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('codec = "truncate"\n[layers.1]\nkind = "auto"\n')
+    with pytest.raises(ScheduleError, match="layers.1.kind.*top of the file"):
+        load_schedule(path)
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["train.staleness=1"], r"train.staleness >= 1 hides the wire time.*staleness = 0"),
+    (["train.method=retexo", "train.rounds_per_layer=50", "train.epochs=100"],
+     r"retexo.*no loop for kind = 'auto' to close"),
+])
+def test_auto_refusals_name_the_keys_and_the_fix(tmp_path, sets, match):
+    from hpcgnn.combinations import check_combination
+    from hpcgnn.config import ConfigError, load_config
+    path = tmp_path / "auto.toml"
+    path.write_text('kind = "auto"\n')
+    with pytest.raises(ConfigError, match=match) as err:
+        check_combination(load_config(None, sets), load_schedule(path))
+    assert str(path) in str(err.value) and "kind = 'auto'" in str(err.value)
