@@ -37,6 +37,43 @@ def test_dropout_sparse_and_dense_paths_agree():
     assert counter_dropout(dense, gid, 0.3, 5, 6, 7, training=False) is dense
 
 
+def _lowbias32(x: np.ndarray) -> np.ndarray:
+    """The 32-bit hash the dropout masks are defined with (lowbias32), in numpy uint64."""
+    m = np.uint64(0xFFFFFFFF)
+    x = x & m
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(0x7FEB352D)) & m
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(0x846CA68B)) & m
+    return x ^ (x >> np.uint64(16))
+
+
+@pytest.mark.parametrize("native", (True, False))
+@pytest.mark.parametrize("width, p", ((128, 0.5), (37, 0.2), (1, 0.9)))
+def test_dropout_bits_values_and_gradients_follow_the_hash(native, width, p, monkeypatch):
+    """The C path of CPU ranks and the torch path both give the bits of the definition
+    (element (v, c) kept iff h(h(h(v) ^ key) ^ h(c * golden)) >= p 2^32, written here in numpy)
+    and y = x * keep / (1 - p), dx = g * keep / (1 - p), NaN and inf inputs included."""
+    from hpcgnn.hashing import M32, mix
+    if not native:
+        monkeypatch.setenv("HPCGNN_NATIVE", "0")
+    gid = torch.randint(0, 2**40, (500,))
+    key = np.uint64(mix(3, 4, 5, 0xD209) & M32)
+    rows = _lowbias32(_lowbias32(gid.numpy().astype(np.uint64)) ^ key)
+    cols = _lowbias32(np.arange(width, dtype=np.uint64) * np.uint64(0x9E3779B1))
+    want = _lowbias32(rows[:, None] ^ cols[None, :]) >= np.uint64(int(p * 2**32))
+    assert np.array_equal(keep_mask(gid, width, p, 3, 4, 5).numpy(), want)
+    x = torch.randn(500, width)
+    x[0, 0], x[1, -1] = float("inf"), float("nan")
+    x.requires_grad_(True)
+    y = counter_dropout(x, gid, p, 3, 4, 5, True)
+    scale = torch.from_numpy(want).float() / (1.0 - p)
+    assert torch.equal(y.detach().nan_to_num(), (x.detach() * scale).nan_to_num())
+    g = torch.randn(500, width)
+    y.backward(g)
+    assert torch.equal(x.grad, g * scale)
+
+
 @pytest.mark.parametrize("arch", ["gcn", "sage"])
 def test_local_operator_matches_dense_formula(arch, shards):
     from hpcgnn.data.datasets import load_dataset

@@ -135,3 +135,40 @@ void hpcgnn_quant_decode(const uint8_t *buf, int64_t rows, int64_t width, int bi
         }
     }
 }
+
+/* Counter-based dropout's keep bits (hpcgnn/nn/dropout.py keep_mask): element (r, c) is kept
+ * where hash32(rows[r] ^ cols[c]) >= threshold, with rows[r] and cols[c] the 32-bit row and
+ * channel hashes the torch path computes; out is (n, width) bytes of 0/1 (a torch bool tensor). */
+void hpcgnn_dropout_keep(const int64_t *rows, const int64_t *cols, int64_t n, int64_t width,
+                         uint64_t threshold, uint8_t *out) {
+    for (int64_t r = 0; r < n; r++) {
+        const uint32_t h = (uint32_t)rows[r];
+        uint8_t *o = out + r * width;
+        for (int64_t c = 0; c < width; c++)
+            o[c] = (uint64_t)hash32(h ^ (uint32_t)cols[c]) >= threshold;
+    }
+}
+
+/* The same bits applied as the torch path applies them, y = x * (keep * scale) (so an inf or NaN
+ * dropped is NaN there too), keep written too; branch-free (the bits are coin flips). */
+void hpcgnn_dropout_apply(const float *x, const int64_t *rows, const int64_t *cols, int64_t n,
+                          int64_t width, uint64_t threshold, float scale, float *y, uint8_t *keep) {
+    for (int64_t r = 0; r < n; r++) {
+        const uint32_t h = (uint32_t)rows[r];
+        const float *xr = x + r * width;
+        float *yr = y + r * width;
+        uint8_t *k = keep + r * width;
+        for (int64_t c = 0; c < width; c++) {
+            const uint8_t b = (uint64_t)hash32(h ^ (uint32_t)cols[c]) >= threshold;
+            k[c] = b;
+            yr[c] = xr[c] * ((float)b * scale);
+        }
+    }
+}
+
+/* The backward: g_in = g * (keep * scale) over count elements. */
+void hpcgnn_masked_scale(const float *g, const uint8_t *keep, int64_t count, float scale,
+                         float *out) {
+    for (int64_t i = 0; i < count; i++)
+        out[i] = g[i] * ((float)keep[i] * scale);
+}

@@ -68,6 +68,9 @@ def _load() -> ctypes.CDLL | None:
         lib.hpcgnn_quant_encode.argtypes = [p, i64, i64, ctypes.c_int, u32, p, p]
         lib.hpcgnn_quant_decode.argtypes = [p, i64, i64, ctypes.c_int, p]
         lib.hpcgnn_quant_row_bytes.restype = i64
+        lib.hpcgnn_dropout_keep.argtypes = [p, p, i64, i64, ctypes.c_uint64, p]
+        lib.hpcgnn_dropout_apply.argtypes = [p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_float, p, p]
+        lib.hpcgnn_masked_scale.argtypes = [p, p, i64, ctypes.c_float, p]
         return lib
     return None
 
@@ -97,6 +100,36 @@ def quant_decode(table: torch.Tensor, width: int, bits: int) -> torch.Tensor:
     table = table.contiguous()
     out = torch.empty(table.shape[0], width, dtype=torch.float32)
     lib().hpcgnn_quant_decode(table.data_ptr(), table.shape[0], width, bits, out.data_ptr())
+    return out
+
+
+def dropout_keep(rows: torch.Tensor, cols: torch.Tensor, threshold: int) -> torch.Tensor:
+    """bool ``(len(rows), len(cols))``: ``hash32(rows[r] ^ cols[c]) >= threshold`` (int64 CPU
+    hashes in ``[0, 2^32)``; see ``hpcgnn.nn.dropout.keep_mask``)."""
+    rows, cols = rows.contiguous(), cols.contiguous()
+    out = torch.empty(rows.shape[0], cols.shape[0], dtype=torch.bool)
+    lib().hpcgnn_dropout_keep(rows.data_ptr(), cols.data_ptr(), rows.shape[0], cols.shape[0],
+                              threshold, out.data_ptr())
+    return out
+
+
+def dropout_apply(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, threshold: int,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, keep)``: the keep bits of ``dropout_keep`` and ``y = keep * x * scale`` in one pass
+    (``x`` float32 ``(len(rows), len(cols))`` CPU)."""
+    x, rows, cols = x.contiguous(), rows.contiguous(), cols.contiguous()
+    y = torch.empty_like(x)
+    keep = torch.empty(x.shape, dtype=torch.bool)
+    lib().hpcgnn_dropout_apply(x.data_ptr(), rows.data_ptr(), cols.data_ptr(), x.shape[0],
+                               x.shape[1], threshold, scale, y.data_ptr(), keep.data_ptr())
+    return y, keep
+
+
+def masked_scale(g: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    """``keep * g * scale`` (float32 and bool CPU tensors of one shape), one pass."""
+    g, keep = g.contiguous(), keep.contiguous()
+    out = torch.empty_like(g)
+    lib().hpcgnn_masked_scale(g.data_ptr(), keep.data_ptr(), g.numel(), scale, out.data_ptr())
     return out
 
 

@@ -6,8 +6,9 @@ the same model on 1, 2, 3 or 64 ranks.
 
 Only the non-zero elements need a bit (a dropped zero is still zero), so for sparse input
 features (bag-of-words, whose non-zeros the model finds once) the hash runs on the non-zeros
-alone; other inputs are hashed in row chunks (bounded memory, no page faults). Both paths give
-the same result. On CUDA with Triton installed, one fused kernel (``hpcgnn.kernels.dropout``)
+alone; other inputs are hashed in one C pass on CPU ranks (``hpcgnn.codecs.native``; the
+torch path, in row chunks, where no C compiler is: ``HPCGNN_NATIVE=0``). All paths give the
+same result. On CUDA with Triton installed, one fused kernel (``hpcgnn.kernels.dropout``)
 hashes, masks and multiplies in one pass, and its backward hashes again instead of saving a
 mask; a sparse input that needs no gradient takes it too (a dropped zero is still zero).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from hpcgnn.codecs import native
 from hpcgnn.hashing import M32 as _M32, golden_hashes, hash32_ as _hash32, mix
 from hpcgnn.kernels import use_triton
 
@@ -60,6 +62,8 @@ def keep_mask(global_id: torch.Tensor, width: int, p: float, seed: int, epoch: i
     if (fused := _fused(global_id)) is not None:
         return fused.keep_mask(global_id.to(torch.int64), width, p, _node_key(seed, epoch, layer))
     rows, cols = _row_col_hashes(global_id, width, seed, epoch, layer)
+    if global_id.device.type == "cpu" and native.lib() is not None:
+        return native.dropout_keep(rows, cols, int(p * 2**32))     # one C pass, same bits
     out = torch.empty(rows.shape[0], width, dtype=torch.bool, device=global_id.device)
     chunk = _CHUNK_ELEMS_GPU if global_id.device.type == "cuda" else _CHUNK_ELEMS
     step = max(1, chunk // max(width, 1))
@@ -93,6 +97,9 @@ def counter_dropout(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: in
     if nonzeros is not None:
         rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
         return x * _scale_sparse(x, rows, cols, p, nonzeros)
+    if x.device.type == "cpu" and x.dtype == torch.float32 and native.lib() is not None:
+        rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
+        return _NativeMasked.apply(x, rows, cols, int(p * 2**32), 1.0 / (1.0 - p))
     return _Masked.apply(x, keep_mask(global_id, x.shape[1], p, seed, epoch, layer), 1.0 / (1.0 - p))
 
 
@@ -140,3 +147,22 @@ class _Masked(torch.autograd.Function):
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
         return grad * (keep * ctx.scale), None, None
+
+
+class _NativeMasked(torch.autograd.Function):
+    """``_Masked`` on CPU ranks in C: hash, mask and scale in one pass forward, one pass
+    backward (``hpcgnn.codecs.native``); the bool mask is saved, as there."""
+
+    @staticmethod
+    def forward(ctx, x, rows, cols, threshold: int, scale: float):
+        y, keep = native.dropout_apply(x.detach(), rows, cols, threshold, scale)
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        if grad.dtype != torch.float32:
+            return grad * (keep * ctx.scale), None, None, None, None
+        return native.masked_scale(grad, keep, ctx.scale), None, None, None, None

@@ -62,6 +62,17 @@ class LocalGraph:
         return cls(SparseOp.from_scipy(owned, device), SparseOp.from_scipy(full[:, n:].tocsr(), device),
                    n, h, ids.to(device))
 
+    def transform_first_with_halo(self, f_in: int, f_out: int) -> bool:
+        """Whether ``A [x; x_halo] W`` costs fewer multiply-adds as ``A ([x; x_halo] W)`` than as
+        ``(A [x; x_halo]) W`` when the halo rows are given (a stale step): the first multiplies
+        every halo row by ``W``, the second only the owned rows, so on a graph cut into many
+        halo rows (random parts) aggregating first is the cheaper order even where ``F_out <
+        F_in``."""
+        nnz = self.owned.mat.values().numel() + self.halo.mat.values().numel()
+        first = (self.n_owned + self.n_halo) * f_in * f_out + nnz * f_out
+        last = nnz * f_in + self.n_owned * f_in * f_out
+        return first < last
+
     def aggregate(self, x_owned: torch.Tensor, x_halo: torch.Tensor) -> torch.Tensor:
         """``(owned @ x_owned) + (halo @ x_halo)``: ``(n_owned, F)``."""
         return (self.owned @ x_owned) + (self.halo @ x_halo)

@@ -155,9 +155,10 @@ class GCNLayer(HaloLayer):
     def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
                   step: LayerStep | None = None) -> torch.Tensor:
         """The layer on ``x`` ``(n_owned, F_in)`` and given halo rows ``(n_halo, F_in)``, no
-        exchange; the narrower side is aggregated (progress points between the products)."""
+        exchange, in the order of fewer multiply-adds (``transform_first_with_halo``; progress
+        points between the products)."""
         point, agg = self.prop.point, self.prop.aggregate_halo
-        if self.weight.shape[1] < self.weight.shape[0]:
+        if self.graph.transform_first_with_halo(*self.weight.shape):
             return agg(self.graph, point(x @ self.weight), point(x_halo @ self.weight)) + self.bias
         return point(self.from_aggregate(x, agg(self.graph, x, x_halo)))
 
@@ -191,9 +192,10 @@ class SAGELayer(HaloLayer):
     def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
                   step: LayerStep | None = None) -> torch.Tensor:
         """The layer on ``x`` ``(n_owned, F_in)`` and given halo rows ``(n_halo, F_in)``, no
-        exchange; the narrower side is aggregated (progress points between the products)."""
+        exchange, in the order of fewer multiply-adds (``transform_first_with_halo``; progress
+        points between the products)."""
         point, agg = self.prop.point, self.prop.aggregate_halo
-        if self.out_dim < self.weight.shape[0]:
+        if self.graph.transform_first_with_halo(self.weight.shape[0], self.out_dim):
             w_neigh = self.weight[:, self.out_dim:]
             return (point(x @ self.weight[:, :self.out_dim])
                     + agg(self.graph, point(x @ w_neigh), point(x_halo @ w_neigh)) + self.bias)
