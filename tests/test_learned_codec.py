@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import check_ok, read_metrics, run_mpi  # noqa: E402
 
+# the ranks' worker: test_compressed.py's (hpcgnn train with each schedule in turn, into OUT/NAME)
+TRAIN_SCHEDULES = Path(__file__).resolve().with_name("test_compressed.py")
 GRAPH = "csbm:nodes=3000,classes=4,degree=8,features=48,seed=3"
 RUN = """
 [model]
@@ -44,8 +46,8 @@ def test_learned_pair_only_while_compressing(shards, tmp_path):
     (tmp_path / "run.toml").write_text(RUN)
     for name, text in SCHEDULES.items():
         (tmp_path / f"{name}.toml").write_text(text)
-    proc = run_mpi(2, [__file__, str(shards(GRAPH, 2, "random")), str(tmp_path), *SCHEDULES],
-                   timeout=240)
+    proc = run_mpi(2, [str(TRAIN_SCHEDULES), str(shards(GRAPH, 2, "random")), str(tmp_path),
+                       *SCHEDULES], timeout=240)
     check_ok(proc)
     m = {name: read_metrics(tmp_path / name) for name in SCHEDULES}
     keys = ("loss", "train_acc", "val_acc", "test_acc", "bytes_sent")
@@ -57,15 +59,3 @@ def test_learned_pair_only_while_compressing(shards, tmp_path):
     enc = state["layers.0.encoder.weight"]
     assert not torch.equal(enc, torch.eye(enc.shape[0]))               # it trained while k < F
     assert "layers.1.encoder.weight" not in state                       # last layer: none
-
-
-def _worker(shard_dir: str, out: str, names: list[str]) -> None:
-    from hpcgnn.__main__ import main
-    for name in names:
-        code = main(["train", "--shards", shard_dir, "--config", f"{out}/run.toml",
-                     "--schedule", f"{out}/{name}.toml", "--out", f"{out}/{name}"])
-        assert code == 0, name
-
-
-if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2], sys.argv[3:])
