@@ -8,17 +8,22 @@ every = 5                  # epochs between checks; epoch 0 measures and decides
 objective = "time"         # time (codec + wire seconds) | bytes (fewest bytes; deterministic)
 compress_last_layer = true # auto's default: fp32 is always a candidate
 compress_backward = true
+probe_rows = 2048          # a probe measures on at most about this many rows per exchange
 ```
 
 Per layer and direction (forward activations, backward halo gradients) the controller keeps one
 setting: fp32 or ``b``-bit stochastic rounding (``hpcgnn.codecs.quant``). Epoch 0, before anything
-is measured, sends the fewest bits of ``bits``: the budget starts unbounded, and VARCO too starts
-at its heaviest compression.
+is measured, sends the fewest bits of ``bits`` (VARCO too starts at its heaviest compression);
+from the first decision on, the budget below applies, and it starts at ``MAX_ERROR = 1``: no
+codec may ever send more noise than signal.
 
 **Measuring** (a *probe epoch*; epoch 0 is one): the trainer asks every sender to measure, on
 the rows it actually sends in that epoch's exchanges (``ExchangeSettings.probe``), for each
-candidate ``b`` the squared error ``||x - x^b||^2`` of its encode + decode of exactly those rows
-(the real send's noise key) beside ``||x||^2``, its seconds and bytes, and every exchange's
+candidate ``b`` the squared error ``||x - x^b||^2`` of its encode + decode of those rows (the
+real send's noise key) beside ``||x||^2``, its seconds and bytes — on every ``k``-th sent row
+where an exchange sends more than ``probe_rows`` (``k = ceil(R / probe_rows)``; sums and seconds
+scaled by ``R / sampled``, bytes exact), so that a probe costs a few per cent of an epoch rather
+than ``|bits|`` codec passes over every boundary row — and every exchange's
 bytes, wire seconds (post + wait) and the layer's compute between post and wait. The trainer reduces them over ranks (errors summed,
 seconds and bytes maxed) and rank 0 decides and broadcasts the new ``AutoState``. An exchange
 no rank sent anything through (a layer whose rows need no gradient has no backward) gets no
@@ -32,13 +37,14 @@ a least-squares fit of that direction's wire seconds against bytes over the last
 than two sizes, or ``beta <= 0``). With ``train.overlap`` (non-blocking exchanges) the wire
 time counts only past the layer's compute that hides it: ``max(0, alpha + beta * bytes(b) -
 compute_s)``, and a sample's wire seconds are post + compute + wait. Ties go to the more precise, so where the link makes bytes
-free fp32 wins on time. ``objective = "bytes"`` ranks by bytes alone (a choice that does not
+free fp32 wins on time; and the setting in use stays while it is allowed and predicted within
+``HYSTERESIS`` (10 %) of the best, so timing noise alone flips nothing. ``objective = "bytes"`` ranks by bytes alone (a choice that does not
 depend on timing, so runs are reproducible bit for bit).
 
 **The budget only falls** (VARCO's monotone condition). Every ``every`` epochs (a *check*) it
 moves to ``B_k = min(B_{k-1}, max(0, (1 - Lbar_k / Lbar_j) / (k - j)))``, ``j = max(0, k -
 LOSS_WINDOWS)``, ``Lbar_k`` the mean of the globally reduced training loss over the epochs
-since the previous check (epoch 0 alone for ``k = 0``), ``B_0 = inf``: a codec may perturb what
+since the previous check (epoch 0 alone for ``k = 0``), ``B_0 = MAX_ERROR``: a codec may perturb what
 it sends (relative squared error) by no more than training currently improves the loss per
 ``every`` epochs, averaged over the last ``LOSS_WINDOWS`` windows (20 epochs at the default) so
 that one noisy window (dropout) cannot end compression for good. While the loss falls fast
@@ -49,8 +55,10 @@ error above the current budget.
 
 **Probing less as things settle**: probes are ``every`` epochs apart at first; each probe that
 leaves every decision as it was doubles the interval (up to ``MAX_BACKOFF * every``), one that
-changes a decision resets it. Probing costs about ``|bits|`` encodes + decodes of one epoch's
-exchanges; checks cost nothing (no communication).
+changes a decision resets it. Probing costs ``|bits|`` encodes + decodes of at most
+``probe_rows`` rows per exchange; checks cost nothing (no communication). A candidate's codec
+seconds are the least any probe measured (its cost depends on sizes alone, and a slow sample is
+a preempted one).
 
 Decisions are recorded at every check (``metrics.jsonl``'s ``auto``) and the whole state is
 checkpointed (``state_dict``): a resumed run continues with the same budget, codecs, figures
@@ -73,6 +81,13 @@ MAX_BACKOFF = 8
 """The longest probe interval, in units of ``every``."""
 LOSS_WINDOWS = 4
 """How many check windows back the loss improvement is measured from (averaged per window)."""
+MAX_ERROR = 1.0
+"""``B_0``, the budget before any loss improvement is known: no codec may send more noise than
+signal (relative squared error above 1; 1-bit rows of Gaussian-like features measure 4-9)."""
+HYSTERESIS = 0.10
+"""A setting in use stays while its predicted time is within this fraction of the best's."""
+PROBE_ROWS = 2048
+"""Default ``probe_rows``: the rows (at most, about) of each exchange a probe measures on."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,7 @@ class AutoSettings:
     objective: str = "time"
     compress_last_layer: bool = True
     compress_backward: bool = True
+    probe_rows: int = PROBE_ROWS
 
 
 @dataclass(frozen=True)
@@ -133,7 +149,7 @@ class AutoState:
     """Everything the controller carries between epochs (the same on every rank)."""
 
     bits: dict[str, int] = field(default_factory=dict)     # "layer/direction" -> 1|2|4|8|32
-    budget: float = math.inf
+    budget: float = MAX_ERROR
     window: list[float] = field(default_factory=list)      # losses since the last check
     means: list[float] = field(default_factory=list)       # mean loss of the last windows
     measured: dict[str, dict] = field(default_factory=dict)  # "layer/direction" -> last figures
@@ -180,11 +196,19 @@ def predicted_cost(fig: ExchangeFigures, bits: int, wire: tuple[float, float],
 
 
 def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
-           wire: tuple[float, float], objective: str = "time") -> int:
+           wire: tuple[float, float], objective: str = "time", current: int | None = None
+           ) -> int:
     """The candidate of least predicted cost whose error is within ``budget`` (fp32 always
-    passes); ties go to the more precise."""
+    passes); ties go to the more precise. With ``objective = "time"``, ``current`` (the setting
+    in use) stays while it is allowed and predicted within ``HYSTERESIS`` of the best: timing
+    noise alone does not flip a decision (and so does not reset the probe interval)."""
     allowed = [FP32] + [b for b in candidates if fig.error(b) <= budget]
-    return min(allowed, key=lambda b: (predicted_cost(fig, b, wire, objective), -b))
+    cost = {b: predicted_cost(fig, b, wire, objective) for b in allowed}
+    best = min(allowed, key=lambda b: (cost[b], -b))
+    if (objective == "time" and current in cost and current != best
+            and cost[current] <= (1.0 + HYSTERESIS) * cost[best]):
+        return current
+    return best
 
 
 def next_budget(budget: float, means: list[float], window: list[float]) -> float:
@@ -214,8 +238,12 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
     measured = dict(state.measured)
     wire = {d: [list(s) for s in state.wire.get(d, [])] for d in DIRECTIONS}
     if figures is not None:
-        measured.update({f"{layer}/{d}": fig.to_dict()
-                         for (layer, d), fig in figures.exchanges.items()})
+        for (layer, d), fig in figures.exchanges.items():
+            key, new = f"{layer}/{d}", fig.to_dict()
+            if key in measured:           # a codec's cost is a property of the sizes: the
+                new["codec_s"] = {b: min(s, measured[key]["codec_s"].get(b, s))   # least seen
+                                  for b, s in new["codec_s"].items()}
+            measured[key] = new
         wire = {d: (wire[d] + [list(s) for s in figures.wire.get(d, [])])[-WIRE_HISTORY:]
                 for d in DIRECTIONS}
     fits = {d: fit_wire([tuple(s) for s in wire[d]]) for d in DIRECTIONS}
@@ -223,7 +251,8 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
     for key in sorted(measured):
         layer, direction = key.split("/")
         fig = ExchangeFigures.from_dict(measured[key])
-        bits[key] = choose(fig, settings.bits, budget, fits[direction], settings.objective)
+        bits[key] = choose(fig, settings.bits, budget, fits[direction], settings.objective,
+                           state.bits.get(key))
         rows.append(_row(int(layer), direction, bits[key], fig, settings, fits[direction]))
     means = (state.means + [sum(state.window) / len(state.window)] if state.window
              else state.means)[-LOSS_WINDOWS:]

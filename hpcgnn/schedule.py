@@ -28,7 +28,8 @@ schedule's ratio; the exact bytes of a combined codec come from its ``block_byte
 
 ``kind = "auto"`` is a closed loop, not a curve: it takes no ratio keys and no per-layer or
 ``[backward]`` tables, only ``codec = "quant"``, ``bits`` (the candidate widths), ``every``,
-``objective``, ``compress_last_layer`` (default true for auto) and ``compress_backward``; see
+``objective``, ``compress_last_layer`` (default true for auto), ``compress_backward`` and
+``probe_rows``; see
 ``hpcgnn.autotune``.
 
 Every check runs at load time (layer indices at ``bind``), before any rank communicates; each
@@ -441,7 +442,7 @@ class SchedulePolicy(CompressionPolicy):
 
 # --- kind = "auto" -----------------------------------------------------------------------------
 AUTO_KEYS = ("kind", "codec", "bits", "every", "objective", "compress_last_layer",
-             "compress_backward", "epochs")
+             "compress_backward", "probe_rows", "epochs")
 
 
 def _auto_refusals(top: dict, where: _Where) -> None:
@@ -481,6 +482,14 @@ def _auto_every(top: dict, where: _Where) -> int:
     return every
 
 
+def _auto_probe_rows(top: dict, where: _Where) -> int:
+    rows = top.get("probe_rows", AutoSettings.probe_rows)
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise where.error("probe_rows", f"expected a number of rows >= 0 (0: every sent row), "
+                          f"got {rows!r}", f"write probe_rows = {AutoSettings.probe_rows}")
+    return rows
+
+
 def _auto(top: dict, where: _Where) -> AutoPolicy:
     """``kind = "auto"``: the controller's settings, checked."""
     _auto_refusals(top, where)
@@ -492,7 +501,8 @@ def _auto(top: dict, where: _Where) -> AutoPolicy:
     return AutoPolicy(where.path, AutoSettings(
         bits=_auto_bits(top, where), every=_auto_every(top, where), objective=objective,
         compress_last_layer=_flag(top, "compress_last_layer", True, where),
-        compress_backward=_flag(top, "compress_backward", True, where)))
+        compress_backward=_flag(top, "compress_backward", True, where),
+        probe_rows=_auto_probe_rows(top, where)))
 
 
 def parse_schedule(top: dict, path: str = "<schedule>") -> CompressionPolicy:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hpcgnn.autotune import (MAX_BACKOFF, AutoPolicy, AutoSettings, AutoState, ExchangeFigures,
-                             Figures, choose, decide, fit_wire, next_budget)
+                             Figures, _probe_interval, choose, decide, fit_wire, next_budget)
 from hpcgnn.codecs import IDENTITY, WireCodec
 from hpcgnn.schedule import ScheduleError, load_schedule
 
@@ -45,6 +45,16 @@ def test_choose_ties_go_to_the_more_precise_and_bytes_objective_ignores_time():
                            {b: 10.0 for b in (*BITS, 32)})
     assert choose(even, BITS, 1.0, (0.0, 1.0)) == 32
     assert choose(FIG, BITS, 0.2, (0.0, 1e-12), objective="bytes") == 2   # time would say fp32
+
+
+def test_the_setting_in_use_stays_within_the_hysteresis_and_while_allowed():
+    # beta 5e-8: costs 1 -> 4.7 ms, 2 -> 5.1 ms (+9 %), 4 -> 6.9 ms (+47 %), fp32 12.8 ms
+    wire = (0.0, 5e-8)
+    assert choose(FIG, BITS, math.inf, wire) == 1
+    assert choose(FIG, BITS, math.inf, wire, current=2) == 2       # 9 % dearer: stays
+    assert choose(FIG, BITS, math.inf, wire, current=4) == 1       # 47 % dearer: moves
+    assert choose(FIG, BITS, 0.01, wire, current=2) == 4           # 2 bits over budget: moves
+    assert choose(FIG, BITS, math.inf, wire, "bytes", current=2) == 1   # bytes: no hysteresis
 
 
 def test_overlapped_wire_time_is_free_up_to_the_layers_compute():
@@ -104,12 +114,14 @@ def test_decide_budget_falls_bits_rise_then_settle():
     state, records = _run(losses, probes)
     budgets = [r["budget"] for r in records]
     bits = [r["exchanges"][0]["bits"] for r in records]
-    assert budgets == pytest.approx([math.inf, 0.5, 0.275, 0.575 / 3, 0.145, 0.0387500,
+    assert budgets == pytest.approx([1.0, 0.5, 0.275, 0.575 / 3, 0.145, 0.0387500,
                                      0.05 / 3.6, 0.0, 0.0])
-    assert bits == [1, 2, 2, 2, 4, 4, 4, 32, 32]     # fewest bytes within each budget
+    assert bits == [2, 2, 2, 2, 4, 4, 4, 32, 32]     # fewest bytes within each budget (1 bit's
+    #                                                  error 1.5 is over B_0 = 1)
     assert all(a >= b for a, b in zip(budgets, budgets[1:]))
-    # probes 5 apart, 10 once nothing changed, back to 5 after a change; none once settled
-    assert probes == [0, 5, 10, 20, 25, 35] and state.settled
+    # probes 5 apart, then the interval doubles while a probe changes nothing (the move to 4
+    # bits at epoch 20 came from the budget, between probes); none once settled
+    assert probes == [0, 5, 15, 35] and state.settled
     assert [r["probed"] for r in records] == [e in probes for e in range(0, 45, 5)]
     assert records[-1]["next_probe"] is None
 
@@ -118,8 +130,11 @@ def test_probe_interval_doubles_while_nothing_changes():
     losses = [2.0 * 0.9 ** t for t in range(200)]    # steady 0.41 improvement per window
     probes = []
     _run(losses, probes, AutoSettings(objective="bytes", every=5))
-    assert probes[:6] == [0, 5, 10, 20, 40, 80]        # the budget inf -> 0.21: 1 -> 2 bits
+    assert probes[:6] == [0, 5, 15, 35, 75, 115]       # the budget 1 -> 0.21: 2 bits throughout
     assert max(b - a for a, b in zip(probes, probes[1:])) == MAX_BACKOFF * 5
+    held = AutoState(bits={"0/forward": 2}, interval=20, probes=3)
+    assert _probe_interval(held, {"0/forward": 2}, 5) == 40      # unchanged: doubles
+    assert _probe_interval(held, {"0/forward": 4}, 5) == 5       # changed: back to every
 
 
 def test_state_round_trips_through_a_checkpoint():
@@ -153,9 +168,11 @@ def test_auto_defaults_and_codecs_follow_the_state(tmp_path):
 
 def test_auto_keys_are_honoured(tmp_path):
     p = _auto(tmp_path, 'bits = [8, 2]\nevery = 3\nobjective = "bytes"\n'
-                        'compress_last_layer = false\ncompress_backward = false\n')
+                        'compress_last_layer = false\ncompress_backward = false\n'
+                        'probe_rows = 0\n')
     assert p.settings == AutoSettings(bits=(2, 8), every=3, objective="bytes",
-                                      compress_last_layer=False, compress_backward=False)
+                                      compress_last_layer=False, compress_backward=False,
+                                      probe_rows=0)
     assert p.probe(3, 2, 3, "forward") == () and p.probe(3, 0, 3, "backward") == ()
     assert [c.bits for c in p.probe(3, 0, 3, "forward")] == [2, 8]
     assert p.forward_codec(0, 0, 3, 16) == WireCodec(bits=2)          # start: fewest bits
@@ -172,6 +189,8 @@ AUTO_BAD = [
     ('bits = [3]\n', "bits", "[1, 2, 4, 8]"),
     ('bits = []\n', "bits", "non-empty"),
     ('every = 0\n', "every", "every = 5"),
+    ('probe_rows = -1\n', "probe_rows", "probe_rows = 2048"),
+    ('probe_rows = 1.5\n', "probe_rows", "rows >= 0"),
     ('objective = "speed"\n', "objective", "time, bytes"),
     ('budget = 0.1\n', "budget", "unknown key"),
     ('[layers.0]\nbits = 2\n', "layers", "decides every layer"),

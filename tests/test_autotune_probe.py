@@ -6,7 +6,9 @@ Every rank sends deterministic rows ``x[v, c] = f(v, c)`` (fp32 forward) and bac
 candidate ``b`` the probe must record exactly ``sum ||x - x^b||^2`` of the documented
 quantiser (``tests/test_codecs.py``'s reference, keyed as the real send is), ``sum ||x||^2``,
 and the bytes ``b`` bits would have sent — and the probe must change nothing that is sent.
-This file is also the MPI worker.
+With ``probe_rows = cap`` below the rows sent, the documented sample instead: rows
+``0, k, 2k, ...`` (``k = ceil(R / cap)``) quantised as one buffer with the same key, the sums
+scaled by ``R / sampled``; bytes stay the whole send's. This file is also the MPI worker.
 """
 from __future__ import annotations
 
@@ -30,31 +32,38 @@ def row_bytes(bits: int) -> int:
     return 4 * WIDTH if bits == 32 else 6 + -(-WIDTH * bits // 8)
 
 
-def expected(shard_dir: Path, rank: int, direction: int) -> dict:
-    """norm2, error2 and bytes per candidate of the rows ``rank`` sends in ``direction``."""
+def expected(shard_dir: Path, rank: int, direction: int, cap: int = 0) -> dict:
+    """norm2, error2 and bytes per candidate of the rows ``rank`` sends in ``direction``
+    (``cap``: of the documented sample of them, scaled up)."""
     from hpcgnn.data.shard import read_shard
     s = read_shard(shard_dir / f"part-{rank:05d}.h5")
     cols = np.arange(WIDTH)
     rows = (f(s.global_id[s.send_index], cols) if direction == 0      # packed boundary rows
             else w(rank, s.halo_global_id, cols)).astype(np.float32)  # halo gradients back
     key = mix(SEED, EPOCH, LAYER, direction, rank)
-    x = rows.astype(np.float64)
-    err = {b: float(((ref_quant(rows, b, key).astype(np.float64) - x) ** 2).sum()) for b in BITS}
-    return {"norm2": float((x ** 2).sum()), "error2": err,
-            "bytes": {b: rows.shape[0] * row_bytes(b) for b in (*BITS, 32)}}
+    total = rows.shape[0]
+    sample = rows[::-(-total // cap)] if 0 < cap < total else rows
+    scale = total / sample.shape[0]
+    x = sample.astype(np.float64)
+    err = {b: scale * float(((ref_quant(sample, b, key).astype(np.float64) - x) ** 2).sum())
+           for b in BITS}
+    return {"norm2": scale * float((x ** 2).sum()), "error2": err, "rows": total,
+            "bytes": {b: total * row_bytes(b) for b in (*BITS, 32)}}
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_probe_measures_the_documented_error_of_the_sent_rows(ranks, shards, tmp_path):
+@pytest.mark.parametrize("ranks,cap", [(2, 0), (3, 0), (3, 50)])
+def test_probe_measures_the_documented_error_of_the_sent_rows(ranks, cap, shards, tmp_path):
     shard_dir = shards(CSBM, ranks, "random")
-    proc = run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path)], timeout=180)
+    proc = run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path), str(cap)], timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r in range(ranks):
         got = json.loads((tmp_path / f"{r}.json").read_text())
         assert got["same_as_unprobed"], f"rank {r}: probing changed what was sent"
         for d in (0, 1):
-            want, fig = expected(shard_dir, r, d), got["probes"][str(d)]
+            want, fig = expected(shard_dir, r, d, cap), got["probes"][str(d)]
+            if cap:
+                assert want["rows"] > 2 * cap, "the sampled case must sample"
             assert fig["norm2"] == pytest.approx(want["norm2"], rel=1e-9)
             for b in BITS:
                 assert fig["error2"][str(b)] == pytest.approx(want["error2"][b], rel=1e-5), (r, d, b)
@@ -82,7 +91,7 @@ def _exchange(ctx, plan, shard, settings):
     return stats, halo.detach(), x.grad
 
 
-def _worker(shard_dir: str, out: str) -> None:
+def _worker(shard_dir: str, out: str, cap: int) -> None:
     import torch
 
     from hpcgnn.codecs import IDENTITY, WireCodec
@@ -96,7 +105,7 @@ def _worker(shard_dir: str, out: str) -> None:
     cands = tuple(WireCodec(bits=b) for b in BITS)
     plain = _exchange(ctx, plan, shard, ExchangeSettings(EPOCH, IDENTITY, IDENTITY))
     stats, halo, grad = _exchange(ctx, plan, shard, ExchangeSettings(
-        EPOCH, IDENTITY, IDENTITY, probe=cands, probe_backward=cands))
+        EPOCH, IDENTITY, IDENTITY, probe=cands, probe_backward=cands, probe_rows=cap))
     probes = {str(d): {"norm2": fig.norm2,
                        "error2": {str(c.bits): v for c, v in fig.error2.items() if c.bits != 32},
                        "bytes": {str(c.bits): v for c, v in fig.bytes.items()}}
@@ -112,4 +121,4 @@ def _worker(shard_dir: str, out: str) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    _worker(sys.argv[1], sys.argv[2])
+    _worker(sys.argv[1], sys.argv[2], int(sys.argv[3]))

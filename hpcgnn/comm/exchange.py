@@ -55,15 +55,19 @@ class ExchangeSettings:
 
     ``probe`` / ``probe_backward``: candidate codecs the sender measures on the rows it sends in
     that direction (``kind = "auto"``, ``hpcgnn.autotune``): each candidate's encode + decode of
-    exactly those rows, with the real send's noise key, recorded in ``ExchangeStats.probes``
-    (squared error, ``||x||^2``, seconds, bytes) along with the exchange's wire seconds and
-    bytes (``ExchangeStats.wire``). Nothing extra crosses the wire."""
+    those rows, with the real send's noise key, recorded in ``ExchangeStats.probes`` (squared
+    error, ``||x||^2``, seconds, bytes) along with the exchange's wire seconds and bytes
+    (``ExchangeStats.wire``). Nothing extra crosses the wire. ``probe_rows``: measure on at
+    most about this many of the rows (0: all): rows ``0, k, 2k, ...`` of the packed send
+    buffer, ``k = ceil(R / probe_rows)``, encoded as one buffer; error, ``||x||^2`` and
+    seconds are then scaled by ``R / sampled`` (bytes are always the whole send's)."""
 
     epoch: int = 0
     forward: WireCodec = IDENTITY
     backward: WireCodec = IDENTITY
     probe: tuple[WireCodec, ...] = ()
     probe_backward: tuple[WireCodec, ...] = ()
+    probe_rows: int = 0
 
 
 class CodecError(RuntimeError):
@@ -244,28 +248,38 @@ class HaloExchanger:
         probe = settings.probe if fwd else settings.probe_backward
         sample = None
         if probe:                                 # measured after the post: off the books
-            self._probe(rows.detach(), probe, direction, sblocks, skeys, noise, fwd)
+            self._probe(rows.detach(), probe, direction, sblocks, skeys, noise, fwd,
+                        settings.probe_rows)
             sample = WireSample(self.layer, direction, lay.send_total, t2 - t1, nb,
                                 posted_at=time.perf_counter())
             self.stats.wire.append(sample)
         return Pending(request, recv, keep, rblocks, width, codec, rkeys, sample)
 
     def _probe(self, rows: torch.Tensor, candidates: tuple[WireCodec, ...], direction: int,
-               blocks: Blocks, keys: torch.Tensor, noise: int, fwd: bool) -> None:
-        """Encode + decode ``rows`` ``(R, width)`` with every candidate (the real send's keys
-        and noise) and record each one's squared error, seconds and bytes, and ``||rows||^2``
-        (``ExchangeStats.probes[(layer, direction)]``). Local work only."""
-        x = rows.to(torch.float32)
-        width = int(x.shape[1])
+               blocks: Blocks, keys: torch.Tensor, noise: int, fwd: bool, cap: int = 0) -> None:
+        """Encode + decode ``rows`` ``(R, width)`` — or, with ``cap``, every ``k``-th of them
+        (``k = ceil(R / cap)``) as one buffer — with every candidate (the real send's keys and
+        noise) and record each one's squared error, seconds and bytes, and ``||rows||^2``
+        (``ExchangeStats.probes[(layer, direction)]``), a sample's figures scaled by
+        ``R / sampled``. Local work only."""
         counts = self.plan.send_counts if fwd else self.plan.recv_counts
+        width, total = int(rows.shape[1]), int(rows.shape[0])
         fig = self.stats.probes.setdefault((self.layer, direction), ProbeFigures())
-        fig.norm2 += float(x.double().pow(2).sum())
         fig.add(IDENTITY, 0.0, 0.0, sum(IDENTITY.byte_counts(counts, width)))
+        stride = -(-total // cap) if cap > 0 and total > cap else 1
+        if stride > 1:
+            rows = rows[::stride].contiguous()
+            blocks = Blocks.of((int(rows.shape[0]),), rows.device)
+            keys = keys[:1]
+        x = rows.to(torch.float32)
+        scale = total / max(int(x.shape[0]), 1)
+        fig.norm2 += scale * float(x.double().pow(2).sum())
         for codec in candidates:
             t0 = time.perf_counter()
             y = codec.decode(codec.encode(x, blocks, keys, noise), blocks, width, keys)
             err = float((y.reshape(x.shape) - x).double().pow(2).sum())   # syncs the device
-            fig.add(codec, err, time.perf_counter() - t0, sum(codec.byte_counts(counts, width)))
+            fig.add(codec, scale * err, scale * (time.perf_counter() - t0),
+                    sum(codec.byte_counts(counts, width)))
 
     def _layout(self, codec: WireCodec, width: int, fwd: bool) -> tuple[Layout, int]:
         """(byte layout of the exchange, fp32 bytes of the same rows), cached per (codec, width,

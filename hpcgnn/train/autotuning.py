@@ -25,7 +25,8 @@ def with_probes(settings: ExchangeSettings, policy, epoch: int, layer: int,
     fwd, bwd = (policy.probe(epoch, layer, num_layers, d) for d in DIRECTIONS)
     if not (fwd or bwd):
         return settings
-    return ExchangeSettings(settings.epoch, settings.forward, settings.backward, fwd, bwd)
+    return ExchangeSettings(settings.epoch, settings.forward, settings.backward, fwd, bwd,
+                            policy.settings.probe_rows)
 
 
 def probed(policy, epoch: int, num_layers: int) -> list[tuple[int, int, tuple]]:
