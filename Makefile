@@ -32,7 +32,7 @@ demo: setup
 	$(PY) -m hpcgnn summary $(RUN)
 
 test: setup-test
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 # The SLURM suite alone, on a private one-node SLURM on localhost (root; installs slurm-wlm, munge).
 slurm-test: setup-test
