@@ -4,7 +4,8 @@ Nothing collective may run before the ranks agree that nobody failed (``hpcgnn.t
 the transport's choice of collective and its dist-graph communicators are made at the first
 exchange, so a rank with a corrupt shard, waiting in the failure agreement, never meets the
 others inside ``Create_dist_graph_adjacent``. Each case: one truncated part on the last rank,
-the transport forced (or chosen automatically), 2 and 8 ranks; the job exits with code 2,
+the transport forced (or chosen automatically) on 2 ranks, and the neighbourhood collective
+(whose dist-graph communicator is where a failed rank once hung the others) on 8 too; the job exits with code 2,
 the failing rank names the file and the fix, the others say why they stop, no traceback.
 """
 from __future__ import annotations
@@ -24,8 +25,7 @@ TRANSPORTS = {"alltoallv": {"HPCGNN_EXCHANGE": "alltoallv"},
 LIMIT_S = 90      # a hang fails here (subprocess.TimeoutExpired); a clean exit takes seconds
 
 
-@pytest.mark.parametrize("ranks", [2, 8])
-@pytest.mark.parametrize("transport", list(TRANSPORTS))
+@pytest.mark.parametrize("transport,ranks", [(t, 2) for t in TRANSPORTS] + [("neighbor", 8)])
 def test_corrupt_shard_ends_the_job_with_every_transport(shards, tmp_path, ranks, transport):
     bad = tmp_path / "shards"
     shutil.copytree(shards("cora", ranks, "metis"), bad)
