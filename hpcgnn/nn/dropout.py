@@ -51,9 +51,14 @@ def _row_col_hashes(global_id: torch.Tensor, width: int, seed: int, epoch: int, 
     return rows, golden_hashes(width, global_id.device)
 
 
+def _threshold(p: float) -> int:
+    """An element is kept where its 32-bit hash is at least this."""
+    return int(p * 2**32)
+
+
 def _keep(row_h: torch.Tensor, col_h: torch.Tensor, p: float) -> torch.Tensor:
     """Keep bits of elements whose row/col hashes are given (broadcasting)."""
-    return _hash32(row_h ^ col_h) >= int(p * 2**32)
+    return _hash32(row_h ^ col_h) >= _threshold(p)
 
 
 def keep_mask(global_id: torch.Tensor, width: int, p: float, seed: int, epoch: int,
@@ -63,7 +68,7 @@ def keep_mask(global_id: torch.Tensor, width: int, p: float, seed: int, epoch: i
         return fused.keep_mask(global_id.to(torch.int64), width, p, _node_key(seed, epoch, layer))
     rows, cols = _row_col_hashes(global_id, width, seed, epoch, layer)
     if global_id.device.type == "cpu" and native.lib() is not None:
-        return native.dropout_keep(rows, cols, int(p * 2**32))     # one C pass, same bits
+        return native.dropout_keep(rows, cols, _threshold(p))     # one C pass, same bits
     out = torch.empty(rows.shape[0], width, dtype=torch.bool, device=global_id.device)
     chunk = _CHUNK_ELEMS_GPU if global_id.device.type == "cuda" else _CHUNK_ELEMS
     step = max(1, chunk // max(width, 1))
@@ -99,7 +104,7 @@ def counter_dropout(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: in
         return x * _scale_sparse(x, rows, cols, p, nonzeros)
     if x.device.type == "cpu" and x.dtype == torch.float32 and native.lib() is not None:
         rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
-        return _NativeMasked.apply(x, rows, cols, int(p * 2**32), 1.0 / (1.0 - p))
+        return _NativeMasked.apply(x, rows, cols, _threshold(p), 1.0 / (1.0 - p))
     return _Masked.apply(x, keep_mask(global_id, x.shape[1], p, seed, epoch, layer), 1.0 / (1.0 - p))
 
 
