@@ -13,9 +13,13 @@ probe_rows = 2048          # a probe measures on at most about this many rows pe
 
 Per layer and direction (forward activations, backward halo gradients) the controller keeps one
 setting: fp32 or ``b``-bit stochastic rounding (``hpcgnn.codecs.quant``). Epoch 0, before anything
-is measured, sends the fewest bits of ``bits`` (VARCO too starts at its heaviest compression);
-from the first decision on, the budget below applies, and it starts at ``MAX_ERROR = 1``: no
-codec may ever send more noise than signal.
+is measured, sends fp32: it is a probe, so the first decision has the link's time at the full
+size of every exchange and extrapolates *down* to the compressed sizes. (Starting compressed,
+as VARCO does, left the model to extrapolate *up*, from a few hundred kB to the fp32 size, and
+on shared memory, where an exchange's time grows in steps with the message protocol rather than
+with the bytes, that predicted fp32 several times dearer than it is.) One fp32 epoch costs, on
+a slow link, what a few compressed ones do. From the first decision on, the budget below
+applies, and it starts at ``MAX_ERROR = 1``: no codec may ever send more noise than signal.
 
 **Measuring** (a *probe epoch*; epoch 0 is one): the trainer asks every sender to measure, on
 the rows it actually sends in that epoch's exchanges (``ExchangeSettings.probe``), for each
@@ -33,12 +37,16 @@ decision.
 ``e_b = sum ||x - x^b||^2 / sum ||x||^2`` is within the budget ``B`` (fp32, error 0, always
 is), the one of least predicted cost ``codec_s(b) + alpha + beta * bytes(b)``: ``(alpha, beta)``
 a least-squares fit of that direction's wire seconds against bytes over the last
-``WIRE_HISTORY`` probed exchanges (the ratio ``sum s / sum bytes`` where the fit fails: fewer
-than two sizes, or ``beta <= 0``). With ``train.overlap`` (non-blocking exchanges) the wire
+``WIRE_HISTORY`` probed exchanges (``beta = 0`` where the slope is not positive: bytes are then
+free within the timing noise; the ratio ``sum s / sum bytes`` where only one size was ever
+measured). A probed exchange starts with a ``Barrier``, so its seconds are the transfer's and
+not the ranks' skew (the compute before it, which differs by layer and would pass for a cost
+per byte). With ``train.overlap`` (non-blocking exchanges) the wire
 time counts only past the layer's compute that hides it: ``max(0, alpha + beta * bytes(b) -
 compute_s)``, and a sample's wire seconds are post + compute + wait. Ties go to the more precise, so where the link makes bytes
-free fp32 wins on time; and the setting in use stays while it is allowed and predicted within
-``HYSTERESIS`` (10 %) of the best, so timing noise alone flips nothing. ``objective = "bytes"`` ranks by bytes alone (a choice that does not
+free fp32 wins on time; and a prediction within ``HYSTERESIS`` (10 %) of the best counts as a
+tie, won first by fp32 (compression has to pay clearly, since what it costs in convergence is
+not in the prediction), then by the setting in use, so timing noise alone flips nothing. ``objective = "bytes"`` ranks by bytes alone (a choice that does not
 depend on timing, so runs are reproducible bit for bit).
 
 **The budget only falls** (VARCO's monotone condition). Every ``every`` epochs (a *check*) it
@@ -166,8 +174,11 @@ class AutoState:
 
 # -- the decision rule (pure) --------------------------------------------------------------------
 def fit_wire(samples: list[tuple[float, float]]) -> tuple[float, float]:
-    """``(alpha, beta)`` of ``seconds ~ alpha + beta * bytes`` by least squares; the ratio
-    ``(0, sum s / sum bytes)`` where that fails (fewer than two sizes, or ``beta <= 0``)."""
+    """``(alpha, beta)`` of ``seconds ~ alpha + beta * bytes`` by least squares. Where the
+    samples show no cost per byte (``beta <= 0``: the link moves these sizes faster than the
+    timing noise resolves) ``(mean seconds, 0)``: bytes are free. Only where one size was ever
+    measured (no slope to fit) the ratio ``(0, sum s / sum bytes)``, which charges every second
+    to the bytes."""
     if not samples:
         return 0.0, 0.0
     n = len(samples)
@@ -176,8 +187,7 @@ def fit_wire(samples: list[tuple[float, float]]) -> tuple[float, float]:
     sxx = sum((b - mx) ** 2 for b, _ in samples)
     if sxx > 0:
         beta = sum((b - mx) * (s - my) for b, s in samples) / sxx
-        if beta > 0:
-            return my - beta * mx, beta
+        return (my - beta * mx, beta) if beta > 0 else (my, 0.0)
     total = sum(b for b, _ in samples)
     return 0.0, (sum(s for _, s in samples) / total if total > 0 else 0.0)
 
@@ -199,15 +209,18 @@ def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
            wire: tuple[float, float], objective: str = "time", current: int | None = None
            ) -> int:
     """The candidate of least predicted cost whose error is within ``budget`` (fp32 always
-    passes); ties go to the more precise. With ``objective = "time"``, ``current`` (the setting
-    in use) stays while it is allowed and predicted within ``HYSTERESIS`` of the best: timing
-    noise alone does not flip a decision (and so does not reset the probe interval)."""
+    passes); ties go to the more precise. With ``objective = "time"`` a prediction within
+    ``HYSTERESIS`` of the best counts as a tie, resolved first for fp32 (compression must pay
+    clearly: what it may cost in convergence is not in the prediction), then for ``current``
+    (the setting in use, while allowed: timing noise alone does not flip a decision, and so does
+    not reset the probe interval)."""
     allowed = [FP32] + [b for b in candidates if fig.error(b) <= budget]
     cost = {b: predicted_cost(fig, b, wire, objective) for b in allowed}
     best = min(allowed, key=lambda b: (cost[b], -b))
-    if (objective == "time" and current in cost and current != best
-            and cost[current] <= (1.0 + HYSTERESIS) * cost[best]):
-        return current
+    if objective == "time":
+        for keep in (FP32, current):
+            if keep in cost and cost[keep] <= (1.0 + HYSTERESIS) * cost[best]:
+                return keep
     return best
 
 
@@ -308,10 +321,10 @@ class AutoPolicy(CompressionPolicy):
 
     def bits(self, layer: int, num_layers: int | None, direction: str) -> int:
         """The bits ``layer``'s exchange in ``direction`` sends now (32: fp32); before the
-        first decision the fewest candidate bits."""
+        first decision (epoch 0, a probe) fp32."""
         if not self._compressed(layer, num_layers, direction):
             return FP32
-        return self.state.bits.get(f"{layer}/{direction}", min(self.settings.bits))
+        return self.state.bits.get(f"{layer}/{direction}", FP32)
 
     def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
         return FP32 / self.bits(layer, num_layers, "forward")

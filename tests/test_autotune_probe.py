@@ -5,15 +5,18 @@ Every rank sends deterministic rows ``x[v, c] = f(v, c)`` (fp32 forward) and bac
 ``loss = sum(halo * w(q, v, c))``, so the halo gradients it sends back are ``w``. For every
 candidate ``b`` the probe must record exactly ``sum ||x - x^b||^2`` of the documented
 quantiser (``tests/test_codecs.py``'s reference, keyed as the real send is), ``sum ||x||^2``,
-and the bytes ``b`` bits would have sent — and the probe must change nothing that is sent.
+and the bytes ``b`` bits would have sent — and the probe must change nothing that is sent, and
+its wire seconds must not include a late rank's skew.
 With ``probe_rows = cap`` below the rows sent, the documented sample instead: rows
 ``0, k, 2k, ...`` (``k = ceil(R / cap)``) quantised as one buffer with the same key, the sums
 scaled by ``R / sampled``; bytes stay the whole send's. This file is also the MPI worker.
 """
 from __future__ import annotations
 
+import copy
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,7 @@ from test_codecs import ref_quant
 from test_exchange_exact import f, mix, w
 
 WIDTH, SEED, LAYER, EPOCH = 6, 5, 1, 3
+SKEW_S = 0.4      # the last rank's late arrival at the probed exchange
 BITS = (1, 2, 4, 8)
 
 
@@ -75,20 +79,21 @@ def test_probe_measures_the_documented_error_of_the_sent_rows(ranks, cap, shards
         assert [s[:3] for s in got["wire"]] == [[LAYER, 0, got["bytes_fwd"]],
                                                 [LAYER, 1, got["bytes_bwd"]]]
         assert all(s[3] > 0 and s[4] >= 0 for s in got["wire"])
+        # the last rank arrived SKEW_S late at the probed exchange: a probed exchange starts
+        # aligned, so no rank's wire seconds carry that wait (it would pass for a cost per byte)
+        assert all(s[3] < SKEW_S / 2 for s in got["wire"]), (r, got["wire"])
 
 
-def _exchange(ctx, plan, shard, settings):
+def _exchange(ctx, shard, exch, settings):
     import torch
 
-    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
-    stats = ExchangeStats()
-    exch = HaloExchanger(ctx, plan, layer=LAYER, seed=SEED, stats=stats)
+    exch.stats.reset()
     cols = np.arange(WIDTH)
     x = torch.tensor(f(shard.global_id, cols), dtype=torch.float32, requires_grad=True)
     halo = exch.exchange(x, settings)
     weight = torch.tensor(w(ctx.rank, shard.halo_global_id, cols), dtype=torch.float32)
     (halo * weight).sum().backward()
-    return stats, halo.detach(), x.grad
+    return copy.deepcopy(exch.stats), halo.detach(), x.grad
 
 
 def _worker(shard_dir: str, out: str, cap: int) -> None:
@@ -96,15 +101,20 @@ def _worker(shard_dir: str, out: str, cap: int) -> None:
 
     from hpcgnn.codecs import IDENTITY, WireCodec
     from hpcgnn.comm.context import CommContext
-    from hpcgnn.comm.exchange import ExchangeSettings
+    from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, HaloExchanger
     from hpcgnn.comm.plan import HaloPlan
     from hpcgnn.train.inputs import load_part
     ctx = CommContext.from_world("cpu")
     _, shard = load_part(shard_dir, ctx.rank, ctx.size)
     plan = HaloPlan.from_shard(shard)
     cands = tuple(WireCodec(bits=b) for b in BITS)
-    plain = _exchange(ctx, plan, shard, ExchangeSettings(EPOCH, IDENTITY, IDENTITY))
-    stats, halo, grad = _exchange(ctx, plan, shard, ExchangeSettings(
+    # one exchanger for both calls: its first exchange sets up the layouts (collective), the
+    # probed one is then an exchange like any in training
+    exch = HaloExchanger(ctx, plan, layer=LAYER, seed=SEED, stats=ExchangeStats())
+    plain = _exchange(ctx, shard, exch, ExchangeSettings(EPOCH, IDENTITY, IDENTITY))
+    if ctx.rank == ctx.size - 1:         # one rank's compute ran long (skew, not the wire)
+        time.sleep(SKEW_S)
+    stats, halo, grad = _exchange(ctx, shard, exch, ExchangeSettings(
         EPOCH, IDENTITY, IDENTITY, probe=cands, probe_backward=cands, probe_rows=cap))
     probes = {str(d): {"norm2": fig.norm2,
                        "error2": {str(c.bits): v for c, v in fig.error2.items() if c.bits != 32},

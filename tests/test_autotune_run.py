@@ -67,10 +67,10 @@ def test_auto_records_decisions_budget_falls_and_learns(shards, tmp_path):
 
 def _in_force(checks: list[dict], epoch: int) -> dict:
     """The bits per (layer, direction) decided at the last check before ``epoch`` (epoch 0:
-    the fewest candidate bits, 1)."""
+    fp32, 32)."""
     before = [r for r in checks if r["epoch"] < epoch]
     if not before:
-        return {(i, d): 1 for i in range(2) for d in ("forward", "backward")}
+        return {(i, d): 32 for i in range(2) for d in ("forward", "backward")}
     return {(e["layer"], e["direction"]): e["bits"] for e in before[-1]["auto"]["exchanges"]}
 
 

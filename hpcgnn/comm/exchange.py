@@ -237,6 +237,13 @@ class HaloExchanger:
             raise CodecError(f"codec {codec.name!r} encoded {buf.numel()} bytes, its byte_counts "
                              f"say {lay.send_total} (layer {self.layer}); fix the codec")
         t1 = time.perf_counter()
+        probe = settings.probe if fwd else settings.probe_backward
+        if probe and self.ctx.size > 1 and not self._skip_wire:
+            # a probed exchange starts aligned, so its wire seconds are the transfer's and not
+            # the ranks' skew to here (their compute); the barrier's wait is MPI time
+            self.ctx.comm.Barrier()
+            self.stats.comm_s += time.perf_counter() - t1
+            t1 = time.perf_counter()
         nb = self.overlap if nonblocking is None else nonblocking
         request, recv, keep = self._alltoallv(buf, lay, f"{direction}{slot}", nb)
         t2 = time.perf_counter()
@@ -245,7 +252,6 @@ class HaloExchanger:
         self.stats.bytes_sent += lay.send_total
         self.stats.bytes_full += full
         self.stats.exchanges += 1
-        probe = settings.probe if fwd else settings.probe_backward
         sample = None
         if probe:                                 # measured after the post: off the books
             self._probe(rows.detach(), probe, direction, sblocks, skeys, noise, fwd,
