@@ -16,9 +16,9 @@ setting: fp32 or ``b``-bit stochastic rounding (``hpcgnn.codecs.quant``). Epoch 
 is measured, sends fp32: it is a probe, so the first decision has the link's time at the full
 size of every exchange and extrapolates *down* to the compressed sizes. (Starting compressed,
 as VARCO does, left the model to extrapolate *up*, from a few hundred kB to the fp32 size, and
-on shared memory, where an exchange's time grows in steps with the message protocol rather than
-with the bytes, that predicted fp32 several times dearer than it is.) One fp32 epoch costs, on
-a slow link, what a few compressed ones do. From the first decision on, the budget below
+on shared memory, where an exchange's time did not grow in proportion to its bytes, that
+predicted fp32 several times dearer than it was.) One fp32 epoch costs, on
+a slow link, what four to six 4-bit ones do. From the first decision on, the budget below
 applies, and it starts at ``MAX_ERROR = 1``: no codec may ever send more noise than signal.
 
 **Measuring** (a *probe epoch*; epoch 0 is one): the trainer asks every sender to measure, on
