@@ -63,8 +63,11 @@ error above the current budget.
 
 **Probing less as things settle**: probes are ``every`` epochs apart at first; each probe that
 leaves every decision as it was doubles the interval (up to ``MAX_BACKOFF * every``), one that
-changes a decision resets it. Probing costs ``|bits|`` encodes + decodes of at most
-``probe_rows`` rows per exchange; checks cost nothing (no communication). A candidate's codec
+changes a decision resets it. Probing costs an encode + decode of at most ``probe_rows`` rows
+per exchange and candidate, and after the first probe a candidate is left out whose last
+measured error is above ``SKIP_ABOVE`` (2) times the budget — the budget only falls, so it
+could pass again only if its error halved (1-bit rows measure 4-9 against budgets below 1);
+the most precise candidate is always measured. Checks cost nothing (no communication). A candidate's codec
 seconds are the least any probe measured (its cost depends on sizes alone, and a slow sample is
 a preempted one).
 
@@ -94,6 +97,8 @@ MAX_ERROR = 1.0
 signal (relative squared error above 1; 1-bit rows of Gaussian-like features measure 4-9)."""
 HYSTERESIS = 0.10
 """A setting in use stays while its predicted time is within this fraction of the best's."""
+SKIP_ABOVE = 2.0
+"""A probe leaves out a candidate whose last measured error is above this many budgets."""
 PROBE_ROWS = 2048
 """Default ``probe_rows``: the rows (at most, about) of each exchange a probe measures on."""
 
@@ -125,9 +130,12 @@ class ExchangeFigures:
     overlap: bool = False
 
     def error(self, bits: int) -> float:
-        """Relative squared error of ``bits`` on the rows sent; 0 for fp32 or when none were."""
+        """Relative squared error of ``bits`` on the rows sent; 0 for fp32 or when none were;
+        infinite for a candidate this probe did not measure (``AutoPolicy.probe``)."""
         if bits == FP32 or self.norm2 <= 0:
             return 0.0
+        if bits not in self.error2:
+            return math.inf
         return self.error2[bits] / self.norm2
 
     def to_dict(self) -> dict:
@@ -214,7 +222,7 @@ def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
     clearly: what it may cost in convergence is not in the prediction), then for ``current``
     (the setting in use, while allowed: timing noise alone does not flip a decision, and so does
     not reset the probe interval)."""
-    allowed = [FP32] + [b for b in candidates if fig.error(b) <= budget]
+    allowed = [FP32] + [b for b in candidates if b in fig.error2 and fig.error(b) <= budget]
     cost = {b: predicted_cost(fig, b, wire, objective) for b in allowed}
     best = min(allowed, key=lambda b: (cost[b], -b))
     if objective == "time":
@@ -284,7 +292,7 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
 
 def _row(layer: int, direction: str, pick: int, fig: ExchangeFigures, settings: AutoSettings,
          wire: tuple[float, float]) -> dict:
-    cands = (*settings.bits, FP32)
+    cands = (*(b for b in settings.bits if b in fig.error2), FP32)   # those measured
     return {"layer": layer, "direction": direction, "bits": pick, "compute_s": fig.compute_s,
             "error": {str(b): fig.error(b) for b in cands},
             "predicted": {str(b): predicted_cost(fig, b, wire, settings.objective)
@@ -347,10 +355,20 @@ class AutoPolicy(CompressionPolicy):
 
     def probe(self, epoch: int, layer: int, num_layers: int, direction: str
               ) -> tuple[WireCodec, ...]:
-        """The candidates ``layer``'s exchange in ``direction`` measures at ``epoch``."""
+        """The candidates ``layer``'s exchange in ``direction`` measures at ``epoch``: every
+        one at the first probe; later, not those whose last measured error is above
+        ``SKIP_ABOVE`` times the budget (the budget only falls, so such a candidate could pass
+        again only if its error fell by that factor; 1-bit rows measure 4-9 against budgets
+        below 1), but always the most precise."""
         if not (self.due(epoch) and self._compressed(layer, num_layers, direction)):
             return ()
-        return tuple(WireCodec(bits=b) for b in self.settings.bits)
+        last = self.state.measured.get(f"{layer}/{direction}")
+        keep = list(self.settings.bits)
+        if last is not None:
+            fig = ExchangeFigures.from_dict(last)
+            top = max(keep)
+            keep = [b for b in keep if b == top or fig.error(b) <= SKIP_ABOVE * self.state.budget]
+        return tuple(WireCodec(bits=b) for b in keep)
 
     def observe_loss(self, loss: float) -> None:
         """Every rank, every epoch: the globally reduced training loss."""

@@ -192,6 +192,24 @@ def test_auto_keys_are_honoured(tmp_path):
     assert p.forward_codec(3, 2, 3, 16) is IDENTITY and p.backward_codec(3, 0, 3, 16) is IDENTITY
 
 
+def test_a_probe_leaves_out_candidates_far_over_the_budget_but_never_the_most_precise(tmp_path):
+    p = _auto(tmp_path, layers=2)
+    assert [c.bits for c in p.probe(0, 0, 2, "forward")] == [1, 2, 4, 8]   # first: all
+    # FIG's errors: 1 bit 1.5, 2 bits 0.15, 4 bits 0.006, 8 bits 2e-5
+    p.state.measured, p.state.probes, p.state.next_probe = {"0/forward": FIG.to_dict()}, 1, 5
+    for budget, want in ((1.0, [1, 2, 4, 8]), (0.1, [2, 4, 8]), (0.01, [4, 8]),
+                         (1e-6, [8])):
+        p.state.budget = budget
+        assert [c.bits for c in p.probe(5, 0, 2, "forward")] == want, budget
+    # an exchange never measured before (here layer 1): all candidates
+    assert [c.bits for c in p.probe(5, 1, 2, "forward")] == [1, 2, 4, 8]
+    # a decision from figures without a candidate treats it as not admissible
+    partial = ExchangeFigures(FIG.norm2, {4: 0.6, 8: 0.002}, {4: 0.005, 8: 0.006},
+                              {4: 38000, 8: 70000, 32: 256000})
+    assert partial.error(1) == math.inf
+    assert choose(partial, BITS, math.inf, (0.0, 1e-6)) == 4
+
+
 AUTO_BAD = [
     ('max_ratio = 8.0\n', "max_ratio", "chooses the rate itself"),
     ('slope = 5.0\n', "slope", "remove slope"),
