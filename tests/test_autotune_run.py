@@ -41,28 +41,35 @@ def _checks(metrics: list[dict]) -> list[dict]:
 
 @pytest.mark.mpi
 def test_auto_records_decisions_budget_falls_and_learns(shards, tmp_path):
-    _launch(3, shards(GRAPH, 3, "random"), tmp_path, ["full", "auto"])
-    full, auto = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "auto")
-    checks = _checks(auto)
-    assert [r["epoch"] for r in checks] == list(range(0, 40, 5))     # every = 5
-    budgets = [r["auto"]["budget"] for r in checks]
-    assert all(a >= b for a, b in zip(budgets, budgets[1:])) and budgets[-1] < budgets[0]
-    first = checks[0]["auto"]
-    assert first["probed"] and {(e["layer"], e["direction"]) for e in first["exchanges"]} == \
-        {(0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")}
-    for e in first["exchanges"]:                                     # measured, and sensible
-        errs = [e["error"][b] for b in ("1", "2", "4", "8")]
-        assert errs == sorted(errs, reverse=True) and errs[-1] > 0 and e["error"]["32"] == 0
-    for r in auto:                          # what was sent follows the decisions in force
-        decided = _in_force(checks, r["epoch"])
-        assert r["ratio"] == [32 / decided[(i, "forward")] for i in range(2)]
-        compressed = any(b != 32 for b in decided.values())
-        assert (r["bytes_sent"] < r["bytes_full"]) == compressed
-    summary = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    _launch(3, shards(GRAPH, 3, "random"), tmp_path, ["full", "auto", "auto-bytes"])
+    full = read_metrics(tmp_path / "full")
     reference = json.loads((tmp_path / "full" / "summary.json").read_text())
-    assert summary["test_acc"] > 0.5 and summary["test_acc"] >= reference["test_acc"] - 0.03
-    assert summary["bytes_sent"] < reference["bytes_sent"]
-    assert full[-1]["loss"] < full[0]["loss"] and auto[-1]["loss"] < auto[0]["loss"]
+    for name in ("auto", "auto-bytes"):
+        auto = read_metrics(tmp_path / name)
+        checks = _checks(auto)
+        assert [r["epoch"] for r in checks] == list(range(0, 40, 5))     # every = 5
+        budgets = [r["auto"]["budget"] for r in checks]
+        assert all(a >= b for a, b in zip(budgets, budgets[1:])) and budgets[-1] < budgets[0]
+        first = checks[0]["auto"]
+        assert first["probed"] and {(e["layer"], e["direction"]) for e in first["exchanges"]} == \
+            {(0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")}
+        for e in first["exchanges"]:                                     # measured, and sensible
+            errs = [e["error"][b] for b in ("1", "2", "4", "8")]
+            assert errs == sorted(errs, reverse=True) and errs[-1] > 0 and e["error"]["32"] == 0
+        for r in auto:                          # what was sent follows the decisions in force
+            decided = _in_force(checks, r["epoch"])
+            assert r["ratio"] == [32 / decided[(i, "forward")] for i in range(2)]
+            compressed = any(b != 32 for b in decided.values())
+            assert (r["bytes_sent"] < r["bytes_full"]) == compressed
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["test_acc"] > 0.5 and summary["test_acc"] >= reference["test_acc"] - 0.03
+        assert full[-1]["loss"] < full[0]["loss"] and auto[-1]["loss"] < auto[0]["loss"]
+        # on the time objective, shared memory may make fp32 the cheapest everywhere (that is
+        # its purpose); fewest bytes within the budget must compress while the budget admits it
+        if name == "auto-bytes":
+            assert summary["bytes_sent"] < reference["bytes_sent"]
+        else:
+            assert summary["bytes_sent"] <= reference["bytes_sent"]
 
 
 def _in_force(checks: list[dict], epoch: int) -> dict:
