@@ -229,17 +229,41 @@ def launch(jobs: list[dict], parts: int, work: Path) -> None:
         record(job)
 
 
+COMMIT_FILE = "study-commit.txt"
+"""Written beside a run's summary by ``batch``: the commit the run trained with."""
+
+
+def trained_with() -> str:
+    """The commit runs train with now: HEAD, ``+dirty`` where tracked files differ from it."""
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    clean = subprocess.run([*git, "diff", "--quiet", "HEAD", "--"]).returncode == 0
+    return head if clean else head + "+dirty"
+
+
 def batch(listing: str) -> None:
-    """Inside mpiexec: train every job of the listing in turn through the CLI entry point."""
+    """Inside mpiexec: train every job of the listing in turn through the CLI entry point. A
+    finished run is reused only if it trained with the commit of now (a batch that crashed
+    half-way resumes; a run left from an older commit trains again rather than being recorded
+    as this one's)."""
+    from mpi4py import MPI
+
     from hpcgnn.__main__ import main as hpcgnn_main
+    now = MPI.COMM_WORLD.bcast(trained_with() if MPI.COMM_WORLD.Get_rank() == 0 else None)
     for job in json.loads(Path(listing).read_text()):
-        if (Path(job["out"]) / "summary.json").is_file():
+        out = Path(job["out"])
+        stamp = out / COMMIT_FILE
+        if ((out / "summary.json").is_file() and stamp.is_file()
+                and stamp.read_text().strip() == now):
             continue
         code = hpcgnn_main(["train", "--shards", job["shards"], "--config", job["config"],
                             "--schedule", job["schedule"], "--out", job["out"], "--force",
                             "--set", f"train.seed={job['seed']}"])
         if code:
             raise SystemExit(code)
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            stamp.write_text(now + "\n")
 
 
 def record(job: dict) -> None:
@@ -255,8 +279,8 @@ def record(job: dict) -> None:
             curve.append([r["epoch"], r["val_acc"], r["test_acc"], sent])
     shares = [r["codec_s"] / r["epoch_s"] for r in rows if r["epoch_s"] > 0]
     rec = {k: job[k] for k in ("id", "dataset", "parts", "partitioner", "method", "seed")}
-    rec["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                   capture_output=True, text=True).stdout.strip()
+    stamp = out / COMMIT_FILE                # the commit it trained with, not HEAD's now
+    rec["commit"] = stamp.read_text().strip() if stamp.is_file() else "unknown"
     rec.update({k: summary[k] for k in ("test_acc", "final_test_acc", "best_val_acc",
                                         "bytes_sent", "bytes_full", "epoch_time_s_median")})
     rec.update({"byte_share": summary["bytes_sent"] / summary["bytes_full"],
