@@ -59,15 +59,6 @@ DEFAULT_METHODS = list(BASE)
 BASELINE = {"s1": "sync", "s2": "sync", "s1-m": "sync", "sylvie": "sync-q1", "sync-q1": "sync"}
 
 
-def commit() -> str:
-    """The commit the runs train with (``+dirty`` when the work tree has changes)."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                          text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           capture_output=True, text=True).stdout.strip()
-    return head + ("+dirty" if dirty else "")
-
-
 def shard_dir(work: Path, name: str, spec: str, parts: int, partitioner: str) -> Path:
     """Preprocess once per (spec, parts, partitioner); reused when ``preprocess verify`` passes."""
     tag = hashlib.sha256(spec.encode()).hexdigest()[:8]
@@ -143,7 +134,7 @@ def run(args) -> None:
     work.mkdir(parents=True, exist_ok=True)
     done = {json.loads(line)["id"] for line in runs.read_text().splitlines() if line} \
         if runs.is_file() else set()
-    rev = commit()
+    rev = study.commit()
     for name in args.datasets:
         for part in args.partitioners:
             jobs = jobs_for(args, name, part, done)

@@ -233,12 +233,14 @@ COMMIT_FILE = "study-commit.txt"
 """Written beside a run's summary by ``batch``: the commit the run trained with."""
 
 
-def trained_with() -> str:
-    """The commit runs train with now: HEAD, ``+dirty`` where tracked files differ from it."""
+def commit() -> str:
+    """The commit runs train with now: HEAD, ``+dirty`` where tracked files other than the
+    results (which every recorded run appends to) differ from it."""
     git = ["git", "-C", str(REPO)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
-    clean = subprocess.run([*git, "diff", "--quiet", "HEAD", "--"]).returncode == 0
+    clean = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", ".",
+                            ":(exclude)bench/results"]).returncode == 0
     return head if clean else head + "+dirty"
 
 
@@ -250,7 +252,7 @@ def batch(listing: str) -> None:
     from mpi4py import MPI
 
     from hpcgnn.__main__ import main as hpcgnn_main
-    now = MPI.COMM_WORLD.bcast(trained_with() if MPI.COMM_WORLD.Get_rank() == 0 else None)
+    now = MPI.COMM_WORLD.bcast(commit() if MPI.COMM_WORLD.Get_rank() == 0 else None)
     for job in json.loads(Path(listing).read_text()):
         out = Path(job["out"])
         stamp = out / COMMIT_FILE

@@ -65,9 +65,10 @@ error above the current budget.
 leaves every decision as it was doubles the interval (up to ``MAX_BACKOFF * every``), one that
 changes a decision resets it. Probing costs an encode + decode of at most ``probe_rows`` rows
 per exchange and candidate, and after the first probe a candidate is left out whose last
-measured error is above ``SKIP_ABOVE`` (2) times the budget — the budget only falls, so it
-could pass again only if its error halved (1-bit rows measure 4-9 against budgets below 1);
-the most precise candidate is always measured. Checks cost nothing (no communication). A candidate's codec
+measured error is above ``SKIP_ABOVE`` (2) times the budget, and once left out it stays out:
+the budget only falls, so it could pass again only if its error halved, which is not watched
+for (1-bit rows measure 4-9 against budgets below 1); the most precise candidate is always
+measured. Checks cost nothing (no communication). A candidate's codec
 seconds are the least any probe measured (its cost depends on sizes alone, and a slow sample is
 a preempted one).
 
@@ -357,9 +358,10 @@ class AutoPolicy(CompressionPolicy):
               ) -> tuple[WireCodec, ...]:
         """The candidates ``layer``'s exchange in ``direction`` measures at ``epoch``: every
         one at the first probe; later, not those whose last measured error is above
-        ``SKIP_ABOVE`` times the budget (the budget only falls, so such a candidate could pass
-        again only if its error fell by that factor; 1-bit rows measure 4-9 against budgets
-        below 1), but always the most precise."""
+        ``SKIP_ABOVE`` times the budget, nor those the last probe left out (the budget only
+        falls, so such a candidate could pass again only if its error fell by that factor,
+        which is not watched for; 1-bit rows measure 4-9 against budgets below 1), but always
+        the most precise."""
         if not (self.due(epoch) and self._compressed(layer, num_layers, direction)):
             return ()
         last = self.state.measured.get(f"{layer}/{direction}")
