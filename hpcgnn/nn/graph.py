@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from hpcgnn.codecs import native
 from hpcgnn.data.shard import Shard
 
 
@@ -110,7 +111,7 @@ class SpMM(torch.autograd.Function):
         ctx.op = op
         if x.shape[0] == 0 or op.shape[0] == 0:
             return x.new_zeros(op.shape[0], x.shape[1])
-        return op.mat @ x
+        return _product(op.mat, x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -119,4 +120,12 @@ class SpMM(torch.autograd.Function):
             return None, None
         if grad.shape[0] == 0 or op.shape[1] == 0:
             return grad.new_zeros(op.shape[1], grad.shape[1]), None
-        return op.mat_t @ grad.contiguous(), None
+        return _product(op.mat_t, grad), None
+
+
+def _product(mat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``mat @ x``: the C kernel on CPU float32 (``native.spmm``; torch's CSR product where
+    there is none, ``HPCGNN_NATIVE=0``), torch's (cuSPARSE) on CUDA."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and native.lib() is not None:
+        return native.spmm(mat, x)
+    return mat @ x.contiguous()
