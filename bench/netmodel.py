@@ -125,7 +125,7 @@ def load_runs(paths: list[Path]) -> list[Run]:
 def _run(path: Path, key: str, r: dict, results: dict) -> Run | None:
     ranks, rate, schedule = key.split("|")
     shm = results.get(f"{ranks}|shm|{schedule}")
-    usable = rate not in ("shm", "none") and schedule != "floor" and shm is not None
+    usable = rate not in ("shm", "none") and schedule.partition("@")[0] != "floor" and shm is not None
     if not usable or schedule.startswith("varco") or not _current(path, schedule):
         return None
     return Run(Path(path).stem, int(ranks), float(rate), schedule, r["epoch_s"],

@@ -5,7 +5,10 @@ namespace (``unshare -n``, root) whose loopback is rate-limited by a token bucke
 (``tc qdisc add dev lo root tbf rate RATE burst 1mb latency 100ms``), with Open MPI forced onto
 TCP over that loopback (``OMPI_MCA_btl=self,tcp``, ``pml=ob1``). ``none`` runs the same TCP path
 without the limit; ``shm`` is a plain launch (shared memory). ``floor`` is full communication
-with the exchange skipped (``HPCGNN_BENCH_NO_EXCHANGE=1``): the same compute, no halo wire.
+with the exchange skipped (``HPCGNN_BENCH_NO_EXCHANGE=1``): the same compute, no halo wire;
+``floor@sN`` is the stale step so (its halo rows arrive as zeros), whose receiver-side work
+(dropout and aggregation of the halo input rows) is the compute a stale schedule hides its
+wire behind.
 
     python bench/network.py [--ranks 4 8] [--rates 1 shm] [--schedules full quant2-all ...]
                             [--epochs 100] [--out bench/results/network] [--plot] [--append]
@@ -36,7 +39,8 @@ accuracy first reaches full communication's best validation accuracy at the same
 and link, less 0.5 pt. Where the link has a rate, ``wire`` is the time its bytes take on it
 (all ranks share the one emulated link: bytes per epoch x 8 / rate) and ``vs max`` is the epoch
 against ``max(compute, wire)``, the compute being the floor run's epoch at the same ranks and
-link plus the run's own codec time (run ``floor`` in the same sweep). Results: ``OUT.json``, ``OUT.md`` and, with ``--plot``,
+link plus the run's own codec time (run ``floor`` in the same sweep); a stale schedule is also
+set against its stale floor (``floor@sN`` in the same sweep; ``vs_max_stale``). Results: ``OUT.json``, ``OUT.md`` and, with ``--plot``,
 ``OUT-tta.png`` (accuracy against wall-clock) and ``OUT-speedup.png``. Run it on an otherwise
 idle machine.
 """
@@ -245,16 +249,37 @@ def with_progress(schedule: str, variants: list[str] | None) -> list[str]:
     return [f"{schedule}~{v}" for v in variants] if stale and variants else [schedule]
 
 
+def is_floor(sched: str) -> bool:
+    """``floor`` or a stale floor ``floor@sN``: runs that send nothing."""
+    return sched.partition("@")[0].partition("~")[0] == "floor"
+
+
+def stale_floor(sched: str) -> str | None:
+    """``floor@sN`` for a stale schedule ``X@...,sN,...`` (the same stale step, nothing on the
+    wire: its receiver-side work included), else None."""
+    for opt in sched.partition("~")[0].partition("@")[2].split(","):
+        if opt[:1] == "s" and opt[1:].isdigit():
+            return f"floor@{opt}"
+    return None
+
+
 def add_time_to_accuracy(results: dict) -> None:
     """Per run: time to accuracy (training time and wall-clock) against full communication at
-    the same ranks and link, and the epoch against ``max(floor, wire)``."""
+    the same ranks and link, and the epoch against ``max(compute, wire)``, compute being the
+    floor's epoch plus the run's own codec; for a stale schedule also against its stale floor
+    (``floor@sN``, where it ran: ``vs_max_stale``)."""
     for key, res in results.items():
         ranks, rate, sched = key.split("|")
-        res["wire_s"] = None if sched == "floor" else wire_s(res, rate)   # the floor sends nothing
+        res["wire_s"] = None if is_floor(sched) else wire_s(res, rate)   # a floor sends nothing
         floor = results.get(f"{ranks}|{rate}|floor")
         if floor is not None and res["wire_s"] is not None:      # compute: the floor + own codec
             res["compute_s"] = floor["epoch_s"] + res.get("codec_s", 0.0)
             res["vs_max"] = res["epoch_s"] / max(res["compute_s"], res["wire_s"])
+        own = stale_floor(sched)
+        floor = results.get(f"{ranks}|{rate}|{own}") if own else None
+        if floor is not None and res["wire_s"] is not None:
+            res["compute_stale_s"] = floor["epoch_s"] + res.get("codec_s", 0.0)
+            res["vs_max_stale"] = res["epoch_s"] / max(res["compute_stale_s"], res["wire_s"])
         full = results.get(f"{ranks}|{rate}|full")
         if full is None:
             continue
@@ -277,7 +302,10 @@ def to_markdown(results: dict, args) -> str:
              f"rate-limited loopback in a network namespace (Open MPI over TCP), `none` = the same "
              f"TCP path unlimited, `shm` = shared memory. `epoch`: the training step (median); "
              f"`wall`: wall-clock per epoch with evaluation (mean). `wire`: the epoch's bytes on "
-             f"the link; `vs max`: epoch / max(floor epoch + codec, wire). Time to accuracy: until "
+             f"the link; `vs max`: epoch / max(floor epoch + codec, wire); for a stale schedule "
+             f"`@sN` where `floor@sN` ran (the same stale step with nothing on the wire, so its "
+             f"receiver-side work counted as compute), also that ratio with the stale floor, "
+             f"after a slash. Time to accuracy: until "
              f"validation accuracy reaches full communication's best - 0.5 pt, in training time "
              f"and in wall-clock with evaluation (— = never).", "",
              "| ranks | link (Gbit/s) | schedule | epoch (ms) | vs full | wall (ms) | wire (ms) | "
@@ -286,12 +314,13 @@ def to_markdown(results: dict, args) -> str:
              "|---|---|---|" + "---:|" * 14]
     for key, r in results.items():
         ranks, rate, sched = key.split("|")
-        sent = "none" if sched == "floor" else ("—" if algorithm(sched) != "halo"
+        sent = "none" if is_floor(sched) else ("—" if algorithm(sched) != "halo"
                                                  else f"{100 * r['bytes_ratio']:.1f} %")
         lines.append(
             f"| {ranks} | {rate} | {sched} | {1e3 * r['epoch_s']:.1f} | "
             f"{r.get('epoch_speedup', 1):.2f}x | {_fmt(r.get('epoch_wall_s'), '.1f', 1e3)} | "
-            f"{_fmt(r.get('wire_s'), '.1f', 1e3)} | {_fmt(r.get('vs_max'), '.2f', 1, 'x')} | "
+            f"{_fmt(r.get('wire_s'), '.1f', 1e3)} | {_fmt(r.get('vs_max'), '.2f', 1, 'x')}"
+            f"{'' if r.get('vs_max_stale') is None else ' / ' + _fmt(r['vs_max_stale'], '.2f', 1, 'x')} | "
             f"{100 * r['comm_share']:.0f} % | {100 * r['codec_share']:.1f} % | {sent} | "
             f"{r['bytes_per_epoch'] / 1e6:.2f} | {r['test_acc']:.4f} | {_fmt(r.get('tta_s'), '.2f')} | "
             f"{_fmt(r.get('tta_speedup'), '.2f', 1, 'x')} | {_fmt(r.get('tta_wall_s'), '.2f')} | "
@@ -312,7 +341,7 @@ def plot(results: dict, out: Path) -> None:
             if r_ != rk:
                 continue
             pts = [(c[-1], c[1]) for c in results[k]["curve"] if c[1] is not None]   # wall-clock
-            if sched == "floor" or not pts:
+            if is_floor(sched) or not pts:
                 continue                        # the floor's accuracy means nothing
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=sched, lw=1.2,
                     ls="--" if "@" in sched else "-")
