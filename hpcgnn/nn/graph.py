@@ -3,8 +3,9 @@
 Rows are the owned nodes. ``owned`` ``(n_owned, n_owned)`` holds the edges between owned nodes
 (and the self-loops, for GCN); ``halo`` ``(n_owned, n_halo)`` the edges from halo slots. A
 layer computes ``owned @ X_owned + halo @ X_halo``: the first product needs no communication,
-so it runs while the halo rows are on the wire. Both are torch CSR tensors (the fast CPU
-sparse-dense matmul) built once, each with its transpose for the backward pass.
+so it runs while the halo rows are on the wire. Both are torch CSR tensors built once, each
+with its transpose for the backward pass; on CPU ranks the products run in C
+(``hpcgnn.codecs.native.spmm``), on CUDA through torch (cuSPARSE).
 
 GCN: ``Â = D^-1/2 (A + I) D^-1/2`` with ``D`` the *global* in-degree + 1 (the shard stores the
 halo nodes' global degrees, so boundary rows are normalised exactly as in the whole graph).
