@@ -85,3 +85,16 @@ def test_spmm_gradient_is_the_transpose_product():
     want = a.T.astype(np.float64) @ g.double().numpy()
     assert np.allclose(x.grad.numpy(), want, rtol=1e-5, atol=1e-5)
     assert torch.equal(x.grad, native.spmm(op.mat_t, g))
+
+
+def test_spmm_csr_takes_int32_indices_as_cagnet_blocks_carry_them():
+    a = _csr(120, 90, seed=11)
+    x = torch.randn(90, 33)
+    want = native.spmm(_torch_csr(a), x)
+    got = native.spmm_csr(torch.from_numpy(a.indptr.astype(np.int32)),
+                          torch.from_numpy(a.indices.astype(np.int32)),
+                          torch.from_numpy(a.data), a.shape[0], x)
+    assert torch.equal(got, want)
+    from hpcgnn.comm.cagnet_wire import SparseBlock
+    block = SparseBlock.from_scipy(a, torch.int32, "cpu")
+    assert torch.equal(block @ x, want)

@@ -135,13 +135,22 @@ _pool: ThreadPoolExecutor | None = None
 
 def spmm(mat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``mat @ x`` for a CPU CSR ``mat`` (int64 indices, float32 values) and a float32 ``x``
-    ``(mat.shape[1], w)``: ``(mat.shape[0], w)``, each row summed in CSR order (the same result
-    for any thread count). With ``torch.get_num_threads() > 1`` the rows are split into blocks
-    of about equal non-zeros, one per thread (ctypes releases the GIL during the call)."""
+    ``(mat.shape[1], w)``: ``(mat.shape[0], w)`` (``spmm_csr``)."""
+    return spmm_csr(mat.crow_indices(), mat.col_indices(), mat.values(), mat.shape[0], x)
+
+
+def spmm_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, rows: int,
+             x: torch.Tensor) -> torch.Tensor:
+    """``A @ x`` for the CSR arrays of ``A`` (``rows`` rows; int32 or int64 indices, taken to
+    int64; float32 values) and a float32 CPU ``x``: ``(rows, w)``, each row summed in CSR order
+    (the same result for any thread count). With ``torch.get_num_threads() > 1`` the rows are
+    split into blocks of about equal non-zeros, one per thread (ctypes releases the GIL during
+    the call)."""
     x = x.contiguous()
-    n, w = mat.shape[0], x.shape[1]
+    indptr, indices = indptr.to(torch.int64).contiguous(), indices.to(torch.int64).contiguous()
+    values = values.to(torch.float32).contiguous()
+    n, w = rows, x.shape[1]
     out = torch.empty(n, w, dtype=torch.float32)
-    indptr, indices, values = mat.crow_indices(), mat.col_indices(), mat.values()
     args = (indptr.data_ptr(), indices.data_ptr(), values.data_ptr())
     threads = torch.get_num_threads()
     nnz = values.numel()

@@ -35,6 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from hpcgnn.codecs import native
 from hpcgnn.comm import gpu
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeStats
@@ -251,6 +252,8 @@ class SparseBlock:
         """``(rows, cols) @ (cols, f)`` -> ``(rows, f)``, no autograd (the operators own it)."""
         if self.nnz == 0 or x.shape[1] == 0:
             return x.new_zeros(self.shape[0], x.shape[1])
+        if x.device.type == "cpu" and x.dtype == torch.float32 and native.lib() is not None:
+            return native.spmm_csr(self.crow, self.col, self.val, self.shape[0], x)   # as the halo layers
         with warnings.catch_warnings():        # "sparse CSR support is in beta": we rely on it
             warnings.simplefilter("ignore", UserWarning)
             a = torch.sparse_csr_tensor(self.crow, self.col, self.val, size=self.shape,
