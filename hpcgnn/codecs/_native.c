@@ -111,25 +111,19 @@ __attribute__((constructor)) static void init_unpack_tables(void) {
     }
 }
 
-static void pack1_fast(const uint8_t *codes, int64_t width, uint8_t *out) {
-    const int64_t full = width / 8;
-    for (int64_t j = 0; j < full; j++) {
-        uint64_t v;
-        memcpy(&v, codes + 8 * j, 8);
-        out[j] = (uint8_t)((v * 0x0102040810204080ull) >> 56);
+#define PACK_FAST(BITS, WORD, MAGIC)                                                        \
+    static void pack##BITS##_fast(const uint8_t *codes, int64_t width, uint8_t *out) {       \
+        enum { PER = 8 / BITS };                                                             \
+        const int64_t full = width / PER;                                                    \
+        for (int64_t j = 0; j < full; j++) {                                                 \
+            WORD v;                                                                          \
+            memcpy(&v, codes + PER * j, PER);                                                \
+            out[j] = (uint8_t)((WORD)(v * MAGIC) >> (8 * PER - 8));                          \
+        }                                                                                    \
+        if (full * PER < width) pack##BITS(codes + full * PER, width - full * PER, out + full); \
     }
-    if (full * 8 < width) pack1(codes + full * 8, width - full * 8, out + full);
-}
-
-static void pack2_fast(const uint8_t *codes, int64_t width, uint8_t *out) {
-    const int64_t full = width / 4;
-    for (int64_t j = 0; j < full; j++) {
-        uint32_t v;
-        memcpy(&v, codes + 4 * j, 4);
-        out[j] = (uint8_t)((v * 0x01041040u) >> 24);
-    }
-    if (full * 4 < width) pack2(codes + full * 4, width - full * 4, out + full);
-}
+PACK_FAST(1, uint64_t, 0x0102040810204080ull)
+PACK_FAST(2, uint32_t, 0x01041040u)
 
 #define UNPACK_FAST(BITS)                                                                  \
     static void unpack##BITS##_fast(const uint8_t *packed, int64_t width, float lo,       \

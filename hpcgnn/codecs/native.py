@@ -129,8 +129,13 @@ def dropout_apply(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, thres
     return y
 
 
+def takes(x: torch.Tensor) -> bool:
+    """Whether the C kernels take the float32 tensor ``x``: on the CPU, with the kernels built."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and lib() is not None
+
+
 _SPMM_SPLIT = 1 << 23             # multiply-adds below which one thread does the whole product
-_pool: ThreadPoolExecutor | None = None
+_pool: tuple[int, ThreadPoolExecutor] | None = None     # (threads, pool)
 
 
 def spmm(mat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -150,7 +155,7 @@ def spmm_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, 
     indptr, indices = indptr.to(torch.int64).contiguous(), indices.to(torch.int64).contiguous()
     values = values.to(torch.float32).contiguous()
     n, w = rows, x.shape[1]
-    out = torch.empty(n, w, dtype=torch.float32)
+    out = x.new_empty((n, w))
     args = (indptr.data_ptr(), indices.data_ptr(), values.data_ptr())
     threads = torch.get_num_threads()
     nnz = values.numel()
@@ -160,9 +165,9 @@ def spmm_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, 
     cuts = torch.searchsorted(indptr, torch.linspace(0, nnz, threads + 1).to(torch.int64)).tolist()
     cuts[0], cuts[-1] = 0, n
     global _pool
-    if _pool is None or _pool._max_workers != threads:
-        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hpcgnn-spmm")
-    jobs = [_pool.submit(lib().hpcgnn_spmm, *args, a, b, x.data_ptr(), w, out.data_ptr())
+    if _pool is None or _pool[0] != threads:
+        _pool = (threads, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hpcgnn-spmm"))
+    jobs = [_pool[1].submit(lib().hpcgnn_spmm, *args, a, b, x.data_ptr(), w, out.data_ptr())
             for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
     for job in jobs:
         job.result()

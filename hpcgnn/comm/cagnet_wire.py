@@ -252,7 +252,7 @@ class SparseBlock:
         """``(rows, cols) @ (cols, f)`` -> ``(rows, f)``, no autograd (the operators own it)."""
         if self.nnz == 0 or x.shape[1] == 0:
             return x.new_zeros(self.shape[0], x.shape[1])
-        if x.device.type == "cpu" and x.dtype == torch.float32 and native.lib() is not None:
+        if native.takes(x):
             return native.spmm_csr(self.crow, self.col, self.val, self.shape[0], x)   # as the halo layers
         with warnings.catch_warnings():        # "sparse CSR support is in beta": we rely on it
             warnings.simplefilter("ignore", UserWarning)

@@ -103,7 +103,7 @@ def counter_dropout(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: in
     if nonzeros is not None:
         rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
         return x * _scale_sparse(x, rows, cols, p, nonzeros)
-    if x.device.type == "cpu" and x.dtype == torch.float32 and native.lib() is not None:
+    if native.takes(x):
         rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
         return _NativeMasked.apply(x, rows, cols, _threshold(p), 1.0 / (1.0 - p))
     return _Masked.apply(x, keep_mask(global_id, x.shape[1], p, seed, epoch, layer), 1.0 / (1.0 - p))

@@ -127,6 +127,6 @@ class SpMM(torch.autograd.Function):
 def _product(mat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``mat @ x``: the C kernel on CPU float32 (``native.spmm``; torch's CSR product where
     there is none, ``HPCGNN_NATIVE=0``), torch's (cuSPARSE) on CUDA."""
-    if x.device.type == "cpu" and x.dtype == torch.float32 and native.lib() is not None:
+    if native.takes(x):
         return native.spmm(mat, x)
     return mat @ x.contiguous()
