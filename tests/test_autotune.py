@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 
-from hpcgnn.autotune import (MAX_BACKOFF, AutoPolicy, AutoSettings, AutoState, ExchangeFigures,
-                             Figures, _probe_interval, choose, decide, fit_wire, next_budget)
+from hpcgnn.autotune import (DIRECTIONS, MAX_BACKOFF, AutoPolicy, AutoSettings, AutoState,
+                             ExchangeFigures, Figures, _probe_interval, choose, decide, fit_wire,
+                             next_budget, prior_error, prior_figures, start)
+from hpcgnn.codecs.quant import decode_values, encode_values
 from hpcgnn.codecs import IDENTITY, WireCodec
 from hpcgnn.schedule import ScheduleError, load_schedule
 
@@ -165,6 +167,72 @@ def _auto(tmp_path, text="", epochs=100, layers=3):
     path = tmp_path / "auto.toml"
     path.write_text('kind = "auto"\n' + text)
     return load_schedule(path).bind(epochs, layers)
+
+
+# -- before epoch 0: the prior bound and the start ------------------------------------------------
+def _relative_error(x: torch.Tensor, bits: int, keys: range) -> float:
+    """Mean over ``keys`` of ||x - decode(encode(x))||^2 / ||x||^2, row by row, then averaged."""
+    errs = []
+    for key in keys:
+        y = decode_values(encode_values(x, bits, key), x.shape[1], bits)
+        errs.append(((y - x).double().pow(2).sum(1) / x.double().pow(2).sum(1)).mean().item())
+    return sum(errs) / len(errs)
+
+
+@pytest.mark.parametrize("width,bits", [(64, 4), (64, 8), (256, 4), (16, 2), (500, 8)])
+def test_prior_error_bounds_the_rounding_error_of_any_row_and_is_nearly_attained(width, bits):
+    # the bound's own arithmetic: width / (2 (2^b - 1)^2), bfloat16's rounding-up aside
+    assert prior_error(width, bits) == pytest.approx(width / (2 * (2 ** bits - 1) ** 2), rel=0.02)
+    assert prior_error(width, 32) == 0.0
+    gauss = torch.randn(200, width, generator=torch.Generator().manual_seed(width + bits))
+    assert _relative_error(gauss, bits, range(3)) < prior_error(width, bits)
+    # the worst row: max = M, min = -M and zeros, which lie midway between two levels (the
+    # number of steps is odd), so each rounds by half a step whichever way it goes (the error
+    # is the same for every key); a step of 1/8 is exact in bfloat16
+    levels, step = 2 ** bits - 1, 0.125
+    m = levels * step / 2
+    worst = torch.zeros(4, width)
+    worst[:, 0], worst[:, 1] = m, -m
+    rel = _relative_error(worst, bits, range(2))
+    assert rel == pytest.approx((width - 2) * step ** 2 / 4 / (2 * m * m), rel=1e-6)
+    assert 0.95 * (width - 2) / width * prior_error(width, bits) < rel < prior_error(width, bits)
+
+
+def _prior(width: int, rows: int = 1000, codec_s: float = 0.0) -> ExchangeFigures:
+    return prior_figures(width, {b: float(WireCodec(bits=b).block_bytes(rows, width))
+                                 for b in (*BITS, 32)}, {b: codec_s for b in BITS})
+
+
+def test_start_sends_the_cheapest_width_the_prior_allows_where_the_link_is_slow():
+    slow = [(4.0e6, 0.040), (1.0e6, 0.010)]          # 10 ns per byte: 100 MB/s
+    figs = {(0, "forward"): _prior(64), (0, "backward"): _prior(64), (1, "forward"): _prior(500),
+            (2, "forward"): _prior(200_000, rows=1)}
+    state, record = start(AutoSettings(), figs, slow)
+    # width 64: 2 bits' bound is 3.6 > 1, 4 bits' 0.14; width 500: only 8 bits (4: 1.1); a
+    # width of 200k has no candidate under 1 (8 bits: 1.5): fp32
+    assert state.bits == {"0/forward": 4, "0/backward": 4, "1/forward": 8, "2/forward": 32}
+    assert record["bits"] == state.bits
+    assert state.wire == {d: [list(s) for s in slow] for d in DIRECTIONS}   # opens the history
+    assert record["wire"]["beta_s_per_byte"] == pytest.approx(1e-8)
+    assert state.probes == 0 and state.budget == 1.0 and state.next_probe == 0  # epoch 0 probes
+
+
+def test_start_keeps_fp32_where_the_link_makes_bytes_free_or_the_codec_costs_more():
+    free = [(4.0e6, 0.0010), (1.0e6, 0.0011)]         # no cost per byte within the noise
+    assert start(AutoSettings(), {(0, "forward"): _prior(64)}, free)[0].bits == {"0/forward": 32}
+    fast = [(4.0e6, 0.0004), (1.0e6, 0.0001)]         # 0.1 ns per byte; the codec 2 ms
+    assert start(AutoSettings(), {(0, "forward"): _prior(64, codec_s=0.002)},
+                 fast)[0].bits == {"0/forward": 32}
+
+
+def test_start_on_the_bytes_objective_needs_no_timing():
+    state, _ = start(AutoSettings(objective="bytes"),
+                     {(0, "forward"): _prior(20, rows=1), (0, "backward"): _prior(16, rows=1),
+                      (1, "forward"): _prior(2, rows=1), (1, "backward"): _prior(1, rows=1)}, [])
+    # bounds: 2 bits 20/18 > 1 but 16/18 < 1; at width 2, 2 and 4 bits take 7 bytes (a 6-byte
+    # header): a tie, to the more precise; at width 1 fp32's 4 bytes beat 1 bit's 7
+    assert state.bits == {"0/forward": 4, "0/backward": 2, "1/forward": 4, "1/backward": 32}
+    assert state.wire == {"forward": [], "backward": []}
 
 
 def test_auto_defaults_and_codecs_follow_the_state(tmp_path):

@@ -51,6 +51,12 @@ def test_auto_records_decisions_budget_falls_and_learns(shards, tmp_path):
         budgets = [r["auto"]["budget"] for r in checks]
         assert all(a >= b for a, b in zip(budgets, budgets[1:])) and budgets[-1] < budgets[0]
         first = checks[0]["auto"]
+        start = first["start"]                  # before epoch 0: the prior bound, maybe the link
+        assert set(start["bits"]) == {"0/forward", "0/backward", "1/forward", "1/backward"}
+        if name == "auto-bytes":                # widths 16 and 4: 2 bits' bound is 0.9 and 0.23
+            assert set(start["bits"].values()) == {2} and start["samples"] == []
+        else:                                   # two sizes of the link timed
+            assert len(start["samples"]) == 2 and start["samples"][0][0] > start["samples"][1][0]
         assert first["probed"] and {(e["layer"], e["direction"]) for e in first["exchanges"]} == \
             {(0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")}
         for e in first["exchanges"]:                                     # measured, and sensible
@@ -74,10 +80,11 @@ def test_auto_records_decisions_budget_falls_and_learns(shards, tmp_path):
 
 def _in_force(checks: list[dict], epoch: int) -> dict:
     """The bits per (layer, direction) decided at the last check before ``epoch`` (epoch 0:
-    fp32, 32)."""
+    those of the start, recorded in epoch 0's ``auto``)."""
     before = [r for r in checks if r["epoch"] < epoch]
     if not before:
-        return {(i, d): 32 for i in range(2) for d in ("forward", "backward")}
+        start = checks[0]["auto"]["start"]["bits"]
+        return {(int(k.split("/")[0]), k.split("/")[1]): b for k, b in start.items()}
     return {(e["layer"], e["direction"]): e["bits"] for e in before[-1]["auto"]["exchanges"]}
 
 

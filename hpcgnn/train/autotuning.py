@@ -8,15 +8,32 @@ After a probe epoch's training step, every rank in the same order:
 Per layer and direction ``1 + |candidates|`` summed and ``2 |candidates| + 1`` maxed values,
 plus 3 per probed exchange (bytes, wire seconds, the layer's compute between post and wait).
 Other checks decide from the state alone (no communication).
+
+Before epoch 0 of a run (``start_run``), on the time objective: one small Allreduce (MAX) of
+every exchange's bytes and codec seconds per candidate, then, for the exchange with the most
+fp32 bytes, two timed exchanges of zeros (after a Barrier each) at ``CALIBRATION`` of its fp32
+width and one small Allreduce (MAX) of their bytes and seconds. Every rank derives the same
+start state from the reduced figures (``hpcgnn.autotune.start``); no Bcast.
 """
 from __future__ import annotations
 
-from hpcgnn.autotune import DIRECTIONS, ExchangeFigures, Figures
-from hpcgnn.codecs.base import IDENTITY
-from hpcgnn.codecs.quant import FP32
+import time
+
+import torch
+
+from hpcgnn.autotune import DIRECTIONS, ExchangeFigures, Figures, prior_figures, start
+from hpcgnn.codecs.base import IDENTITY, WireCodec
+from hpcgnn.codecs.quant import FP32, decode_values, encode_values
 from hpcgnn.comm.collectives import max_float64, sum_float64
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, ProbeFigures
+from hpcgnn.comm.keys import FORWARD
+
+CALIBRATION = (0.5, 0.125)
+"""Widths, as fractions of the largest exchange's, of the two exchanges of zeros timed before
+epoch 0: the link's cost near an fp32 exchange's size (a 2x extrapolation up to fp32; the
+compressed candidates lie between), at 5/8 of that exchange's fp32 bytes in all. Larger first,
+so the smaller is not the one a token bucket's burst carries."""
 
 
 def with_probes(settings: ExchangeSettings, policy, epoch: int, layer: int,
@@ -97,5 +114,87 @@ def tune(ctx: CommContext, policy, epoch: int, loss: float, stats: ExchangeStats
         if ctx.size > 1:
             decided = ctx.comm.bcast(decided, root=0)     # one small Bcast: state + record
         state, record = decided
+    policy.adopt(state)
+    return record
+
+
+# -- before epoch 0 ------------------------------------------------------------------------------
+def _counts(exchanger, direction: str) -> tuple[int, ...]:
+    plan = exchanger.plan
+    return plan.send_counts if direction == "forward" else plan.recv_counts
+
+
+def _codec_seconds(rows: int, width: int, bits: int, cap: int, device: torch.device) -> float:
+    """Seconds of an encode + decode of ``rows`` rows of ``width`` (timed on at most ``cap``
+    random rows, scaled; the better of two tries)."""
+    n = min(rows, cap) if cap > 0 else rows
+    if n == 0 or width == 0:
+        return 0.0
+    x = torch.randn(n, width, device=device)
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        y = decode_values(encode_values(x, bits, 1), width, bits)
+        float(y[0, 0])                                   # syncs the device
+        best = min(best, time.perf_counter() - t0)
+    return best * rows / n
+
+
+def _time_link(ctx: CommContext, exchanger, width: int) -> list[tuple[float, float]]:
+    """``(bytes, seconds)``, each the ranks' largest, of forward exchanges of zeros at the
+    ``CALIBRATION`` fractions of ``width`` fp32 channels, each started after a Barrier."""
+    local = []
+    for fraction in CALIBRATION:
+        w = max(1, round(width * fraction))
+        rows = torch.zeros(exchanger.plan.n_send, w, device=ctx.device)
+        ctx.comm.Barrier()
+        t0 = time.perf_counter()
+        exchanger.complete(exchanger.post(rows, FORWARD, ExchangeSettings(0), nonblocking=False))
+        local += [float(rows.numel() * 4), time.perf_counter() - t0]
+    exchanger.stats.reset()                              # off the books
+    reduced = max_float64(ctx, local)
+    return [(reduced[k], reduced[k + 1]) for k in range(0, len(reduced), 2)]
+
+
+def start_run(ctx: CommContext, policy, layers) -> dict | None:
+    """Before epoch 0 of a fresh run, every rank: the codecs epoch 0 sends, adopted into
+    ``policy``, and their record (for epoch 0's ``auto``). Where nothing of the run has been
+    measured yet, a candidate's error is its ``prior_error`` bound; on the time objective its
+    cost comes from the codec timed on random rows of each exchange's size and the link timed
+    at two sizes near the largest exchange's (``CALIBRATION``); on the bytes objective from one
+    row's bytes (no communication). None (epoch 0 sends fp32) for one rank or a resumed run."""
+    n = len(layers)
+    if (ctx.size == 1 or policy.state.probes > 0 or policy.state.bits
+            or not all(hasattr(layer.prop, "exchanger") for layer in layers)):
+        return None
+    keys = [(i, d) for i in range(n) for d in DIRECTIONS if policy.compresses(i, n, d)]
+    cands = (*policy.settings.bits, FP32)
+    widths = {i: int(layers[i].width) for i in range(n)}
+    if policy.settings.objective == "bytes":             # one row: the same on every rank
+        figs = {(i, d): prior_figures(widths[i], {b: float(WireCodec(bits=b).block_bytes(1, widths[i]))
+                                                   for b in cands}, {})
+                for i, d in keys}
+        samples = []
+    else:
+        local = []
+        for i, d in keys:
+            counts, w = _counts(layers[i].prop.exchanger, d), widths[i]
+            local += [float(sum(WireCodec(bits=b).byte_counts(counts, w))) for b in cands]
+            local += [_codec_seconds(sum(counts), w, b, policy.settings.probe_rows, ctx.device)
+                      for b in policy.settings.bits]
+        reduced, figs, k = max_float64(ctx, local), {}, 0
+        for i, d in keys:
+            nbytes = dict(zip(cands, reduced[k:k + len(cands)]))
+            k += len(cands)
+            seconds = dict(zip(policy.settings.bits, reduced[k:k + len(policy.settings.bits)]))
+            k += len(policy.settings.bits)
+            if nbytes[FP32] > 0:                         # no rank sends anything: no choice
+                figs[(i, d)] = prior_figures(widths[i], nbytes, seconds)
+        forward = [(figs[(i, "forward")].bytes[FP32], -i) for i in range(n) if (i, "forward") in figs]
+        samples = []
+        if forward:
+            biggest = -max(forward)[1]
+            samples = _time_link(ctx, layers[biggest].prop.exchanger, widths[biggest])
+    state, record = start(policy.settings, figs, samples)
     policy.adopt(state)
     return record

@@ -31,7 +31,7 @@ from hpcgnn.config import Config
 from hpcgnn.log import get_logger
 from hpcgnn.nn.step import Step
 from hpcgnn.train import checkpoint as ckpt
-from hpcgnn.train.autotuning import tune, with_probes
+from hpcgnn.train.autotuning import start_run, tune, with_probes
 from hpcgnn.train.inputs import PartInputs
 from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
@@ -104,6 +104,7 @@ class Trainer:
             self._read_resume(ckpt.decode_checkpoint(self.resume_bytes, self.run_dir))
         self.sink = MetricsSink(self.run_dir, enabled=self.ctx.is_root)
         self.preempt = PreemptFlag()
+        self._auto_start: dict | None = None          # kind = "auto": epoch 0's codecs, for its record
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model, self.cfg.train)        # groups: train.weight_decay_on
@@ -194,6 +195,14 @@ class Trainer:
         epochs, every = self.cfg.train.epochs, self.cfg.run.checkpoint_every
         end = epochs if self.stop_after is None else min(epochs, self.stop_after)
         self.reporter = EpochReporter(self.progress.epochs_done, epochs)
+        if self.policy.adaptive and self.progress.epochs_done == 0:   # kind = "auto"
+            self._auto_start = start_run(self.ctx, self.policy, list(self.model.layers))
+            if self._auto_start is not None and self.ctx.is_root:
+                wire = self._auto_start["wire"]
+                log.info("auto: link %.3g ms + %.3g ns/B (timed before epoch 0); epoch 0 sends %s",
+                         1e3 * wire["alpha_s"], 1e9 * wire["beta_s_per_byte"],
+                         ", ".join(f"{k} {v if v != 32 else 'fp32'}"
+                                   for k, v in self._auto_start["bits"].items()))
         for epoch in range(self.progress.epochs_done, end):
             record, stop = self.run_epoch(epoch)
             self.sink.write(record)
@@ -234,6 +243,9 @@ class Trainer:
                   "comm_s": comm_s / self.ctx.size, "codec_s": codec_s / self.ctx.size, **accs}
         if auto is not None:
             record["auto"] = auto
+            if self._auto_start is not None:                      # what epoch 0 ran with
+                record["auto"] = {**auto, "start": self._auto_start}
+                self._auto_start = None
         self._track_best(epoch, accs)
         return record, flag > 0
 
