@@ -184,6 +184,10 @@ def summarise(run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     times = [r["epoch_s"] for r in rows]
     walls = [r["wall_s"] for r in rows]                 # the step plus its evaluation, if any
+    start_s = rows[0].get("auto", {}).get("start", {}).get("seconds", 0.0) if rows else 0.0
+    if start_s:                                         # kind = "auto": its timing before epoch 0
+        times[0] += start_s
+        walls[0] += start_s
     timed = times[1:] or times
     return {"epoch_s": statistics.median(timed),
             "epoch_wall_s": statistics.mean(walls[1:] or walls),

@@ -12,13 +12,17 @@ probe_rows = 2048          # a probe measures on at most about this many rows pe
 ```
 
 Per layer and direction (forward activations, backward halo gradients) the controller keeps one
-setting: fp32 or ``b``-bit stochastic rounding (``hpcgnn.codecs.quant``). Epoch 0, before anything
-is measured, sends fp32: it is a probe, so the first decision has the link's time at the full
-size of every exchange and extrapolates *down* to the compressed sizes. (Starting compressed,
-as VARCO does, left the model to extrapolate *up*, from a few hundred kB to the fp32 size, and
-on shared memory, where an exchange's time did not grow in proportion to its bytes, that
-predicted fp32 several times dearer than it was.) One fp32 epoch costs, on
-a slow link, what four to six 4-bit ones do. From the first decision on, the budget below
+setting: fp32 or ``b``-bit stochastic rounding (``hpcgnn.codecs.quant``). Before epoch 0
+(``start``; the trainer's side is ``hpcgnn.train.autotuning.start_run``) a candidate's error is
+``prior_error``, a bound on the expected error that holds for any row, and on the time
+objective its cost comes from each codec timed on random rows of each exchange's size and from
+the link timed at two sizes near the largest exchange's fp32 size. The fit then extrapolates at
+most 2x up to fp32 and *down* to the compressed sizes. (From compressed sizes alone, as when
+auto started at the fewest bits as VARCO starts at its heaviest compression, it extrapolated up
+from a few hundred kB, and on shared memory, where time did not grow in proportion to bytes,
+predicted fp32 several times dearer than it was.) Epoch 0 sends the cheapest candidate within
+``MAX_ERROR`` and is a probe. (It used to send fp32, which on a slow link costs what four to six
+4-bit epochs do.) From the first decision on, the budget below
 applies, and it starts at ``MAX_ERROR = 1``: no codec may ever send more noise than signal.
 
 **Measuring** (a *probe epoch*; epoch 0 is one): the trainer asks every sender to measure, on

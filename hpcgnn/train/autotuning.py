@@ -130,7 +130,8 @@ def _codec_seconds(rows: int, width: int, bits: int, cap: int, device: torch.dev
     n = min(rows, cap) if cap > 0 else rows
     if n == 0 or width == 0:
         return 0.0
-    x = torch.randn(n, width, device=device)
+    x = torch.randn(n, width, generator=torch.Generator().manual_seed(n)).to(device)  # not the
+    # global generator: the run's random state stays as it would be without the timing
     best = float("inf")
     for _ in range(2):
         t0 = time.perf_counter()
@@ -162,8 +163,10 @@ def start_run(ctx: CommContext, policy, layers) -> dict | None:
     measured yet, a candidate's error is its ``prior_error`` bound; on the time objective its
     cost comes from the codec timed on random rows of each exchange's size and the link timed
     at two sizes near the largest exchange's (``CALIBRATION``); on the bytes objective from one
-    row's bytes (no communication). None (epoch 0 sends fp32) for one rank or a resumed run."""
-    n = len(layers)
+    row's bytes (no communication). None (epoch 0 sends fp32) for one rank or a resumed run.
+    The record's ``seconds``: this rank's time here (``bench/network.py`` counts it into the
+    run's time to accuracy)."""
+    t0, n = time.perf_counter(), len(layers)
     if (ctx.size == 1 or policy.state.probes > 0 or policy.state.bits
             or not all(hasattr(layer.prop, "exchanger") for layer in layers)):
         return None
@@ -197,4 +200,4 @@ def start_run(ctx: CommContext, policy, layers) -> dict | None:
             samples = _time_link(ctx, layers[biggest].prop.exchanger, widths[biggest])
     state, record = start(policy.settings, figs, samples)
     policy.adopt(state)
-    return record
+    return {**record, "seconds": time.perf_counter() - t0}
