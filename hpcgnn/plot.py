@@ -4,8 +4,9 @@ Panels (one colour per run, legend = run directory): loss, and accuracy (test so
 dashed), against the epoch and against the cumulative halo bytes sent (training exchanges, all
 ranks, forward + backward, from ``metrics.jsonl``'s ``bytes_sent``); the compression ratio of
 every layer against the epoch (one line style per layer); and, for runs with
-``kind = "auto"``, the bits it decided per layer and direction at each check (line style per
-layer, circles forward, crosses backward; 32 = fp32) with its budget (dotted, right axis, log).
+``kind = "auto"``, the bits in force per layer and direction from epoch 0 on (line style per
+layer, circles forward, crosses backward; 32 = fp32) with its budget (dotted, right axis, log),
+each drawn from the epoch a check's decision applies to (the one after the check).
 Headless (matplotlib's Agg backend); matplotlib is the optional extra
 ``pip install 'hpcgnn[plot]'``.
 """
@@ -64,16 +65,28 @@ def _series(records: list[dict]) -> dict[str, np.ndarray]:
 
 
 def _auto_series(records: list[dict]) -> dict | None:
-    """``kind = "auto"``'s checks: epochs, budget (inf as NaN) and bits per (layer, direction)."""
+    """``kind = "auto"``'s bits in force per (layer, direction) and its budget, against the
+    epoch they apply from: a check after epoch ``e`` decides for epoch ``e + 1`` on, and what
+    epoch 0 sent is its record's ``start`` (absent: fp32, as before ``start`` existed). Points
+    past the run's last epoch are left out."""
     checks = [r for r in records if "auto" in r]
     if not checks:
         return None
+    last = records[-1]["epoch"]
     bits: dict[tuple[int, str], list[tuple[int, int]]] = {}
     for r in checks:
+        start = r["auto"].get("start")
+        if start:
+            for key, b in start["bits"].items():
+                layer, direction = key.split("/")
+                bits.setdefault((int(layer), direction), []).append((r["epoch"], b))
+        if r["epoch"] + 1 > last:
+            continue
         for e in r["auto"]["exchanges"]:
-            bits.setdefault((e["layer"], e["direction"]), []).append((r["epoch"], e["bits"]))
-    budget = [r["auto"]["budget"] for r in checks]
-    return {"epoch": np.array([r["epoch"] for r in checks]),
+            bits.setdefault((e["layer"], e["direction"]), []).append((r["epoch"] + 1, e["bits"]))
+    kept = [r for r in checks if r["epoch"] + 1 <= last]
+    budget = [r["auto"]["budget"] for r in kept]
+    return {"epoch": np.array([r["epoch"] + 1 for r in kept]),
             "budget": np.array([b if np.isfinite(b) else np.nan for b in budget], dtype=float),
             "bits": bits}
 

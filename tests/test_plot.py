@@ -54,9 +54,19 @@ def test_plot_draws_auto_decisions(shards, tmp_path):
     check_ok(train(2, shards("cora", 2), tmp_path / "auto", "train.epochs=12",
                    config="configs/cora.toml", extra=("--schedule", tmp_path / "auto.toml")))
     train_here(shards("cora", 1), tmp_path / "full", "train.epochs=12")
-    series = _auto_series(read_metrics(tmp_path / "auto"))
-    assert list(series["epoch"]) == [0, 5, 10] and set(series["bits"]) == {
+    records = read_metrics(tmp_path / "auto")
+    series = _auto_series(records)
+    # a check after epoch e decides for e + 1 on; epoch 0 runs with the start's bits
+    assert list(series["epoch"]) == [1, 6, 11] and set(series["bits"]) == {
         (0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")}
+    start = records[0]["auto"]["start"]["bits"]
+    for (layer, direction), pts in series["bits"].items():
+        assert pts[0] == (0, start[f"{layer}/{direction}"])
+        assert [p[0] for p in pts[1:]] == [1, 6, 11]
+        checks = [r for r in records if "auto" in r]
+        assert [p[1] for p in pts[1:]] == [next(e["bits"] for e in r["auto"]["exchanges"]
+                                                if (e["layer"], e["direction"]) == (layer, direction))
+                                           for r in checks]
     corner = {}
     for name, runs in (("auto", ["full", "auto"]), ("plain", ["full"])):
         proc = _plot(*(tmp_path / r for r in runs), "--out", tmp_path / f"{name}.png")
