@@ -74,6 +74,7 @@ def _auto_series(records: list[dict]) -> dict | None:
         return None
     last = records[-1]["epoch"]
     bits: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    epochs, budget = [], []
     for r in checks:
         start = r["auto"].get("start")
         if start:
@@ -82,11 +83,11 @@ def _auto_series(records: list[dict]) -> dict | None:
                 bits.setdefault((int(layer), direction), []).append((r["epoch"], b))
         if r["epoch"] + 1 > last:
             continue
+        epochs.append(r["epoch"] + 1)
+        budget.append(r["auto"]["budget"])
         for e in r["auto"]["exchanges"]:
             bits.setdefault((e["layer"], e["direction"]), []).append((r["epoch"] + 1, e["bits"]))
-    kept = [r for r in checks if r["epoch"] + 1 <= last]
-    budget = [r["auto"]["budget"] for r in kept]
-    return {"epoch": np.array([r["epoch"] + 1 for r in kept]),
+    return {"epoch": np.array(epochs),
             "budget": np.array([b if np.isfinite(b) else np.nan for b in budget], dtype=float),
             "bits": bits}
 

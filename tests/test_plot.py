@@ -60,10 +60,10 @@ def test_plot_draws_auto_decisions(shards, tmp_path):
     assert list(series["epoch"]) == [1, 6, 11] and set(series["bits"]) == {
         (0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")}
     start = records[0]["auto"]["start"]["bits"]
+    checks = [r for r in records if "auto" in r]
     for (layer, direction), pts in series["bits"].items():
         assert pts[0] == (0, start[f"{layer}/{direction}"])
         assert [p[0] for p in pts[1:]] == [1, 6, 11]
-        checks = [r for r in records if "auto" in r]
         assert [p[1] for p in pts[1:]] == [next(e["bits"] for e in r["auto"]["exchanges"]
                                                 if (e["layer"], e["direction"]) == (layer, direction))
                                            for r in checks]

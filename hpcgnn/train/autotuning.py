@@ -21,9 +21,11 @@ import time
 
 import torch
 
-from hpcgnn.autotune import DIRECTIONS, ExchangeFigures, Figures, prior_figures, start
-from hpcgnn.codecs.base import IDENTITY, WireCodec
-from hpcgnn.codecs.quant import FP32, decode_values, encode_values
+from hpcgnn.autotune import (DIRECTIONS, ExchangeFigures, Figures, prior_figures, quant_codec,
+                             start)
+from hpcgnn.codecs.base import IDENTITY
+from hpcgnn.codecs.quant import FP32
+from hpcgnn.codecs.rng import Blocks
 from hpcgnn.comm.collectives import max_float64, sum_float64
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, ProbeFigures
@@ -125,17 +127,20 @@ def _counts(exchanger, direction: str) -> tuple[int, ...]:
 
 
 def _codec_seconds(rows: int, width: int, bits: int, cap: int, device: torch.device) -> float:
-    """Seconds of an encode + decode of ``rows`` rows of ``width`` (timed on at most ``cap``
-    random rows, scaled; the better of two tries)."""
+    """Seconds of an encode + decode of ``rows`` rows of ``width`` through the codec a send uses
+    (``quant_codec``, one block, as a probe times it), timed on at most ``cap`` random rows and
+    scaled; the better of two tries."""
     n = min(rows, cap) if cap > 0 else rows
     if n == 0 or width == 0:
         return 0.0
-    x = torch.randn(n, width, generator=torch.Generator().manual_seed(n)).to(device)  # not the
-    # global generator: the run's random state stays as it would be without the timing
+    gen = torch.Generator(device=device).manual_seed(n)  # not the global generator: the run's
+    x = torch.randn(n, width, generator=gen, device=device)  # random state stays as it was
+    codec, blocks = quant_codec(bits), Blocks.of((n,), device)
+    keys = torch.zeros(1, dtype=torch.int64, device=device)
     best = float("inf")
     for _ in range(2):
         t0 = time.perf_counter()
-        y = decode_values(encode_values(x, bits, 1), width, bits)
+        y = codec.decode(codec.encode(x, blocks, keys, 1), blocks, width, keys)
         float(y[0, 0])                                   # syncs the device
         best = min(best, time.perf_counter() - t0)
     return best * rows / n
@@ -174,7 +179,7 @@ def start_run(ctx: CommContext, policy, layers) -> dict | None:
     cands = (*policy.settings.bits, FP32)
     widths = {i: int(layers[i].width) for i in range(n)}
     if policy.settings.objective == "bytes":             # one row: the same on every rank
-        figs = {(i, d): prior_figures(widths[i], {b: float(WireCodec(bits=b).block_bytes(1, widths[i]))
+        figs = {(i, d): prior_figures(widths[i], {b: float(quant_codec(b).block_bytes(1, widths[i]))
                                                    for b in cands}, {})
                 for i, d in keys}
         samples = []
@@ -182,7 +187,7 @@ def start_run(ctx: CommContext, policy, layers) -> dict | None:
         local = []
         for i, d in keys:
             counts, w = _counts(layers[i].prop.exchanger, d), widths[i]
-            local += [float(sum(WireCodec(bits=b).byte_counts(counts, w))) for b in cands]
+            local += [float(sum(quant_codec(b).byte_counts(counts, w))) for b in cands]
             local += [_codec_seconds(sum(counts), w, b, policy.settings.probe_rows, ctx.device)
                       for b in policy.settings.bits]
         reduced, figs, k = max_float64(ctx, local), {}, 0
