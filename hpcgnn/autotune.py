@@ -65,6 +65,21 @@ coarse codecs pass; as it slows the bits rise, up to fp32 once the loss stops im
 measured figures at once when the budget falls, so the codec in use never has a last measured
 error above the current budget.
 
+**The steps overrule the prediction** (time objective). The time model is fitted on exchanges
+that start together after a ``Barrier``; where ranks share cores (shared memory, more ranks than
+cores) every rank copies at once there, and a compressed setting predicted 30 % cheaper made
+real steps 7-17 % slower. So after every epoch that did not probe, the ranks' mean step seconds
+(agreed in the epoch-end Allreduce, one epoch late) are kept per *setting* (the bits of every
+exchange, ``signature``; the last ``STEP_HISTORY``), and at a check a compressed setting runs
+only while the median of its steps is ``MEASURED_GAIN`` (5 %) below fp32's; one that was not is
+never sent again (``slower``). Where fp32 was never timed (epoch 0 probes, and ``start`` sends a
+compressed setting where the link is slow), the check after the first timed compressed window
+sends fp32 for one window to time it, but only where the prediction is not confident: codec +
+wire summed over exchanges less than ``VERIFY_BELOW`` (2) times cheaper than fp32's. On a slow
+link (1 Gbit/s: 4-bit rows predicted 3-6x cheaper) no fp32 window is spent. Where the steps
+overrule, the check's record says so (``auto.steps``: the setting, both medians, the predicted
+gain, the verdict ``keep``, ``reference`` or ``fp32``).
+
 **Probing less as things settle**: probes are ``every`` epochs apart at first; each probe that
 leaves every decision as it was doubles the interval (up to ``MAX_BACKOFF * every``), one that
 changes a decision resets it. Probing costs an encode + decode of at most ``probe_rows`` rows
@@ -106,6 +121,15 @@ SKIP_ABOVE = 2.0
 """A probe leaves out a candidate whose last measured error is above this many budgets."""
 PROBE_ROWS = 2048
 """Default ``probe_rows``: the rows (at most, about) of each exchange a probe measures on."""
+STEP_HISTORY = 8
+"""Agreed step seconds kept per setting (the latest non-probe epochs run with it)."""
+MIN_STEPS = 3
+"""Steps a setting needs before its median step time is compared with fp32's."""
+MEASURED_GAIN = 0.05
+"""A compressed setting stays only while its median step is this fraction below fp32's."""
+VERIFY_BELOW = 2.0
+"""A compressed setting predicted less than this many times cheaper than fp32 (codec + wire,
+summed over exchanges) is checked against one window of fp32 steps."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +202,8 @@ class AutoState:
     interval: int = 0                                       # epochs to the next probe
     next_probe: int = 0
     probes: int = 0
+    steps: dict[str, list[float]] = field(default_factory=dict)  # setting -> step seconds
+    slower: list[str] = field(default_factory=list)         # settings measured no faster
 
     @property
     def settled(self) -> bool:
@@ -248,6 +274,40 @@ def next_budget(budget: float, means: list[float], window: list[float]) -> float
     return min(budget, max(0.0, improvement))
 
 
+def signature(bits: dict[str, int]) -> str:
+    """One setting of every exchange as a string: its compressed exchanges, or ``"fp32"``."""
+    return ",".join(f"{k}={b}" for k, b in sorted(bits.items()) if b != FP32) or "fp32"
+
+
+def _median(seconds: list[float]) -> float | None:
+    if len(seconds) < MIN_STEPS:
+        return None
+    s = sorted(seconds)
+    return 0.5 * (s[(len(s) - 1) // 2] + s[len(s) // 2])
+
+
+def verify_steps(steps: dict[str, list[float]], slower: list[str], bits: dict[str, int],
+                 gain: float) -> tuple[str, dict]:
+    """Whether the compressed setting ``bits`` (predicted ``gain`` times cheaper than fp32) may
+    run, from the steps actually measured: ``"keep"``, ``"fp32"`` (its median step was not
+    ``MEASURED_GAIN`` below fp32's, now or before: it joins ``slower``) or ``"reference"``
+    (no fp32 step was ever timed, some compressed one was, and the prediction is not
+    confident, ``gain < VERIFY_BELOW``: the next window runs fp32 to time it). Pure."""
+    sig = signature(bits)
+    mine, ref = _median(steps.get(sig, [])), _median(steps.get("fp32", []))
+    facts = {"setting": sig, "median_s": mine, "fp32_median_s": ref, "predicted_gain": gain}
+    if sig == "fp32":
+        return "keep", facts
+    if sig in slower:
+        return "fp32", facts
+    if mine is not None and ref is not None:
+        return ("keep" if mine <= (1.0 - MEASURED_GAIN) * ref else "fp32"), facts
+    timed_any = any(_median(v) is not None for k, v in steps.items() if k != "fp32")
+    if ref is None and timed_any and gain < VERIFY_BELOW:
+        return "reference", facts
+    return "keep", facts
+
+
 def _probe_interval(state: AutoState, bits: dict[str, int], every: int) -> int:
     """Double the interval when a probe changed nothing, else back to ``every``."""
     if state.probes == 0 or bits != state.bits:
@@ -273,18 +333,31 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
         wire = {d: (wire[d] + [list(s) for s in figures.wire.get(d, [])])[-WIRE_HISTORY:]
                 for d in DIRECTIONS}
     fits = {d: fit_wire([tuple(s) for s in wire[d]]) for d in DIRECTIONS}
-    bits, rows = dict(state.bits), []
+    bits, figs, cost = dict(state.bits), {}, [0.0, 0.0]
     for key in sorted(measured):
-        layer, direction = key.split("/")
-        fig = ExchangeFigures.from_dict(measured[key])
-        bits[key] = choose(fig, settings.bits, budget, fits[direction], settings.objective,
+        fig = figs[key] = ExchangeFigures.from_dict(measured[key])
+        fit = fits[key.split("/")[1]]
+        bits[key] = choose(fig, settings.bits, budget, fit, settings.objective,
                            state.bits.get(key))
-        rows.append(_row(int(layer), direction, bits[key], fig, settings, fits[direction]))
+        cost[0] += predicted_cost(fig, FP32, fit, settings.objective)
+        cost[1] += predicted_cost(fig, bits[key], fit, settings.objective)
+    slower, steps = list(state.slower), None
+    if settings.objective == "time":      # what the steps measured overrules the prediction
+        verdict, steps = verify_steps(state.steps, slower, bits,
+                                      cost[0] / cost[1] if cost[1] > 0 else math.inf)
+        steps["verdict"] = verdict
+        if verdict == "fp32" and steps["setting"] not in slower:
+            slower.append(steps["setting"])
+        if verdict != "keep":
+            bits = {k: FP32 for k in bits}
+    rows = [_row(int(key.split("/")[0]), key.split("/")[1], bits[key], figs[key], settings,
+                 fits[key.split("/")[1]]) for key in sorted(measured)]
     means = (state.means + [sum(state.window) / len(state.window)] if state.window
              else state.means)[-LOSS_WINDOWS:]
     new = AutoState(bits=bits, budget=budget, window=[], means=means, measured=measured,
                     wire=wire, interval=state.interval, next_probe=state.next_probe,
-                    probes=state.probes)
+                    probes=state.probes, steps={k: list(v) for k, v in state.steps.items()},
+                    slower=slower)
     if figures is not None:
         new.interval = _probe_interval(state, bits, settings.every)
         new.next_probe, new.probes = epoch + new.interval, state.probes + 1
@@ -292,6 +365,8 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
               "next_probe": None if new.settled else new.next_probe,
               "wire": {d: {"alpha_s": fits[d][0], "beta_s_per_byte": fits[d][1]}
                        for d in DIRECTIONS}, "exchanges": rows}
+    if steps is not None:
+        record["steps"] = steps
     return new, record
 
 
@@ -417,6 +492,13 @@ class AutoPolicy(CompressionPolicy):
     def observe_loss(self, loss: float) -> None:
         """Every rank, every epoch: the globally reduced training loss."""
         self.state.window.append(float(loss))
+
+    def observe_step(self, setting: str, seconds: float) -> None:
+        """Every rank, after every epoch that did not probe: the step's seconds (the ranks'
+        mean, agreed at the epoch's end) under ``setting`` (``signature`` of the bits it ran)."""
+        kept = self.state.steps.setdefault(setting, [])
+        kept.append(float(seconds))
+        del kept[:-STEP_HISTORY]
 
     def decide(self, epoch: int, figures: Figures | None) -> tuple[AutoState, dict]:
         """The check's new state and record (``hpcgnn.autotune.decide``)."""

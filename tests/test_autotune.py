@@ -10,7 +10,8 @@ import torch
 
 from hpcgnn.autotune import (DIRECTIONS, MAX_BACKOFF, AutoPolicy, AutoSettings, AutoState,
                              ExchangeFigures, Figures, _probe_interval, choose, decide, fit_wire,
-                             next_budget, prior_error, prior_figures, start)
+                             next_budget, prior_error, prior_figures, signature, start,
+                             verify_steps)
 from hpcgnn.codecs.quant import decode_values, encode_values
 from hpcgnn.codecs import IDENTITY, WireCodec
 from hpcgnn.schedule import ScheduleError, load_schedule
@@ -160,6 +161,91 @@ def test_state_round_trips_through_a_checkpoint():
     b = AutoPolicy("s.toml", AutoSettings()).bind(10, 1)
     b.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True)["autotune"])
     assert b.state == state and b.state.window == [1.0, 1.0]
+
+
+# -- the steps overrule the prediction ------------------------------------------------------------
+def test_verify_steps_keeps_a_setting_only_while_its_steps_are_measurably_faster():
+    bits = {"0/forward": 2, "0/backward": 32}
+    sig = signature(bits)
+    assert sig == "0/forward=2" and signature({"0/forward": 32}) == "fp32" == signature({})
+    fast, slow = [0.030, 0.031, 0.029, 0.030], [0.050, 0.049, 0.052, 0.051]
+    ref = [0.046, 0.047, 0.045, 0.046]
+    verdict = lambda steps, gain=1.5, slower=(): verify_steps(steps, list(slower), bits, gain)[0]
+    assert verdict({}) == "keep"                               # nothing timed: run it
+    assert verdict({sig: slow}) == "reference"                 # unsure and fp32 never timed
+    assert verdict({"0/forward=4": slow}) == "reference"       # any compressed window will do
+    assert verdict({sig: slow}, gain=2.5) == "keep"            # a confident prediction: no check
+    assert verdict({sig: slow[:2]}) == "keep"                  # two steps are not a median yet
+    assert verdict({sig: fast, "fp32": ref}) == "keep"         # 35 % faster
+    assert verdict({sig: slow, "fp32": ref}) == "fp32"
+    assert verdict({sig: [0.045] * 4, "fp32": ref}) == "fp32"  # 2 % faster: within the noise
+    assert verdict({sig: slow, "fp32": ref}, gain=100.0) == "fp32"   # measured beats predicted
+    assert verdict({"fp32": ref}) == "keep"                    # not timed yet: one window to see
+    assert verdict({sig: fast, "fp32": ref}, slower=[sig]) == "fp32"  # once slower, always
+    assert verify_steps({}, [], {"0/forward": 32}, 1.0)[0] == "keep"  # fp32 needs no check
+
+
+def _figures_fast_link() -> Figures:
+    """One exchange whose codec is nearly free and whose link costs 0.6 ms + 1.6 ns per byte:
+    2 bits (error 0.15) predicted 0.64 ms against fp32's 1.0 ms, 1.6x cheaper: not certain."""
+    fig = ExchangeFigures(FIG.norm2, dict(FIG.error2), {b: 1e-5 for b in BITS}, dict(FIG.bytes))
+    return Figures({(0, "forward"): fig},
+                   {"forward": [(256000.0, 0.0010), (70000.0, 0.0007)], "backward": []})
+
+
+def _steps_run(figures: Figures, seconds: dict[str, float], epochs: int = 60):
+    """Drive the policy as the trainer does (``run_epoch``): the setting a step ran with, the
+    check, then that step's agreed seconds (``seconds[setting]``), probe epochs left out. The
+    loss falls 10 % per epoch, so the budget admits 2 bits throughout. Returns the settings
+    run, epoch by epoch, and the check records."""
+    policy = AutoPolicy("s.toml", AutoSettings()).bind(epochs, 1)
+    policy.adopt(start(AutoSettings(), figures.exchanges, figures.wire["forward"])[0])
+    ran_all, records = [], []
+    for epoch in range(epochs):
+        probing = policy.due(epoch)
+        ran = signature(policy.state.bits)
+        ran_all.append(ran)
+        policy.observe_loss(2.0 * 0.9 ** epoch)
+        if policy.check(epoch):
+            state, record = policy.decide(epoch, figures if probing else None)
+            policy.adopt(state)
+            records.append(record)
+        if not probing:
+            policy.observe_step(ran, seconds[ran])
+    return ran_all, records
+
+
+def test_a_setting_whose_steps_are_slower_than_fp32s_is_dropped_for_good():
+    # shared memory on oversubscribed cores: predicted 1.6x cheaper, measured 17 % dearer
+    ran, records = _steps_run(_figures_fast_link(), {"fp32": 0.046, "0/forward=2": 0.054})
+    verdicts = [r["steps"]["verdict"] for r in records]
+    # check 0: no step timed; 5: 2 bits timed (epochs 1-4), fp32 never: one window of fp32;
+    # 10: fp32 timed (6-9), 2 bits slower: fp32 from then on, though the prediction says 2 bits
+    assert verdicts[:3] == ["keep", "reference", "fp32"] and set(verdicts[3:]) == {"fp32"}
+    assert ran[1:6] == ["0/forward=2"] * 5 and set(ran[6:]) == {"fp32"}
+    assert records[-1]["exchanges"][0]["bits"] == 32
+    assert records[2]["steps"]["median_s"] == pytest.approx(0.054)
+    assert records[2]["steps"]["fp32_median_s"] == pytest.approx(0.046)
+
+
+def test_a_setting_whose_steps_are_faster_keeps_running_after_one_fp32_window():
+    ran, records = _steps_run(_figures_fast_link(), {"fp32": 0.046, "0/forward=2": 0.030})
+    assert [r["steps"]["verdict"] for r in records][:3] == ["keep", "reference", "keep"]
+    assert ran[6:11] == ["fp32"] * 5 and set(ran[11:]) == {"0/forward=2"}   # one window only
+
+
+def test_a_confident_prediction_spends_no_fp32_window():
+    # the slow link of _figures: fp32 0.26 s against 2 bits' ~0.03 s per exchange
+    ran, records = _steps_run(_figures(), {"fp32": 0.30, "0/backward=2,0/forward=2": 0.06})
+    assert set(ran) == {"0/backward=2,0/forward=2"}
+    assert {r["steps"]["verdict"] for r in records} == {"keep"}
+    assert all(r["steps"]["predicted_gain"] > 2 for r in records)
+
+
+def test_the_bytes_objective_ignores_step_times():
+    state = AutoState(steps={"0/backward=2,0/forward=2": [1.0] * 4, "fp32": [0.1] * 4})
+    new, record = decide(state, AutoSettings(objective="bytes"), _figures(), 0)
+    assert set(new.bits.values()) == {2} and "steps" not in record
 
 
 # -- the policy and its schedule file --------------------------------------------------------------

@@ -67,6 +67,16 @@ def test_auto_records_decisions_budget_falls_and_learns(shards, tmp_path):
             assert r["ratio"] == [32 / decided[(i, "forward")] for i in range(2)]
             compressed = any(b != 32 for b in decided.values())
             assert (r["bytes_sent"] < r["bytes_full"]) == compressed
+        if name == "auto":                      # the steps' agreed seconds reach the checks
+            steps = [r["auto"]["steps"] for r in checks]
+            timed = [v for st in steps for v in (st["median_s"], st["fp32_median_s"]) if v]
+            assert timed and all(0 < v <= max(r["epoch_s"] for r in auto) * 1.01 for v in timed)
+            for r, st in zip(checks, steps):    # a check that overrules sends fp32 everywhere
+                assert st["verdict"] in ("keep", "reference", "fp32")
+                if st["verdict"] != "keep":
+                    assert {e["bits"] for e in r["auto"]["exchanges"]} == {32}
+        else:
+            assert all("steps" not in r["auto"] for r in checks)
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         assert summary["test_acc"] > 0.5 and summary["test_acc"] >= reference["test_acc"] - 0.03
         assert full[-1]["loss"] < full[0]["loss"] and auto[-1]["loss"] < auto[0]["loss"]

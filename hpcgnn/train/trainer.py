@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hpcgnn.autotune import signature
 from hpcgnn.codecs.base import CompressionPolicy
 from hpcgnn.comm.collectives import allreduce_sum_, broadcast_params_, sum_float64
 from hpcgnn.comm.context import CommContext, mpi_library
@@ -225,13 +226,16 @@ class Trainer:
     def run_epoch(self, epoch: int) -> tuple[dict, bool]:
         step = self.train_step(epoch)
         stats = self.model.stats
+        ran = self.auto_setting(epoch)                 # kind = "auto": the setting this step ran
         auto = self.tune(epoch, step["loss"])
         local = [float(self.preempt.raised), stats.bytes_sent, stats.bytes_full,
-                 stats.comm_s + step["allreduce_s"], stats.codec_s]
+                 stats.comm_s + step["allreduce_s"], stats.codec_s, step["epoch_s"]]
         t_eval = time.perf_counter()
         accs = self.evaluate(epoch) if self._eval_due(epoch) else {}
         eval_s = time.perf_counter() - t_eval
-        flag, sent, full, comm_s, codec_s = sum_float64(self.ctx, local)   # epoch-end agreement
+        flag, sent, full, comm_s, codec_s, step_s = sum_float64(self.ctx, local)   # epoch-end agreement
+        if ran is not None:                            # the ranks' mean: the same on every rank
+            self.policy.observe_step(ran, step_s / self.ctx.size)
         p = self.progress
         p.bytes_sent, p.bytes_full = p.bytes_sent + int(sent), p.bytes_full + int(full)
         p.allreduce_bytes += step["allreduce_bytes"] * self.ctx.size
@@ -249,12 +253,30 @@ class Trainer:
         self._track_best(epoch, accs)
         return record, flag > 0
 
+    def auto_setting(self, epoch: int) -> str | None:
+        """``kind = "auto"`` on the time objective: the setting (``signature``) epoch ``epoch``
+        trained with, whose agreed step time the controller keeps; None for a probe epoch (its
+        measurements cost time a plain step does not) and for everything else."""
+        if (not self.policy.adaptive or self.policy.settings.objective != "time"
+                or self.policy.due(epoch)):
+            return None
+        return signature(self.policy.state.bits)
+
     def tune(self, epoch: int, loss: float) -> dict | None:
         """``kind = "auto"``: hand the policy the step's loss and, at a decision epoch, the
         reduced figures; the decision's record (None otherwise, and for schedules)."""
         if not self.policy.adaptive:
             return None
-        return tune(self.ctx, self.policy, epoch, loss, self.model.stats, len(self.model.layers))
+        record = tune(self.ctx, self.policy, epoch, loss, self.model.stats, len(self.model.layers))
+        steps = (record or {}).get("steps", {})
+        if self.ctx.is_root and steps.get("verdict", "keep") != "keep":
+            ms = {k: "untimed" if steps[k] is None else f"{1e3 * steps[k]:.1f} ms"
+                  for k in ("median_s", "fp32_median_s")}
+            log.info("auto: epoch %d: %s steps %s, fp32 steps %s: %s", epoch, steps["setting"],
+                     ms["median_s"], ms["fp32_median_s"],
+                     "timing fp32 for one window" if steps["verdict"] == "reference"
+                     else "not faster, sending fp32")
+        return record
 
     def train_step(self, epoch: int) -> dict:
         """One full-batch step: forward, backward, ONE gradient Allreduce, Adam."""
