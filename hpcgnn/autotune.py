@@ -72,7 +72,10 @@ real steps 7-17 % slower. So after every epoch that did not probe, the ranks' me
 (agreed in the epoch-end Allreduce, one epoch late) are kept per *setting* (the bits of every
 exchange, ``signature``; the last ``STEP_HISTORY``), and at a check a compressed setting runs
 only while the median of its steps is ``MEASURED_GAIN`` (5 %) below fp32's; one that was not is
-never sent again (``slower``). Where fp32 was never timed (epoch 0 probes, and ``start`` sends a
+never sent again (``slower``). Once one was, the prediction has been wrong on this link by
+more than ``VERIFY_BELOW`` allows, and a setting predicted less than that much cheaper is not
+tried at all (fp32 stays, so decisions stop flipping and the probes back off). Where fp32 was
+never timed (epoch 0 probes, and ``start`` sends a
 compressed setting where the link is slow), the check after the first timed compressed window
 sends fp32 for one window to time it, but only where the prediction is not confident: codec +
 wire summed over exchanges less than ``VERIFY_BELOW`` (2) times cheaper than fp32's. On a slow
@@ -290,9 +293,10 @@ def verify_steps(steps: dict[str, list[float]], slower: list[str], bits: dict[st
                  gain: float) -> tuple[str, dict]:
     """Whether the compressed setting ``bits`` (predicted ``gain`` times cheaper than fp32) may
     run, from the steps actually measured: ``"keep"``, ``"fp32"`` (its median step was not
-    ``MEASURED_GAIN`` below fp32's, now or before: it joins ``slower``) or ``"reference"``
-    (no fp32 step was ever timed, some compressed one was, and the prediction is not
-    confident, ``gain < VERIFY_BELOW``: the next window runs fp32 to time it). Pure."""
+    ``MEASURED_GAIN`` below fp32's, now or before: it joins ``slower``; or, once some setting
+    was, it is not confidently predicted, ``gain < VERIFY_BELOW``: on this link the model has
+    been wrong by that much) or ``"reference"`` (no fp32 step was ever timed, some compressed
+    one was, and ``gain < VERIFY_BELOW``: the next window runs fp32 to time it). Pure."""
     sig = signature(bits)
     mine, ref = _median(steps.get(sig, [])), _median(steps.get("fp32", []))
     facts = {"setting": sig, "median_s": mine, "fp32_median_s": ref, "predicted_gain": gain}
@@ -302,6 +306,8 @@ def verify_steps(steps: dict[str, list[float]], slower: list[str], bits: dict[st
         return "fp32", facts
     if mine is not None and ref is not None:
         return ("keep" if mine <= (1.0 - MEASURED_GAIN) * ref else "fp32"), facts
+    if slower and gain < VERIFY_BELOW:
+        return "fp32", facts
     timed_any = any(_median(v) is not None for k, v in steps.items() if k != "fp32")
     if ref is None and timed_any and gain < VERIFY_BELOW:
         return "reference", facts
@@ -346,8 +352,8 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
         verdict, steps = verify_steps(state.steps, slower, bits,
                                       cost[0] / cost[1] if cost[1] > 0 else math.inf)
         steps["verdict"] = verdict
-        if verdict == "fp32" and steps["setting"] not in slower:
-            slower.append(steps["setting"])
+        if verdict == "fp32" and steps["median_s"] is not None and steps["setting"] not in slower:
+            slower.append(steps["setting"])              # measured, not merely distrusted
         if verdict != "keep":
             bits = {k: FP32 for k in bits}
     rows = [_row(int(key.split("/")[0]), key.split("/")[1], bits[key], figs[key], settings,

@@ -182,6 +182,9 @@ def test_verify_steps_keeps_a_setting_only_while_its_steps_are_measurably_faster
     assert verdict({sig: slow, "fp32": ref}, gain=100.0) == "fp32"   # measured beats predicted
     assert verdict({"fp32": ref}) == "keep"                    # not timed yet: one window to see
     assert verdict({sig: fast, "fp32": ref}, slower=[sig]) == "fp32"  # once slower, always
+    # once some setting measured slower, an unsure prediction is not tried; a sure one is
+    assert verdict({"fp32": ref}, slower=["0/forward=4"]) == "fp32"
+    assert verdict({"fp32": ref}, gain=2.5, slower=["0/forward=4"]) == "keep"
     assert verify_steps({}, [], {"0/forward": 32}, 1.0)[0] == "keep"  # fp32 needs no check
 
 

@@ -57,6 +57,8 @@ def test_auto_records_decisions_budget_falls_and_learns(shards, tmp_path):
             assert set(start["bits"].values()) == {2} and start["samples"] == []
         else:                                   # two sizes of the link timed
             assert len(start["samples"]) == 2 and start["samples"][0][0] > start["samples"][1][0]
+            # 1 bit's bound is 8.1 and 2.0 at widths 16 and 4: ruled out, so not timed
+            assert all(set(e["error"]) == {"2", "4", "8", "32"} for e in start["exchanges"])
         assert first["probed"] and {(e["layer"], e["direction"]) for e in first["exchanges"]} == \
             {(0, "forward"), (0, "backward"), (1, "forward"), (1, "backward")}
         for e in first["exchanges"]:                                     # measured, and sensible

@@ -10,10 +10,12 @@ plus 3 per probed exchange (bytes, wire seconds, the layer's compute between pos
 Other checks decide from the state alone (no communication).
 
 Before epoch 0 of a run (``start_run``), on the time objective: one small Allreduce (MAX) of
-every exchange's bytes and codec seconds per candidate, then, for the exchange with the most
-fp32 bytes, two timed exchanges of zeros (after a Barrier each) at ``CALIBRATION`` of its fp32
-width and one small Allreduce (MAX) of their bytes and seconds. Every rank derives the same
-start state from the reduced figures (``hpcgnn.autotune.start``); no Bcast.
+every exchange's bytes and codec seconds per candidate (only those whose ``prior_error`` is
+within ``MAX_ERROR``: the others cannot be sent in epoch 0, and are not timed), then, for the
+exchange with the most fp32 bytes, two timed exchanges of zeros (after a Barrier each) at
+``CALIBRATION`` of its fp32 width and one small Allreduce (MAX) of their bytes and seconds.
+Every rank derives the same start state from the reduced figures (``hpcgnn.autotune.start``);
+no Bcast.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ import time
 
 import torch
 
-from hpcgnn.autotune import (DIRECTIONS, ExchangeFigures, Figures, prior_figures, quant_codec,
-                             start)
+from hpcgnn.autotune import (DIRECTIONS, MAX_ERROR, ExchangeFigures, Figures, prior_error,
+                             prior_figures, quant_codec, start)
 from hpcgnn.codecs.base import IDENTITY
 from hpcgnn.codecs.quant import FP32
 from hpcgnn.codecs.rng import Blocks
@@ -183,21 +185,24 @@ def start_run(ctx: CommContext, policy, layers) -> dict | None:
                                                    for b in cands}, {})
                 for i, d in keys}
         samples = []
-    else:
+    else:                       # a width the prior bound rules out (above MAX_ERROR) is not timed
+        timed = {i: [b for b in policy.settings.bits if prior_error(widths[i], b) <= MAX_ERROR]
+                 for i in range(n)}
         local = []
         for i, d in keys:
             counts, w = _counts(layers[i].prop.exchanger, d), widths[i]
             local += [float(sum(quant_codec(b).byte_counts(counts, w))) for b in cands]
             local += [_codec_seconds(sum(counts), w, b, policy.settings.probe_rows, ctx.device)
-                      for b in policy.settings.bits]
+                      for b in timed[i]]
         reduced, figs, k = max_float64(ctx, local), {}, 0
         for i, d in keys:
             nbytes = dict(zip(cands, reduced[k:k + len(cands)]))
             k += len(cands)
-            seconds = dict(zip(policy.settings.bits, reduced[k:k + len(policy.settings.bits)]))
-            k += len(policy.settings.bits)
+            seconds = dict(zip(timed[i], reduced[k:k + len(timed[i])]))
+            k += len(timed[i])
             if nbytes[FP32] > 0:                         # no rank sends anything: no choice
-                figs[(i, d)] = prior_figures(widths[i], nbytes, seconds)
+                figs[(i, d)] = prior_figures(widths[i], {b: v for b, v in nbytes.items()
+                                                         if b in seconds or b == FP32}, seconds)
         forward = [(figs[(i, "forward")].bytes[FP32], -i) for i in range(n) if (i, "forward") in figs]
         samples = []
         if forward:
