@@ -71,17 +71,18 @@ cores) every rank copies at once there, and a compressed setting predicted 30 % 
 real steps 7-17 % slower. So after every epoch that did not probe, the ranks' mean step seconds
 (agreed in the epoch-end Allreduce, one epoch late) are kept per *setting* (the bits of every
 exchange, ``signature``; the last ``STEP_HISTORY``), and at a check a compressed setting runs
-only while the median of its steps is ``MEASURED_GAIN`` (5 %) below fp32's; one that was not is
-never sent again (``slower``). Once one was, the prediction has been wrong on this link by
-more than ``VERIFY_BELOW`` allows, and a setting predicted less than that much cheaper is not
-tried at all (fp32 stays, so decisions stop flipping and the probes back off). Where fp32 was
-never timed (epoch 0 probes, and ``start`` sends a
-compressed setting where the link is slow), the check after the first timed compressed window
-sends fp32 for one window to time it, but only where the prediction is not confident: codec +
-wire summed over exchanges less than ``VERIFY_BELOW`` (2) times cheaper than fp32's. On a slow
-link (1 Gbit/s: 4-bit rows predicted 3-6x cheaper) no fp32 window is spent. Where the steps
-overrule, the check's record says so (``auto.steps``: the setting, both medians, the predicted
-gain, the verdict ``keep``, ``reference`` or ``fp32``).
+only while the median of its steps is ``MEASURED_GAIN`` (5 %) below fp32's; one that was not
+is never sent again (``slower``). Once one was, the model has been wrong on this link by more
+than ``VERIFY_BELOW`` allows: a setting predicted less than that much cheaper is not tried
+(fp32 stays, so decisions stop flipping), and a probe whose check the steps overrule sets the
+probe interval to its longest (``MAX_BACKOFF * every``). Where fp32 was never timed (epoch 0
+probes, and ``start`` sends a compressed setting where the link is slow), the check after the
+first timed compressed window sends fp32 for one window to time it, but only where the
+prediction is not confident: codec + wire summed over exchanges less than ``VERIFY_BELOW`` (2)
+times cheaper than fp32's. At 1 Gbit/s (4-bit and 8-bit rows predicted 3.1-6.4x cheaper) no
+fp32 window is spent. Every check on the time objective records what the steps said
+(``auto.steps``: the setting, both medians, the predicted gain, the verdict ``keep``,
+``reference`` or ``fp32``).
 
 **Probing less as things settle**: probes are ``every`` epochs apart at first; each probe that
 leaves every decision as it was doubles the interval (up to ``MAX_BACKOFF * every``), one that
@@ -366,6 +367,8 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
                     slower=slower)
     if figures is not None:
         new.interval = _probe_interval(state, bits, settings.every)
+        if steps is not None and steps["verdict"] == "fp32":   # the steps overruled the model:
+            new.interval = MAX_BACKOFF * settings.every        # probing pays for nothing here
         new.next_probe, new.probes = epoch + new.interval, state.probes + 1
     record = {"epoch": epoch, "budget": budget, "probed": figures is not None,
               "next_probe": None if new.settled else new.next_probe,

@@ -227,6 +227,8 @@ def test_a_setting_whose_steps_are_slower_than_fp32s_is_dropped_for_good():
     assert verdicts[:3] == ["keep", "reference", "fp32"] and set(verdicts[3:]) == {"fp32"}
     assert ran[1:6] == ["0/forward=2"] * 5 and set(ran[6:]) == {"fp32"}
     assert records[-1]["exchanges"][0]["bits"] == 32
+    # the probe at 10 was overruled: the next one MAX_BACKOFF windows on
+    assert [r["epoch"] for r in records if r["probed"]] == [0, 5, 10, 10 + MAX_BACKOFF * 5]
     assert records[2]["steps"]["median_s"] == pytest.approx(0.054)
     assert records[2]["steps"]["fp32_median_s"] == pytest.approx(0.046)
 
