@@ -79,7 +79,7 @@ probe interval to its longest (``MAX_BACKOFF * every``). Where fp32 was never ti
 probes, and ``start`` sends a compressed setting where the link is slow), the check after the
 first timed compressed window sends fp32 for one window to time it, but only where the
 prediction is not confident: codec + wire summed over exchanges less than ``VERIFY_BELOW`` (2)
-times cheaper than fp32's. At 1 Gbit/s (4-bit and 8-bit rows predicted 3.1-6.4x cheaper) no
+times cheaper than fp32's. At 1 Gbit/s (settings predicted 3.1-7.2x cheaper) no
 fp32 window is spent. Every check on the time objective records what the steps said
 (``auto.steps``: the setting, both medians, the predicted gain, the verdict ``keep``,
 ``reference`` or ``fp32``).
