@@ -28,7 +28,9 @@ a ``q``-part set), ``full@3d`` (split-3D, ``P = q^3``, a ``q^2``-part set); a ra
 algorithm cannot use is skipped (``bench/regime.py`` runs the four side by side).
 
 ``auto`` is ``configs/schedules/auto.toml`` (``kind = "auto"``, its defaults); the epochs in
-which it measures its candidates are part of its time, as they are of a user's run.
+which it measures its candidates are part of its time, as they are of a user's run, and so are
+its start before epoch 0 and each check's own seconds (``auto.start.seconds``,
+``auto.seconds``), added to that epoch's training time and wall-clock.
 
 Per run: median epoch time (the training step only, ``epoch_s``) and the mean wall-clock per
 epoch with evaluation (``wall_s`` of ``metrics.jsonl``: the step plus the evaluation every
@@ -188,8 +190,12 @@ def summarise(run_dir: Path) -> dict:
     if start_s:                                         # kind = "auto": its timing before epoch 0
         times[0] += start_s
         walls[0] += start_s
-    timed = times[1:] or times
-    return {"epoch_s": statistics.median(timed),
+    for i, r in enumerate(rows):                        # kind = "auto": each check's own time
+        check_s = r.get("auto", {}).get("seconds", 0.0)
+        times[i] += check_s
+        walls[i] += check_s
+    steps = [r["epoch_s"] for r in rows]                # the median: the step alone
+    return {"epoch_s": statistics.median(steps[1:] or steps),
             "epoch_wall_s": statistics.mean(walls[1:] or walls),
             "eval_s": statistics.mean(r["eval_s"] for r in rows),
             "comm_share": statistics.median(r["comm_s"] / r["epoch_s"] for r in rows[1:] or rows),

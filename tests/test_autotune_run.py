@@ -48,6 +48,7 @@ def test_auto_records_decisions_budget_falls_and_learns(shards, tmp_path):
         auto = read_metrics(tmp_path / name)
         checks = _checks(auto)
         assert [r["epoch"] for r in checks] == list(range(0, 40, 5))     # every = 5
+        assert all(0 <= r["auto"]["seconds"] < 5 for r in checks)        # the check's own time
         budgets = [r["auto"]["budget"] for r in checks]
         assert all(a >= b for a, b in zip(budgets, budgets[1:])) and budgets[-1] < budgets[0]
         first = checks[0]["auto"]

@@ -267,7 +267,10 @@ class Trainer:
         reduced figures; the decision's record (None otherwise, and for schedules)."""
         if not self.policy.adaptive:
             return None
+        t0 = time.perf_counter()
         record = tune(self.ctx, self.policy, epoch, loss, self.model.stats, len(self.model.layers))
+        if record is not None:                         # the check's own time (reductions, Bcast,
+            record["seconds"] = time.perf_counter() - t0   # decision): not in epoch_s
         steps = (record or {}).get("steps", {})
         if self.ctx.is_root and steps.get("verdict", "keep") != "keep":
             ms = {k: "untimed" if steps[k] is None else f"{1e3 * steps[k]:.1f} ms"

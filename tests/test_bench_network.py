@@ -1,0 +1,44 @@
+"""``bench/network.py``'s accounting: what ``auto`` spends outside the training step (its start
+before epoch 0, each check's reductions and decision) counts in its time to accuracy, and the
+median step stays the step alone. On a hand-written run directory; the sweep itself needs an
+idle machine and is not a test."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "bench_network", Path(__file__).resolve().parents[1] / "bench" / "network.py")
+network = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(network)
+
+
+def _run_dir(tmp_path: Path, rows: list[dict]) -> Path:
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"bytes_sent": 10, "bytes_full": 40, "test_acc": 0.8, "best_val_acc": 0.7}))
+    return tmp_path
+
+
+def _row(epoch: int, step: float, val: float | None = None, **extra) -> dict:
+    row = {"epoch": epoch, "epoch_s": step, "wall_s": step + 0.5, "eval_s": 0.5, "comm_s": 0.0,
+           "codec_s": 0.0, "bytes_sent": 10, **extra}
+    return row if val is None else {**row, "val_acc": val, "test_acc": val}
+
+
+def test_auto_start_and_check_seconds_count_in_time_to_accuracy(tmp_path):
+    rows = [_row(0, 1.0, auto={"seconds": 0.25, "start": {"seconds": 2.0}}),
+            _row(1, 1.0), _row(2, 3.0, 0.6), _row(3, 1.0, 0.7, auto={"seconds": 0.5})]
+    res = network.summarise(_run_dir(tmp_path, rows))
+    assert res["epoch_s"] == 1.0                                # the median of steps 1-3 alone
+    assert res["train_s"] == pytest.approx(6.0 + 2.0 + 0.25 + 0.5)
+    assert res["train_wall_s"] == pytest.approx(8.0 + 2.0 + 0.25 + 0.5)
+    # validation first reaches 0.7 at epoch 3: every second up to and including that check
+    assert network.time_to(res["curve"], 0.7) == pytest.approx(8.75)
+    assert network.time_to(res["curve"], 0.7, wall=True) == pytest.approx(10.75)
+
+
+def test_a_schedule_without_auto_is_its_steps_alone(tmp_path):
+    res = network.summarise(_run_dir(tmp_path, [_row(0, 1.0), _row(1, 2.0, 0.7)]))
+    assert res["train_s"] == pytest.approx(3.0) and network.time_to(res["curve"], 0.7) == 3.0
