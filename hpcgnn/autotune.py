@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 from hpcgnn.codecs.base import IDENTITY, CompressionPolicy, WireCodec
@@ -284,10 +285,8 @@ def signature(bits: dict[str, int]) -> str:
 
 
 def _median(seconds: list[float]) -> float | None:
-    if len(seconds) < MIN_STEPS:
-        return None
-    s = sorted(seconds)
-    return 0.5 * (s[(len(s) - 1) // 2] + s[len(s) // 2])
+    """The median step, once ``MIN_STEPS`` were timed."""
+    return statistics.median(seconds) if len(seconds) >= MIN_STEPS else None
 
 
 def verify_steps(steps: dict[str, list[float]], slower: list[str], bits: dict[str, int],
@@ -309,7 +308,7 @@ def verify_steps(steps: dict[str, list[float]], slower: list[str], bits: dict[st
         return ("keep" if mine <= (1.0 - MEASURED_GAIN) * ref else "fp32"), facts
     if slower and gain < VERIFY_BELOW:
         return "fp32", facts
-    timed_any = any(_median(v) is not None for k, v in steps.items() if k != "fp32")
+    timed_any = any(len(v) >= MIN_STEPS for k, v in steps.items() if k != "fp32")
     if ref is None and timed_any and gain < VERIFY_BELOW:
         return "reference", facts
     return "keep", facts
@@ -343,7 +342,7 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
     bits, figs, cost = dict(state.bits), {}, [0.0, 0.0]
     for key in sorted(measured):
         fig = figs[key] = ExchangeFigures.from_dict(measured[key])
-        fit = fits[key.split("/")[1]]
+        fit = fits[key.partition("/")[2]]
         bits[key] = choose(fig, settings.bits, budget, fit, settings.objective,
                            state.bits.get(key))
         cost[0] += predicted_cost(fig, FP32, fit, settings.objective)
@@ -357,8 +356,10 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
             slower.append(steps["setting"])              # measured, not merely distrusted
         if verdict != "keep":
             bits = {k: FP32 for k in bits}
-    rows = [_row(int(key.split("/")[0]), key.split("/")[1], bits[key], figs[key], settings,
-                 fits[key.split("/")[1]]) for key in sorted(measured)]
+    rows = []
+    for key in sorted(measured):
+        layer, _, direction = key.partition("/")
+        rows.append(_row(int(layer), direction, bits[key], figs[key], settings, fits[direction]))
     means = (state.means + [sum(state.window) / len(state.window)] if state.window
              else state.means)[-LOSS_WINDOWS:]
     new = AutoState(bits=bits, budget=budget, window=[], means=means, measured=measured,

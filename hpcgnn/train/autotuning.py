@@ -178,11 +178,10 @@ def start_run(ctx: CommContext, policy, layers) -> dict | None:
             or not all(hasattr(layer.prop, "exchanger") for layer in layers)):
         return None
     keys = [(i, d) for i in range(n) for d in DIRECTIONS if policy.compresses(i, n, d)]
-    cands = (*policy.settings.bits, FP32)
     widths = {i: int(layers[i].width) for i in range(n)}
     if policy.settings.objective == "bytes":             # one row: the same on every rank
         figs = {(i, d): prior_figures(widths[i], {b: float(quant_codec(b).block_bytes(1, widths[i]))
-                                                   for b in cands}, {})
+                                                   for b in (*policy.settings.bits, FP32)}, {})
                 for i, d in keys}
         samples = []
     else:                       # a width the prior bound rules out (above MAX_ERROR) is not timed
@@ -191,18 +190,18 @@ def start_run(ctx: CommContext, policy, layers) -> dict | None:
         local = []
         for i, d in keys:
             counts, w = _counts(layers[i].prop.exchanger, d), widths[i]
-            local += [float(sum(quant_codec(b).byte_counts(counts, w))) for b in cands]
+            local += [float(sum(quant_codec(b).byte_counts(counts, w)))
+                      for b in (*timed[i], FP32)]
             local += [_codec_seconds(sum(counts), w, b, policy.settings.probe_rows, ctx.device)
                       for b in timed[i]]
         reduced, figs, k = max_float64(ctx, local), {}, 0
         for i, d in keys:
-            nbytes = dict(zip(cands, reduced[k:k + len(cands)]))
-            k += len(cands)
+            nbytes = dict(zip((*timed[i], FP32), reduced[k:k + len(timed[i]) + 1]))
+            k += len(timed[i]) + 1
             seconds = dict(zip(timed[i], reduced[k:k + len(timed[i])]))
             k += len(timed[i])
             if nbytes[FP32] > 0:                         # no rank sends anything: no choice
-                figs[(i, d)] = prior_figures(widths[i], {b: v for b, v in nbytes.items()
-                                                         if b in seconds or b == FP32}, seconds)
+                figs[(i, d)] = prior_figures(widths[i], nbytes, seconds)
         forward = [(figs[(i, "forward")].bytes[FP32], -i) for i in range(n) if (i, "forward") in figs]
         samples = []
         if forward:
