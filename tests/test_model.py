@@ -74,6 +74,52 @@ def test_dropout_bits_values_and_gradients_follow_the_hash(native, width, p, mon
     assert torch.equal(x.grad, g * scale)
 
 
+@pytest.mark.parametrize("native", (True, False))
+@pytest.mark.parametrize("n, k, m", ((13, 64, 8), (7, 300, 3), (9, 37, 16), (6, 5, 32), (1, 64, 17)))
+def test_dropout_matmul_is_dropout_then_product_summed_in_order(native, n, k, m, monkeypatch):
+    """``dropout_matmul`` (one C pass on CPU ranks, or the two torch steps): the masks of the
+    definition (numpy, as above), and on the C path each sum in its documented order in
+    float32 without fused multiply-adds, bit for bit, computed here with numpy's float32
+    elementwise operations: ``y[r, j] = ((0 + a_0 w_0j) + a_1 w_1j) + ...`` over channels,
+    ``dx[r, c] = (((0 + g_0 w_c0) + g_1 w_c1) + ...) * keep * scale`` over outputs, ``dw[c, j] =
+    ((0 + a_0c g_0j) + a_1c g_1j) + ...`` over rows. Row counts that are not a multiple of the
+    kernel's four, input widths past its 256-channel block, output widths padded to 8/16/32."""
+    from hpcgnn.hashing import M32, mix
+    from hpcgnn.nn.dropout import dropout_matmul, fuses_matmul
+    if not native:
+        monkeypatch.setenv("HPCGNN_NATIVE", "0")
+    p, f32 = 0.3, np.float32
+    gid = torch.randint(0, 2**40, (n,))
+    key = np.uint64(mix(3, 4, 5, 0xD209) & M32)
+    rows = _lowbias32(_lowbias32(gid.numpy().astype(np.uint64)) ^ key)
+    cols = _lowbias32(np.arange(k, dtype=np.uint64) * np.uint64(0x9E3779B1))
+    s = (_lowbias32(rows[:, None] ^ cols[None, :]) >= np.uint64(int(p * 2**32))).astype(f32) \
+        * f32(1.0 / (1.0 - p))
+    x = torch.randn(n, k, requires_grad=True)
+    w = torch.randn(k, m, requires_grad=True)
+    g = torch.randn(n, m)
+    y = dropout_matmul(x, gid, p, 3, 4, 5, True, w)
+    y.backward(g)
+    xn, wn, gn = x.detach().numpy(), w.detach().numpy(), g.numpy()
+    a = xn * s
+    assert fuses_matmul(x, m, p, True) == native
+    if not native:                                   # torch's product: its own order
+        np.testing.assert_allclose(y.detach().numpy(), a.astype(np.float64) @ wn, rtol=1e-4, atol=1e-4)
+        return
+    want_y = np.zeros((n, m), f32)
+    for c in range(k):
+        want_y = want_y + a[:, c:c + 1] * wn[c][None, :]
+    acc = np.zeros((n, k), f32)
+    for j in range(m):
+        acc = acc + gn[:, j:j + 1] * wn[:, j][None, :]
+    want_dw = np.zeros((k, m), f32)
+    for r in range(n):
+        want_dw = want_dw + a[r][:, None] * gn[r][None, :]
+    assert np.array_equal(y.detach().numpy(), want_y)
+    assert np.array_equal(x.grad.numpy(), acc * s)
+    assert np.array_equal(w.grad.numpy(), want_dw)
+
+
 @pytest.mark.parametrize("arch", ["gcn", "sage"])
 def test_local_operator_matches_dense_formula(arch, shards):
     from hpcgnn.data.datasets import load_dataset

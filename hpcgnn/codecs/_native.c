@@ -269,3 +269,149 @@ MULTIARCH void hpcgnn_spmm(const int64_t *indptr, const int64_t *indices, const 
         }
     }
 }
+
+/* Counter-based dropout fused with a product by a narrow weight (hpcgnn/nn/dropout.py
+ * dropout_matmul): y (n, m) = (x (n, k) * keep * scale) w (k, m), the keep bits those of
+ * hpcgnn_dropout_apply, so the dropped rows are never written. Each y[r, j] is summed over c in
+ * order, ((0 + a_0 w_0j) + a_1 w_1j) + ..., with a_c = x[r, c] * (keep ? scale : 0) (no FMA:
+ * -ffp-contract=off), whatever the instruction set. Four rows at a time, their sums held in
+ * registers M = 8, 16 or 32 wide (w padded with zero columns to M), so that four independent
+ * sums hide the latency of the adds. m <= DM_MAXW. */
+#define DM_ROWS 4
+#define DM_MAXW 32
+
+/* a = x * keep * scale for rows r0 .. r0 + nr - 1 (zeros past them), channels c0 .. c0 + kw - 1;
+ * and keep * scale itself in s where s is not NULL */
+static inline void dm_mask_rows(const float *x, const int64_t *rows, const uint32_t *c32,
+                                int64_t r0, int64_t nr, int64_t k, int64_t c0, int64_t kw,
+                                uint32_t thr, float scale, float a[DM_ROWS][DROPOUT_BLOCK],
+                                float s[DM_ROWS][DROPOUT_BLOCK]) {
+    for (int64_t i = 0; i < DM_ROWS; i++) {
+        if (i >= nr) {                                   /* past the last row: zeros */
+            for (int64_t c = 0; c < kw; c++) a[i][c] = 0.0f;
+            continue;
+        }
+        const uint32_t h = (uint32_t)rows[r0 + i];
+        const float *restrict xr = x + (r0 + i) * k + c0;
+        if (s) {
+            for (int64_t c = 0; c < kw; c++) {
+                s[i][c] = hash32(h ^ c32[c]) >= thr ? scale : 0.0f;
+                a[i][c] = xr[c] * s[i][c];
+            }
+        } else {
+            for (int64_t c = 0; c < kw; c++)
+                a[i][c] = xr[c] * (hash32(h ^ c32[c]) >= thr ? scale : 0.0f);
+        }
+    }
+}
+
+typedef float vf8 __attribute__((vector_size(32)));   /* 8 floats: one AVX register */
+
+#define DM_FORWARD(M)                                                                            \
+static void dm_forward_##M(const float *x, const int64_t *rows, const int64_t *cols, int64_t n,  \
+                           int64_t k, uint32_t thr, float scale, const float *w, int64_t m,     \
+                           float *y) {                                                           \
+    enum { V = M / 8 };                                                                          \
+    uint32_t c32[DROPOUT_BLOCK];                                                                 \
+    float a[DM_ROWS][DROPOUT_BLOCK];                                                             \
+    static __thread vf8 wp[DROPOUT_BLOCK * V];                                                   \
+    float tmp[DM_ROWS][M] __attribute__((aligned(32)));                                          \
+    for (int64_t c0 = 0; c0 < k; c0 += DROPOUT_BLOCK) {                                          \
+        const int64_t kw = k - c0 < DROPOUT_BLOCK ? k - c0 : DROPOUT_BLOCK;                      \
+        for (int64_t c = 0; c < kw; c++) {                                                       \
+            c32[c] = (uint32_t)cols[c0 + c];                                                     \
+            for (int64_t j = 0; j < M; j++)                                                      \
+                wp[c * V + j / 8][j % 8] = j < m ? w[(c0 + c) * m + j] : 0.0f;                   \
+        }                                                                                        \
+        for (int64_t r0 = 0; r0 < n; r0 += DM_ROWS) {                                            \
+            const int64_t nr = n - r0 < DM_ROWS ? n - r0 : DM_ROWS;                              \
+            dm_mask_rows(x, rows, c32, r0, nr, k, c0, kw, thr, scale, a, 0);                     \
+            for (int64_t i = 0; i < DM_ROWS; i++)                                                \
+                for (int64_t j = 0; j < M; j++)                                                  \
+                    tmp[i][j] = (c0 && i < nr && j < m) ? y[(r0 + i) * m + j] : 0.0f;            \
+            vf8 acc[DM_ROWS][V];                                                                 \
+            for (int64_t i = 0; i < DM_ROWS; i++)                                                \
+                for (int64_t v = 0; v < V; v++) memcpy(&acc[i][v], &tmp[i][v * 8], 32);         \
+            for (int64_t c = 0; c < kw; c++) {                                                   \
+                const vf8 *wc = wp + c * V;                                                      \
+                const vf8 a0 = (vf8){0} + a[0][c], a1 = (vf8){0} + a[1][c];                     \
+                const vf8 a2 = (vf8){0} + a[2][c], a3 = (vf8){0} + a[3][c];                     \
+                for (int64_t v = 0; v < V; v++) {                                                \
+                    acc[0][v] = acc[0][v] + a0 * wc[v];                                          \
+                    acc[1][v] = acc[1][v] + a1 * wc[v];                                          \
+                    acc[2][v] = acc[2][v] + a2 * wc[v];                                          \
+                    acc[3][v] = acc[3][v] + a3 * wc[v];                                          \
+                }                                                                                \
+            }                                                                                    \
+            for (int64_t i = 0; i < DM_ROWS; i++)                                                \
+                for (int64_t v = 0; v < V; v++) memcpy(&tmp[i][v * 8], &acc[i][v], 32);         \
+            for (int64_t i = 0; i < nr; i++)                                                     \
+                for (int64_t j = 0; j < m; j++) y[(r0 + i) * m + j] = tmp[i][j];                 \
+        }                                                                                        \
+    }                                                                                            \
+}
+MULTIARCH DM_FORWARD(8)
+MULTIARCH DM_FORWARD(16)
+MULTIARCH DM_FORWARD(32)
+
+void hpcgnn_dropout_matmul(const float *x, const int64_t *rows, const int64_t *cols, int64_t n,
+                           int64_t k, uint64_t threshold, float scale, const float *w, int64_t m,
+                           float *y) {
+    const uint32_t thr = (uint32_t)threshold;           /* p < 1, so threshold < 2^32 */
+    if (m <= 8) dm_forward_8(x, rows, cols, n, k, thr, scale, w, m, y);
+    else if (m <= 16) dm_forward_16(x, rows, cols, n, k, thr, scale, w, m, y);
+    else dm_forward_32(x, rows, cols, n, k, thr, scale, w, m, y);
+}
+
+/* The adjoint of hpcgnn_dropout_matmul given gy (n, m): dx (n, k) = (gy w^T) * keep * scale,
+ * each element summed over j in order, with wt = w^T (m, k); dw (k, m) = a^T gy, a the dropped
+ * x, each element summed over r in order. dw is accumulated transposed, (m, k) in dwt (the
+ * caller's zeroed scratch), four rows per load and store, and written out at the end. The bits
+ * are hashed again. dx NULL: no input gradient. */
+MULTIARCH void hpcgnn_dropout_matmul_backward(const float *x, const int64_t *rows,
+                                              const int64_t *cols, int64_t n, int64_t k,
+                                              uint64_t threshold, float scale, const float *wt,
+                                              int64_t m, const float *gy, float *dx, float *dwt,
+                                              float *dw) {
+    const uint32_t thr = (uint32_t)threshold;
+    uint32_t c32[DROPOUT_BLOCK];
+    float a[DM_ROWS][DROPOUT_BLOCK], ks[DM_ROWS][DROPOUT_BLOCK], acc[DROPOUT_BLOCK];
+    const float zero[DM_MAXW] = {0};
+    for (int64_t c0 = 0; c0 < k; c0 += DROPOUT_BLOCK) {
+        const int64_t kw = k - c0 < DROPOUT_BLOCK ? k - c0 : DROPOUT_BLOCK;
+        for (int64_t c = 0; c < kw; c++) c32[c] = (uint32_t)cols[c0 + c];
+        for (int64_t r0 = 0; r0 < n; r0 += DM_ROWS) {
+            const int64_t nr = n - r0 < DM_ROWS ? n - r0 : DM_ROWS;
+            dm_mask_rows(x, rows, c32, r0, nr, k, c0, kw, thr, scale, a, ks);
+            if (dx) {
+                for (int64_t i = 0; i < nr; i++) {
+                    const int64_t r = r0 + i;
+                    const float *restrict g = gy + r * m;
+                    float *restrict dxr = dx + r * k + c0;
+                    for (int64_t c = 0; c < kw; c++) acc[c] = 0.0f;
+                    for (int64_t j = 0; j < m; j++) {
+                        const float gj = g[j];
+                        const float *restrict wj = wt + j * k + c0;
+                        for (int64_t c = 0; c < kw; c++) acc[c] = acc[c] + gj * wj[c];
+                    }
+                    for (int64_t c = 0; c < kw; c++) dxr[c] = acc[c] * ks[i][c];
+                }
+            }
+            /* rows past n (the last block) add a zero row: d + 0 * 0 = d */
+            const float *g0 = gy + r0 * m;
+            const float *g1 = nr > 1 ? gy + (r0 + 1) * m : zero;
+            const float *g2 = nr > 2 ? gy + (r0 + 2) * m : zero;
+            const float *g3 = nr > 3 ? gy + (r0 + 3) * m : zero;
+            for (int64_t j = 0; j < m; j++) {
+                float *restrict d = dwt + j * k + c0;
+                const float q0 = g0[j], q1 = g1[j], q2 = g2[j], q3 = g3[j];
+                const float *restrict a0 = a[0], *restrict a1 = a[1], *restrict a2 = a[2],
+                            *restrict a3 = a[3];
+                for (int64_t c = 0; c < kw; c++)
+                    d[c] = (((d[c] + a0[c] * q0) + a1[c] * q1) + a2[c] * q2) + a3[c] * q3;
+            }
+        }
+    }
+    for (int64_t c = 0; c < k; c++)
+        for (int64_t j = 0; j < m; j++) dw[c * m + j] = dwt[j * k + c];
+}

@@ -75,6 +75,10 @@ def _load() -> ctypes.CDLL | None:
         lib.hpcgnn_dropout_keep.argtypes = [p, p, i64, i64, ctypes.c_uint64, p]
         lib.hpcgnn_dropout_apply.argtypes = [p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_float, p]
         lib.hpcgnn_spmm.argtypes = [p, p, p, i64, i64, p, i64, p]
+        lib.hpcgnn_dropout_matmul.argtypes = [p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_float,
+                                              p, i64, p]
+        lib.hpcgnn_dropout_matmul_backward.argtypes = [p, p, p, i64, i64, ctypes.c_uint64,
+                                                       ctypes.c_float, p, i64, p, p, p, p]
         return lib
     return None
 
@@ -127,6 +131,41 @@ def dropout_apply(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, thres
     lib().hpcgnn_dropout_apply(x.data_ptr(), rows.data_ptr(), cols.data_ptr(), x.shape[0],
                                x.shape[1], threshold, scale, y.data_ptr())
     return y
+
+
+MATMUL_MAX_WIDTH = 32    # the widest weight dropout_matmul takes (DM_MAXW in _native.c)
+
+
+def dropout_matmul(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, threshold: int,
+                   scale: float, w: torch.Tensor) -> torch.Tensor:
+    """``(x * keep * scale) @ w`` in one pass, with the keep bits of ``dropout_keep``: ``x``
+    ``(n, k)`` and ``w`` ``(k, m)`` float32 CPU, ``m <= MATMUL_MAX_WIDTH``; each output summed
+    over ``k`` in order."""
+    x, rows, cols, w = x.contiguous(), rows.contiguous(), cols.contiguous(), w.contiguous()
+    y = x.new_empty((x.shape[0], w.shape[1]))
+    lib().hpcgnn_dropout_matmul(x.data_ptr(), rows.data_ptr(), cols.data_ptr(), x.shape[0],
+                                x.shape[1], threshold, scale, w.data_ptr(), w.shape[1],
+                                y.data_ptr())
+    return y
+
+
+def dropout_matmul_backward(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                            threshold: int, scale: float, w: torch.Tensor, gy: torch.Tensor,
+                            input_grad: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(dx, dw)`` of ``dropout_matmul`` for the output gradient ``gy`` ``(n, m)``:
+    ``dx = (gy @ w.T) * keep * scale`` (None without ``input_grad``), ``dw = (x * keep *
+    scale).T @ gy`` (summed over rows in order), hashing the bits again."""
+    x, rows, cols, gy = x.contiguous(), rows.contiguous(), cols.contiguous(), gy.contiguous()
+    wt = w.t().contiguous()
+    dx = torch.empty_like(x) if input_grad else None
+    dwt = torch.zeros((w.shape[1], w.shape[0]), dtype=torch.float32)    # scratch, transposed
+    dw = torch.empty(w.shape, dtype=torch.float32)
+    lib().hpcgnn_dropout_matmul_backward(x.data_ptr(), rows.data_ptr(), cols.data_ptr(),
+                                         x.shape[0], x.shape[1], threshold, scale, wt.data_ptr(),
+                                         w.shape[1], gy.data_ptr(),
+                                         None if dx is None else dx.data_ptr(), dwt.data_ptr(),
+                                         dw.data_ptr())
+    return dx, dw
 
 
 def takes(x: torch.Tensor) -> bool:

@@ -109,6 +109,29 @@ def counter_dropout(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: in
     return _Masked.apply(x, keep_mask(global_id, x.shape[1], p, seed, epoch, layer), 1.0 / (1.0 - p))
 
 
+def fuses_matmul(x: torch.Tensor, out_width: int, p: float, training: bool,
+                 nonzeros=None) -> bool:
+    """Whether ``dropout_matmul`` runs as one C pass for ``x`` and a weight ``out_width`` wide:
+    a dense float32 CPU ``x`` with the kernels built, dropout on, a narrow weight."""
+    return (training and p > 0.0 and nonzeros is None and x.numel() > 0 and native.takes(x)
+            and 0 < out_width <= native.MATMUL_MAX_WIDTH)
+
+
+def dropout_matmul(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: int, epoch: int,
+                   layer: int, training: bool, w: torch.Tensor,
+                   nonzeros: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """``counter_dropout(x, ...) @ w`` ``(n, m)``. Where ``fuses_matmul`` (CPU ranks, ``m <=
+    32``) one C pass hashes, masks and multiplies, so the dropped rows are never written, and
+    its backward hashes again (``hpcgnn.codecs.native.dropout_matmul``): MKL's product by a
+    weight 8 wide ran at a seventh of its speed at 64 wide, and the dropped rows cost a pass of
+    their own. Elsewhere the two steps as they are. The same masks either way; the sums
+    differ in rounding only (each output is summed over the input channels in order)."""
+    if not fuses_matmul(x, w.shape[1], p, training, nonzeros):
+        return counter_dropout(x, global_id, p, seed, epoch, layer, training, nonzeros) @ w
+    rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
+    return _NativeDropMatmul.apply(x, w, rows, cols, _threshold(p), 1.0 / (1.0 - p))
+
+
 def edge_keep_mask(dst_id: torch.Tensor, src_id: torch.Tensor, heads: int, p: float, seed: int,
                    epoch: int, layer: int) -> torch.Tensor:
     """bool ``(E, heads)``: True where the coefficient of edge ``src_id[e] -> dst_id[e]`` (global
@@ -173,3 +196,22 @@ class _NativeMasked(torch.autograd.Function):
             keep = native.dropout_keep(rows, cols, ctx.threshold)
             return grad * (keep * ctx.scale), None, None, None, None
         return native.dropout_apply(grad, rows, cols, ctx.threshold, ctx.scale), None, None, None, None
+
+
+class _NativeDropMatmul(torch.autograd.Function):
+    """``dropout_matmul`` on CPU ranks: one C pass forward (hash, mask, multiply by ``w``), one
+    backward (hash again; ``dx`` and ``dw`` together). Nothing but the inputs is saved."""
+
+    @staticmethod
+    def forward(ctx, x, w, rows, cols, threshold: int, scale: float):
+        ctx.save_for_backward(x, w, rows, cols)
+        ctx.threshold, ctx.scale = threshold, scale
+        return native.dropout_matmul(x.detach(), rows, cols, threshold, scale, w.detach())
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w, rows, cols = ctx.saved_tensors
+        dx, dw = native.dropout_matmul_backward(x.detach(), rows, cols, ctx.threshold, ctx.scale,
+                                                w.detach(), gy.to(torch.float32),
+                                                input_grad=ctx.needs_input_grad[0])
+        return dx, (dw if ctx.needs_input_grad[1] else None), None, None, None, None

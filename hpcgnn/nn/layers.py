@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from hpcgnn.config import ModelConfig
-from hpcgnn.nn.dropout import counter_dropout
+from hpcgnn.nn.dropout import counter_dropout, dropout_matmul, fuses_matmul
 from hpcgnn.nn.graph import LocalGraph
 from hpcgnn.nn.step import LayerStep
 
@@ -85,10 +85,20 @@ class HaloLayer(nn.Module):
     def forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
         if step.training and self.prop.exchanges_input:
             halo = self.prop.input_halo(h, step.exchange)         # rows of t - s, not dropped
-            point = self.prop.point                               # progress of what is in flight
-            return self.with_halo(point(self.dropped(h, step, "owned")),
-                                  point(self.dropped(halo, step, "halo")), step)
+            return self.stale_forward(h, halo, step)
+        return self.sync_forward(h, step)
+
+    def sync_forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        """A synchronous step on the input ``h`` before dropout: ``forward_owned`` of the
+        dropped rows (a layer may fuse the dropout with its first product instead)."""
         return self.forward_owned(self.dropped(h, step, "owned"), step)
+
+    def stale_forward(self, h: torch.Tensor, halo: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        """A stale training step on ``h`` and the halo rows ``halo`` of ``t - s``, both before
+        dropout: ``with_halo`` of the dropped rows (a layer may fuse, as ``sync_forward``)."""
+        point = self.prop.point                                   # progress of what is in flight
+        return self.with_halo(point(self.dropped(h, step, "owned")),
+                              point(self.dropped(halo, step, "halo")), step)
 
     def forward_owned(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         """The layer on its dropped-out input ``x`` ``(n_owned, F_in)``, exchanging through
@@ -110,6 +120,22 @@ class HaloLayer(nn.Module):
         ids = self.graph.node_ids[:n] if rows == "owned" else self.graph.node_ids[n:]
         nz = self._nonzeros(x, rows) if self.sparse_input else None
         return counter_dropout(x, ids, self.p, step.seed, step.epoch, step.layer, True, nz)
+
+    def dropped_matmul(self, x: torch.Tensor, step: LayerStep, rows: str,
+                       w: torch.Tensor) -> torch.Tensor:
+        """``dropped(x, step, rows) @ w``, one C pass on CPU ranks for a narrow ``w``
+        (``hpcgnn.nn.dropout.dropout_matmul``)."""
+        if not step.training or self.p == 0.0 or x.numel() == 0:
+            return x @ w
+        n = self.graph.n_owned
+        ids = self.graph.node_ids[:n] if rows == "owned" else self.graph.node_ids[n:]
+        nz = self._nonzeros(x, rows) if self.sparse_input else None
+        return dropout_matmul(x, ids, self.p, step.seed, step.epoch, step.layer, True, w, nz)
+
+    def fuses(self, x: torch.Tensor, step: LayerStep, out_width: int) -> bool:
+        """Whether ``dropped_matmul`` of ``x`` by a weight ``out_width`` wide is one C pass."""
+        return step.training and fuses_matmul(x, out_width, self.p, True,
+                                              self._nonzeros(x, "owned") if self.sparse_input else None)
 
     def _nonzeros(self, x: torch.Tensor, rows: str):
         """Non-zeros of the constant input rows when they are sparse (bag-of-words), cached."""
@@ -147,6 +173,21 @@ class GCNLayer(HaloLayer):
             return self.propagate(x @ self.weight, step) + self.bias
         return self.propagate(x, step) @ self.weight + self.bias
 
+    def sync_forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        if self.transform_first and self.fuses(h, step, self.weight.shape[1]):
+            return self.propagate(self.dropped_matmul(h, step, "owned", self.weight), step) + self.bias
+        return super().sync_forward(h, step)
+
+    def stale_forward(self, h: torch.Tensor, halo: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        """Transform first with the dropout fused into ``@ W`` where that is the cheaper order
+        (``LocalGraph.transform_first_with_halo(fused=True)``), else ``with_halo``."""
+        f_in, f_out = self.weight.shape
+        if self.fuses(h, step, f_out) and self.graph.transform_first_with_halo(f_in, f_out, fused=True):
+            point, agg = self.prop.point, self.prop.aggregate_halo
+            return agg(self.graph, point(self.dropped_matmul(h, step, "owned", self.weight)),
+                       point(self.dropped_matmul(halo, step, "halo", self.weight))) + self.bias
+        return super().stale_forward(h, halo, step)
+
     def from_aggregate(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
         """The layer given ``agg = Â [x; x_halo]`` ``(n_owned, F_in)`` (RETEXO: halo rows fixed,
         no exchange): ``agg W + b``; ``x`` is unused (Â holds the self-loop)."""
@@ -183,6 +224,24 @@ class SAGELayer(HaloLayer):
         if self.transform_first:                  # two GEMMs: no slice copies of (n, 2 F_out)
             return x @ w_self + self.propagate(x @ w_neigh, step) + self.bias
         return x @ w_self + self.propagate(x, step) @ w_neigh + self.bias
+
+    def sync_forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        if self.transform_first and self.fuses(h, step, self.weight.shape[1]):
+            y = self.dropped_matmul(h, step, "owned", self.weight)     # [x W_s | x W_n]
+            return y[:, :self.out_dim] + self.propagate(y[:, self.out_dim:], step) + self.bias
+        return super().sync_forward(h, step)
+
+    def stale_forward(self, h: torch.Tensor, halo: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        """As ``GCNLayer.stale_forward``: transform first with the dropout fused into the
+        product where that is the cheaper order."""
+        f_in = self.weight.shape[0]
+        if (self.fuses(h, step, self.weight.shape[1])
+                and self.graph.transform_first_with_halo(f_in, self.out_dim, fused=True)):
+            point, agg = self.prop.point, self.prop.aggregate_halo
+            y = point(self.dropped_matmul(h, step, "owned", self.weight))   # [x W_s | x W_n]
+            y_halo = point(self.dropped_matmul(halo, step, "halo", self.weight[:, self.out_dim:]))
+            return y[:, :self.out_dim] + agg(self.graph, y[:, self.out_dim:], y_halo) + self.bias
+        return super().stale_forward(h, halo, step)
 
     def from_aggregate(self, x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
         """The layer given ``agg = mean_{j->i} x_j`` ``(n_owned, F_in)`` (RETEXO: halo rows
