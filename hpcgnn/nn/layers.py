@@ -12,6 +12,12 @@ aggregating it first costs no backward exchange and no backward sparse product.
 Per layer: one forward exchange of ``sum(send_counts) * w * 4`` bytes (identity codec) and,
 when the exchanged rows need a gradient, one backward exchange of the same size. A stale layer
 (PipeGCN) always exchanges its input, ``w = F_in``.
+
+On CPU ranks a layer that multiplies its dropped input by a weight at most 32 wide first
+(transform first) does the dropout and the product in one C pass (``dropout_matmul``;
+``sync_forward``, ``stale_forward``): the dropped rows are never written, and a stale layer
+then transforms first wherever that is cheaper than aggregating its halo rows at the input
+width (``LocalGraph.transform_first_with_halo(fused=True)``).
 """
 from __future__ import annotations
 
