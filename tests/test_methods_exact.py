@@ -46,8 +46,12 @@ def _parts(shard_dir, ranks: int) -> np.ndarray:
 
 # (dataset, ranks, partitioner, --set list, staleness, smoothing, progress)
 STALE_CASES = {
-    # 3 layers 24 -> 16 -> 16 -> 4: transform-first and aggregate-first widths, dense features
+    # 3 layers 24 -> 16 -> 16 -> 4, dense features: on CPU ranks every layer transforms first
+    # with the dropout fused into the product (weights <= 32 wide)
     "gcn3-2ranks-s1": (CSBM, 2, "random", ("model.arch=gcn", "model.layers=3"), 1, 0.0, "test"),
+    # 24 -> 64 -> 64 -> 4: the first two layers aggregate first (unfused), the last is fused
+    "gcn3-wide-2ranks-s1": (CSBM, 2, "random", ("model.arch=gcn", "model.layers=3",
+                                                "model.hidden=64"), 1, 0.0, "test"),
     "gcn3-2ranks-s1-thread": (CSBM, 2, "random", ("model.arch=gcn", "model.layers=3"), 1, 0.0,
                               "thread"),
     "sage3-3ranks-s2-smooth": (CSBM, 3, "metis", ("model.arch=sage", "model.layers=3",
