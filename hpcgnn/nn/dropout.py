@@ -13,6 +13,9 @@ same result. On CUDA with Triton installed, one fused kernel (``hpcgnn.kernels.d
 hashes, masks and multiplies in one pass, and its backward hashes again instead of saving a
 mask; a sparse input that needs no gradient takes it too (a dropped zero is still zero).
 
+``dropout_matmul`` is ``counter_dropout(x) @ W``: on CPU ranks, for a weight at most 32 wide,
+one C pass that never writes the dropped rows (the layers' transform-first products).
+
 ``edge_dropout`` does the same for the attention coefficients of GAT: the bit of edge
 ``(dst, src)`` and head ``h`` is a hash of (seed, epoch, layer, dst's global id, src's global
 id, head), whichever rank holds the edge.
