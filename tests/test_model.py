@@ -120,6 +120,44 @@ def test_dropout_matmul_is_dropout_then_product_summed_in_order(native, n, k, m,
     assert np.array_equal(w.grad.numpy(), want_dw)
 
 
+@pytest.mark.parametrize("threads", (2, 3))
+def test_dropout_matmul_is_the_same_on_any_thread_count(threads):
+    """On several threads the rows are split between them, and ``dw`` is summed in blocks of
+    ``MATMUL_CHUNK`` rows (in order within a block, the blocks' sums added in order), whatever
+    the thread count: the same bits as on one thread, and that order checked against numpy's
+    float32 sums."""
+    from hpcgnn.codecs import native
+    from hpcgnn.nn.dropout import dropout_matmul
+    if native.lib() is None:
+        pytest.skip("no C kernels (no compiler)")
+    n, k, m, chunk = 2 * native.MATMUL_CHUNK + 301, 24, 5, native.MATMUL_CHUNK
+    gid = torch.randint(0, 2**40, (n,))
+    x0, w0, g = torch.randn(n, k), torch.randn(k, m), torch.randn(n, m)
+    out = []
+    before = torch.get_num_threads()
+    try:
+        for t in (1, threads):
+            torch.set_num_threads(t)
+            x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+            y = dropout_matmul(x, gid, 0.5, 1, 2, 3, True, w)
+            y.backward(g)
+            out.append((y.detach(), x.grad, w.grad))
+    finally:
+        torch.set_num_threads(before)
+    for one, many in zip(*out):
+        assert torch.equal(one, many)
+    dx = out[0][1].numpy()
+    a = (dx != 0).astype(np.float32) * 2.0 * x0.numpy()     # the dropped x (scale 2), where kept
+    gn, f32 = g.numpy(), np.float32
+    want = None
+    for lo in range(0, n, chunk):
+        part = np.zeros((k, m), f32)
+        for r in range(lo, min(n, lo + chunk)):
+            part = part + a[r][:, None] * gn[r][None, :]
+        want = part if want is None else want + part
+    assert np.array_equal(out[0][2].numpy(), want)
+
+
 @pytest.mark.parametrize("arch", ["gcn", "sage"])
 def test_local_operator_matches_dense_formula(arch, shards):
     from hpcgnn.data.datasets import load_dataset

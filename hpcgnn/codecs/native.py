@@ -134,18 +134,46 @@ def dropout_apply(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, thres
 
 
 MATMUL_MAX_WIDTH = 32    # the widest weight dropout_matmul takes (DM_MAXW in _native.c)
+MATMUL_CHUNK = 2048      # rows per partial dw sum: fixed, so dw is the same for any thread count
+
+
+def _split_rows(n: int) -> list[tuple[int, int]]:
+    """Row blocks, one per ``torch.get_num_threads()`` (one block on one thread or few rows)."""
+    threads = torch.get_num_threads()
+    if threads == 1 or n < 2 * MATMUL_CHUNK:
+        return [(0, n)]
+    step = -(-n // threads)
+    return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def _in_pool(calls: list) -> None:
+    """Run ``(fn, *args)`` calls, on the thread pool when there are several (ctypes releases
+    the GIL for the call)."""
+    if len(calls) == 1:
+        calls[0][0](*calls[0][1:])
+        return
+    for job in [_threads().submit(*call) for call in calls]:
+        job.result()
+
+
+def _call_all(calls: list) -> None:
+    for fn, *args in calls:
+        fn(*args)
 
 
 def dropout_matmul(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, threshold: int,
                    scale: float, w: torch.Tensor) -> torch.Tensor:
     """``(x * keep * scale) @ w`` in one pass, with the keep bits of ``dropout_keep``: ``x``
     ``(n, k)`` and ``w`` ``(k, m)`` float32 CPU, ``m <= MATMUL_MAX_WIDTH``; each output summed
-    over ``k`` in order."""
+    over ``k`` in order. Rows are split between ``torch.get_num_threads()`` threads (each row's
+    result is the same whoever computes it)."""
     x, rows, cols, w = x.contiguous(), rows.contiguous(), cols.contiguous(), w.contiguous()
-    y = x.new_empty((x.shape[0], w.shape[1]))
-    lib().hpcgnn_dropout_matmul(x.data_ptr(), rows.data_ptr(), cols.data_ptr(), x.shape[0],
-                                x.shape[1], threshold, scale, w.data_ptr(), w.shape[1],
-                                y.data_ptr())
+    n, k, m = x.shape[0], x.shape[1], w.shape[1]
+    y = x.new_empty((n, m))
+    f = lib().hpcgnn_dropout_matmul
+    _in_pool([(f, x.data_ptr() + 4 * a * k, rows.data_ptr() + 8 * a, cols.data_ptr(), b - a, k,
+               threshold, scale, w.data_ptr(), m, y.data_ptr() + 4 * a * m)
+              for a, b in _split_rows(n)])
     return y
 
 
@@ -153,18 +181,28 @@ def dropout_matmul_backward(x: torch.Tensor, rows: torch.Tensor, cols: torch.Ten
                             threshold: int, scale: float, w: torch.Tensor, gy: torch.Tensor,
                             input_grad: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(dx, dw)`` of ``dropout_matmul`` for the output gradient ``gy`` ``(n, m)``:
-    ``dx = (gy @ w.T) * keep * scale`` (None without ``input_grad``), ``dw = (x * keep *
-    scale).T @ gy`` (summed over rows in order), hashing the bits again."""
+    ``dx = (gy @ w.T) * keep * scale`` (None without ``input_grad``) and ``dw = (x * keep *
+    scale).T @ gy``, hashing the bits again. ``dw`` is summed over rows in order within blocks
+    of ``MATMUL_CHUNK`` rows, and the blocks' sums are added in order: the same bits for any
+    thread count (the blocks run on ``torch.get_num_threads()`` threads)."""
     x, rows, cols, gy = x.contiguous(), rows.contiguous(), cols.contiguous(), gy.contiguous()
+    n, k, m = x.shape[0], x.shape[1], w.shape[1]
     wt = w.t().contiguous()
     dx = torch.empty_like(x) if input_grad else None
-    dwt = torch.zeros((w.shape[1], w.shape[0]), dtype=torch.float32)    # scratch, transposed
-    dw = torch.empty(w.shape, dtype=torch.float32)
-    lib().hpcgnn_dropout_matmul_backward(x.data_ptr(), rows.data_ptr(), cols.data_ptr(),
-                                         x.shape[0], x.shape[1], threshold, scale, wt.data_ptr(),
-                                         w.shape[1], gy.data_ptr(),
-                                         None if dx is None else dx.data_ptr(), dwt.data_ptr(),
-                                         dw.data_ptr())
+    chunks = [(a, min(n, a + MATMUL_CHUNK)) for a in range(0, n, MATMUL_CHUNK)] or [(0, 0)]
+    dwt = torch.zeros((len(chunks), m, k), dtype=torch.float32)      # scratch, transposed
+    dws = torch.empty((len(chunks), k, m), dtype=torch.float32)
+    f = lib().hpcgnn_dropout_matmul_backward
+    calls = [(f, x.data_ptr() + 4 * a * k, rows.data_ptr() + 8 * a, cols.data_ptr(), b - a, k,
+              threshold, scale, wt.data_ptr(), m, gy.data_ptr() + 4 * a * m,
+              None if dx is None else dx.data_ptr() + 4 * a * k, dwt[i].data_ptr(),
+              dws[i].data_ptr()) for i, (a, b) in enumerate(chunks)]
+    threads = min(torch.get_num_threads(), len(calls))
+    per = -(-len(calls) // threads)        # one job per thread, each a run of whole blocks
+    _in_pool([(_call_all, calls[i:i + per]) for i in range(0, len(calls), per)])
+    dw = dws[0].clone()
+    for part in dws[1:]:
+        dw += part                         # the blocks' sums, in order
     return dx, dw
 
 
@@ -175,6 +213,15 @@ def takes(x: torch.Tensor) -> bool:
 
 _SPMM_SPLIT = 1 << 23             # multiply-adds below which one thread does the whole product
 _pool: tuple[int, ThreadPoolExecutor] | None = None     # (threads, pool)
+
+
+def _threads() -> ThreadPoolExecutor:
+    """The kernels' thread pool, ``torch.get_num_threads()`` workers (remade when that changes)."""
+    global _pool
+    threads = torch.get_num_threads()
+    if _pool is None or _pool[0] != threads:
+        _pool = (threads, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hpcgnn-kernels"))
+    return _pool[1]
 
 
 def spmm(mat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -203,10 +250,7 @@ def spmm_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, 
         return out
     cuts = torch.searchsorted(indptr, torch.linspace(0, nnz, threads + 1).to(torch.int64)).tolist()
     cuts[0], cuts[-1] = 0, n
-    global _pool
-    if _pool is None or _pool[0] != threads:
-        _pool = (threads, ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hpcgnn-spmm"))
-    jobs = [_pool[1].submit(lib().hpcgnn_spmm, *args, a, b, x.data_ptr(), w, out.data_ptr())
+    jobs = [_threads().submit(lib().hpcgnn_spmm, *args, a, b, x.data_ptr(), w, out.data_ptr())
             for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
     for job in jobs:
         job.result()

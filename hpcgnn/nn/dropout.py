@@ -125,7 +125,8 @@ def dropout_matmul(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: int
                    nonzeros: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``counter_dropout(x, ...) @ w`` ``(n, m)``. Where ``fuses_matmul`` (CPU ranks, ``m <=
     32``) one C pass hashes, masks and multiplies, so the dropped rows are never written, and
-    its backward hashes again (``hpcgnn.codecs.native.dropout_matmul``): MKL's product by a
+    its backward hashes again (``hpcgnn.codecs.native.dropout_matmul``; rows split between
+    ``torch.get_num_threads()`` threads, the same bits for any count): MKL's product by a
     weight 8 wide ran at a seventh of its speed at 64 wide, and the dropped rows cost a pass of
     their own. Elsewhere the two steps as they are. The same masks either way; the sums
     differ in rounding only (each output is summed over the input channels in order)."""
