@@ -364,15 +364,13 @@ void hpcgnn_dropout_matmul(const float *x, const int64_t *rows, const int64_t *c
 }
 
 /* The adjoint of hpcgnn_dropout_matmul given gy (n, m): dx (n, k) = (gy w^T) * keep * scale,
- * each element summed over j in order, with wt = w^T (m, k); dw (k, m) = a^T gy, a the dropped
- * x, each element summed over r in order. dw is accumulated transposed, (m, k) in dwt (the
- * caller's zeroed scratch), four rows per load and store, and written out at the end. The bits
- * are hashed again. dx NULL: no input gradient. */
+ * each element summed over j in order, with wt = w^T (m, k); and dwt (m, k) += (a^T gy)^T, a
+ * the dropped x, each element summed over r in order (the caller zeroes dwt), four rows per
+ * load and store. The bits are hashed again. dx NULL: no input gradient. */
 MULTIARCH void hpcgnn_dropout_matmul_backward(const float *x, const int64_t *rows,
                                               const int64_t *cols, int64_t n, int64_t k,
                                               uint64_t threshold, float scale, const float *wt,
-                                              int64_t m, const float *gy, float *dx, float *dwt,
-                                              float *dw) {
+                                              int64_t m, const float *gy, float *dx, float *dwt) {
     const uint32_t thr = (uint32_t)threshold;
     uint32_t c32[DROPOUT_BLOCK];
     float a[DM_ROWS][DROPOUT_BLOCK], ks[DM_ROWS][DROPOUT_BLOCK], acc[DROPOUT_BLOCK];
@@ -412,6 +410,4 @@ MULTIARCH void hpcgnn_dropout_matmul_backward(const float *x, const int64_t *row
             }
         }
     }
-    for (int64_t c = 0; c < k; c++)
-        for (int64_t j = 0; j < m; j++) dw[c * m + j] = dwt[j * k + c];
 }

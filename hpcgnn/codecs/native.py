@@ -78,7 +78,7 @@ def _load() -> ctypes.CDLL | None:
         lib.hpcgnn_dropout_matmul.argtypes = [p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_float,
                                               p, i64, p]
         lib.hpcgnn_dropout_matmul_backward.argtypes = [p, p, p, i64, i64, ctypes.c_uint64,
-                                                       ctypes.c_float, p, i64, p, p, p, p]
+                                                       ctypes.c_float, p, i64, p, p, p]
         return lib
     return None
 
@@ -190,20 +190,19 @@ def dropout_matmul_backward(x: torch.Tensor, rows: torch.Tensor, cols: torch.Ten
     wt = w.t().contiguous()
     dx = torch.empty_like(x) if input_grad else None
     chunks = [(a, min(n, a + MATMUL_CHUNK)) for a in range(0, n, MATMUL_CHUNK)] or [(0, 0)]
-    dwt = torch.zeros((len(chunks), m, k), dtype=torch.float32)      # scratch, transposed
-    dws = torch.empty((len(chunks), k, m), dtype=torch.float32)
+    dwt = torch.zeros((len(chunks), m, k), dtype=torch.float32)      # each block's dw^T
     f = lib().hpcgnn_dropout_matmul_backward
     calls = [(f, x.data_ptr() + 4 * a * k, rows.data_ptr() + 8 * a, cols.data_ptr(), b - a, k,
               threshold, scale, wt.data_ptr(), m, gy.data_ptr() + 4 * a * m,
-              None if dx is None else dx.data_ptr() + 4 * a * k, dwt[i].data_ptr(),
-              dws[i].data_ptr()) for i, (a, b) in enumerate(chunks)]
+              None if dx is None else dx.data_ptr() + 4 * a * k, dwt[i].data_ptr())
+             for i, (a, b) in enumerate(chunks)]
     threads = min(torch.get_num_threads(), len(calls))
     per = -(-len(calls) // threads)        # one job per thread, each a run of whole blocks
     _in_pool([(_call_all, calls[i:i + per]) for i in range(0, len(calls), per)])
-    dw = dws[0].clone()
-    for part in dws[1:]:
+    dw = dwt[0].clone()
+    for part in dwt[1:]:
         dw += part                         # the blocks' sums, in order
-    return dx, dw
+    return dx, dw.t().contiguous()
 
 
 def takes(x: torch.Tensor) -> bool:

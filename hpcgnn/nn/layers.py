@@ -122,10 +122,8 @@ class HaloLayer(nn.Module):
         keys (seed, epoch, layer, global id, channel)."""
         if not step.training or self.p == 0.0 or x.numel() == 0:
             return x
-        n = self.graph.n_owned
-        ids = self.graph.node_ids[:n] if rows == "owned" else self.graph.node_ids[n:]
-        nz = self._nonzeros(x, rows) if self.sparse_input else None
-        return counter_dropout(x, ids, self.p, step.seed, step.epoch, step.layer, True, nz)
+        return counter_dropout(x, *self._ids(rows), self.p, step.seed, step.epoch, step.layer,
+                               True, self._sparse(x, rows))
 
     def dropped_matmul(self, x: torch.Tensor, step: LayerStep, rows: str,
                        w: torch.Tensor) -> torch.Tensor:
@@ -133,15 +131,22 @@ class HaloLayer(nn.Module):
         (``hpcgnn.nn.dropout.dropout_matmul``)."""
         if not step.training or self.p == 0.0 or x.numel() == 0:
             return x @ w
-        n = self.graph.n_owned
-        ids = self.graph.node_ids[:n] if rows == "owned" else self.graph.node_ids[n:]
-        nz = self._nonzeros(x, rows) if self.sparse_input else None
-        return dropout_matmul(x, ids, self.p, step.seed, step.epoch, step.layer, True, w, nz)
+        return dropout_matmul(x, *self._ids(rows), self.p, step.seed, step.epoch, step.layer,
+                              True, w, self._sparse(x, rows))
 
     def fuses(self, x: torch.Tensor, step: LayerStep, out_width: int) -> bool:
-        """Whether ``dropped_matmul`` of ``x`` by a weight ``out_width`` wide is one C pass."""
-        return step.training and fuses_matmul(x, out_width, self.p, True,
-                                              self._nonzeros(x, "owned") if self.sparse_input else None)
+        """Whether ``dropped_matmul`` of the owned rows ``x`` by a weight ``out_width`` wide is
+        one C pass."""
+        return step.training and fuses_matmul(x, out_width, self.p, True, self._sparse(x, "owned"))
+
+    def _ids(self, rows: str) -> tuple[torch.Tensor]:
+        """(global ids of the ``rows`` (``owned`` | ``halo``) rows,)."""
+        n = self.graph.n_owned
+        return (self.graph.node_ids[:n] if rows == "owned" else self.graph.node_ids[n:],)
+
+    def _sparse(self, x: torch.Tensor, rows: str):
+        """``_nonzeros`` of the constant input rows where they may be sparse, else None."""
+        return self._nonzeros(x, rows) if self.sparse_input else None
 
     def _nonzeros(self, x: torch.Tensor, rows: str):
         """Non-zeros of the constant input rows when they are sparse (bag-of-words), cached.
