@@ -44,21 +44,39 @@ def _parts(shard_dir, ranks: int) -> np.ndarray:
     return part_of
 
 
-# (dataset, ranks, partitioner, --set list, staleness, smoothing, progress)
+# (dataset, ranks, partitioner, --set list, staleness, smoothing, progress): every way of
+# progressing the exchange in flight (tests between the stale layers, ``fine`` tests inside the
+# layers' work, a thread) trains exactly this model
+GAT_GRAPH = "csbm:nodes=799,classes=4,degree=8,features=24,seed=3"   # dense attention reference
 STALE_CASES = {
     # 3 layers 24 -> 16 -> 16 -> 4, dense features: on CPU ranks every layer transforms first
     # with the dropout fused into the product (weights <= 32 wide)
-    "gcn3-2ranks-s1": (CSBM, 2, "random", ("model.arch=gcn", "model.layers=3"), 1, 0.0, "test"),
+    "gcn3-2ranks-s1-fine": (CSBM, 2, "random", ("model.arch=gcn", "model.layers=3"), 1, 0.0,
+                            "fine"),
     # 24 -> 64 -> 64 -> 4: the first two layers aggregate first (unfused), the last is fused
     # (and the progress thread)
     "gcn3-wide-2ranks-s1-thread": (CSBM, 2, "random", ("model.arch=gcn", "model.layers=3",
                                                        "model.hidden=64"), 1, 0.0, "thread"),
-    "sage3-3ranks-s2-smooth": (CSBM, 3, "metis", ("model.arch=sage", "model.layers=3",
-                                                  "model.hidden=8"), 2, 0.5, "test"),
+    "sage3-3ranks-s2-smooth-fine": (CSBM, 3, "metis", ("model.arch=sage", "model.layers=3",
+                                                       "model.hidden=8"), 2, 0.5, "fine"),
     "sage-4ranks-s1": (CSBM, 4, "random", ("model.arch=sage", "model.hidden=32"), 1, 0.0, "thread"),
     # sparse (bag-of-words) first-layer input, uneven METIS parts
     "gcn-cora-3ranks-s1-smooth": ("cora", 3, "metis", ("model.arch=gcn",), 1, 0.5, "test"),
+    "gat-2ranks-s1-attn-dropout-fine": (GAT_GRAPH, 2, "metis", ("model.arch=gat", "model.heads=2",
+                                                                "model.hidden=8",
+                                                                "model.attn_dropout=0.3"),
+                                        1, 0.0, "fine"),
 }
+
+
+def reference_model(model_sets: tuple[str, ...]):
+    """The reference's model for a case's ``--set`` list (``tests/_pipegcn.py``)."""
+    from _pipegcn import Model
+    cfg = dict(s.split("=") for s in model_sets)
+    layers = int(cfg.get("model.layers", 2))
+    heads = (int(cfg.get("model.heads", 1)),) * (layers - 1) + (1,)
+    return Model(cfg["model.arch"], layers, dropout=0.5,
+                 attn_dropout=float(cfg.get("model.attn_dropout", 0.0)), heads=heads)
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +101,9 @@ def test_stale_training_equals_pipegcn(case, shards, init_of, tmp_path):
     """PipeGCN as its paper and code define it (``tests/_pipegcn.py``): each layer's input is
     exchanged before dropout, the receiver drops it out with the current epoch's mask and
     applies its current weights, and a halo gradient is added into its owner's boundary rows
-    s epochs later; dropout 0.5 everywhere. Both ways of progressing the exchange in flight
-    (a thread, or tests between layers)."""
-    from _pipegcn import Model, pipegcn_losses
+    s epochs later; dropout 0.5 everywhere (GAT's attention dropout too). Every way of
+    progressing the exchange in flight (``[comm] progress``)."""
+    from _pipegcn import pipegcn_losses
     from hpcgnn.data.datasets import load_dataset
     spec, ranks, partitioner, model_sets, s, m, progress = STALE_CASES[case]
     sets = (*model_sets, "model.dropout=0.5", f"train.epochs={EPOCHS}")
@@ -93,8 +111,7 @@ def test_stale_training_equals_pipegcn(case, shards, init_of, tmp_path):
     check_ok(train(ranks, shard_dir, tmp_path / "run", *sets, f"train.staleness={s}",
                    f"train.smoothing={m}", timeout=240, env={"HPCGNN_PROGRESS": progress}))
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
-    cfg = {k.split("=")[0]: k.split("=")[1] for k in model_sets}
-    model = Model(cfg["model.arch"], int(cfg.get("model.layers", 2)), dropout=0.5)
+    model = reference_model(model_sets)
     g, parts, init = load_dataset(spec), _parts(shard_dir, ranks), init_of(spec, sets)
     if partitioner == "metis":
         assert len(set(np.bincount(parts).tolist())) > 1                  # uneven parts

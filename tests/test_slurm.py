@@ -436,25 +436,6 @@ def test_job_requeued_by_slurm_resumes_once_without_a_duplicate(slurm, chain_run
 
 
 @pytest.mark.slurm
-def test_sweep_runs_one_array_task_per_schedule(slurm, chain_run, tmp_path):
-    schedules = [REPO / "configs" / "schedules" / f"{name}.toml" for name in ("full", "fixed-128")]
-    log = tmp_path / "sweep.out"
-    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_TRAIN_OPTS=f"--output={log}.%a")
-    array = slurm.script(JOBS / "sweep.sh", chain_run.shards, CORA, *schedules, "--",
-                         "--set", "train.epochs=5", cwd=tmp_path, env=env)
-    sent = {}
-    for task, schedule in enumerate(schedules):
-        slurm.completed(f"{array}_{task}", 240, Path(f"{log}.{task}"))
-        run_dir = tmp_path / "runs" / f"sweep-{array}" / schedule.stem
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["ranks"] == 2 and summary["epochs"] == 5
-        sent[schedule.stem] = (summary["bytes_sent"], summary["bytes_full"])
-    assert sent["full"][0] == sent["full"][1]                  # uncompressed
-    assert sent["fixed-128"][1] == sent["full"][1]             # the same exchanges ...
-    assert sent["fixed-128"][0] < sent["full"][0] / 2          # ... compressed: its own schedule
-
-
-@pytest.mark.slurm
 @pytest.mark.parametrize("launcher", ["srun", "mpirun"])
 def test_term_to_the_batch_shell_reaches_every_rank_as_usr1(slurm, tmp_path, launcher):
     """A TERM to the job script (a preemption, scancel --signal=TERM) goes on to the launcher as
@@ -494,23 +475,31 @@ def test_a_cancelled_training_job_stays_cancelled(slurm, chain_run, tmp_path):
 
 @pytest.mark.slurm
 def test_sweep_without_hpcgnn_home_runs_every_schedule(slurm, chain_run, tmp_path):
-    """No HPCGNN_HOME: each array task finds the repository from its own job record. One task
-    of an array has the array's own job id, and `scontrol show job <that id>` lists every
-    task: that task must still find it, and every schedule must get its run and summary."""
+    """One array task per schedule, each training with its own schedule, and
+    ``HPCGNN_TRAIN_OPTS`` reaching sbatch. No HPCGNN_HOME: each array task finds the
+    repository from its own job record. One task of an array has the array's own job id, and
+    `scontrol show job <that id>` lists every task: that task must still find it, and every
+    schedule must get its run and summary."""
     names = ("full", "fixed-128", "quant2-all")
     schedules = [REPO / "configs" / "schedules" / f"{n}.toml" for n in names]
-    env = {k: v for k, v in job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_ARRAY_MAX="2").items()
+    env = {k: v for k, v in job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_ARRAY_MAX="2",
+                                    HPCGNN_TRAIN_OPTS="--comment=hpcgnn-sweep-test").items()
            if k != "HPCGNN_HOME"}
     array = slurm.script(JOBS / "sweep.sh", chain_run.shards, CORA, *schedules, "--",
                          "--set", "train.epochs=3", cwd=tmp_path, env=env)
-    ids = []
+    ids, sent = [], {}
     for task, name in enumerate(names):
         run_dir = tmp_path / "runs" / f"sweep-{array}" / name
         rec = slurm.completed(f"{array}_{task}", 240, run_dir / f"slurm-{array}_{task}.out")
         ids.append(rec["JobId"])
+        assert rec.get("Comment") == "hpcgnn-sweep-test", rec    # HPCGNN_TRAIN_OPTS
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["epochs"] == 3 and summary["ranks"] == 2
         assert "job log moved to" in (run_dir / f"slurm-{array}_{task}.out").read_text()
+        sent[name] = (summary["bytes_sent"], summary["bytes_full"])
+    assert sent["full"][0] == sent["full"][1]                  # uncompressed
+    assert sent["fixed-128"][1] == sent["full"][1]             # the same exchanges ...
+    assert sent["fixed-128"][0] < sent["full"][0] / 2          # ... compressed: its own schedule
     assert array in ids, (array, ids)              # the task that shares the array's id ran too
     assert not list(tmp_path.glob("*.out")), "job logs left in the submission directory"
 
