@@ -53,17 +53,23 @@ tie, won first by fp32 (compression has to pay clearly, since what it costs in c
 not in the prediction), then by the setting in use, so timing noise alone flips nothing. ``objective = "bytes"`` ranks by bytes alone (a choice that does not
 depend on timing, so runs are reproducible bit for bit).
 
-**The budget only falls** (VARCO's monotone condition). Every ``every`` epochs (a *check*) it
-moves to ``B_k = min(B_{k-1}, max(0, (1 - Lbar_k / Lbar_j) / (k - j)))``, ``j = max(0, k -
+**The budget only falls** (VARCO's monotone condition). Every ``every`` epochs (a *check*) the
+loss's improvement per window is ``g_k = (1 - Lbar_k / Lbar_j) / (k - j)``, ``j = max(0, k -
 LOSS_WINDOWS)``, ``Lbar_k`` the mean of the globally reduced training loss over the epochs
-since the previous check (epoch 0 alone for ``k = 0``), ``B_0 = MAX_ERROR``: a codec may perturb what
-it sends (relative squared error) by no more than training currently improves the loss per
-``every`` epochs, averaged over the last ``LOSS_WINDOWS`` windows (20 epochs at the default) so
-that one noisy window (dropout) cannot end compression for good. While the loss falls fast
-coarse codecs pass; as it slows the bits rise, up to fp32 once the loss stops improving
-(``B = 0``, after which nothing is measured any more). A check re-decides from the last
-measured figures at once when the budget falls, so the codec in use never has a last measured
-error above the current budget.
+since the previous check (epoch 0 alone for ``k = 0``), averaged over the last
+``LOSS_WINDOWS`` windows (20 epochs at the default) so that one noisy window (dropout) cannot
+end compression for good; ``G_k = max(g_1 .. g_k)`` is the fastest the loss has fallen. The
+budget moves to ``B_k = min(B_{k-1}, MAX_ERROR * max(0, g_k) / G_k)``, ``B_0 = MAX_ERROR``: a
+codec may perturb what it sends (relative squared error) by as much as the signal while
+training improves the loss at its fastest, by the fraction of that pace it still keeps as
+learning slows, and by nothing once the loss stops improving (``B = 0``,
+after which nothing is measured any more). Scale-free: the rule reads no loss value or rate
+of its own, so it needs no tuning per graph. (The rule before was ``B_k = min(B_{k-1}, g_k)``:
+the rate itself, in loss per window, compared with a squared error. On the cSBM 20k it capped the
+budget at 0.09 from the first check, under the 0.12-0.75 that 2-bit rows measure, so 4 bits
+ran from epoch 5 on where 2-bit rows reach full communication's accuracy in as many epochs.)
+A check re-decides from the last measured figures at once when the budget falls, so the codec
+in use never has a last measured error above the current budget.
 
 **The steps overrule the prediction** (time objective). The time model is fitted on exchanges
 that start together after a ``Barrier``; where ranks share cores (shared memory, more ranks than
@@ -200,6 +206,7 @@ class AutoState:
 
     bits: dict[str, int] = field(default_factory=dict)     # "layer/direction" -> 1|2|4|8|32
     budget: float = MAX_ERROR
+    peak: float = 0.0                                        # fastest loss improvement per window
     window: list[float] = field(default_factory=list)      # losses since the last check
     means: list[float] = field(default_factory=list)       # mean loss of the last windows
     measured: dict[str, dict] = field(default_factory=dict)  # "layer/direction" -> last figures
@@ -268,15 +275,21 @@ def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
     return best
 
 
-def next_budget(budget: float, means: list[float], window: list[float]) -> float:
-    """``min(budget, relative improvement per window of this window's mean loss over the mean
-    of the window LOSS_WINDOWS back)`` (``means``: the earlier windows', latest last; fewer
-    early on), never below 0; unchanged when there is no earlier window to compare with."""
+def next_budget(budget: float, means: list[float], window: list[float], peak: float = 0.0
+                ) -> tuple[float, float]:
+    """``(budget, peak)`` after a check: ``g``, the loss's relative improvement per window of this
+    window's mean over the mean of the window ``LOSS_WINDOWS`` back (``means``: the earlier
+    windows', latest last; fewer early on); ``peak = max(peak, g)``; ``budget = min(budget,
+    MAX_ERROR * max(0, g) / peak)`` (0 where the loss never fell). Unchanged when there is no
+    earlier window to compare with."""
     back = means[-LOSS_WINDOWS:]
     if not back or not window or not back[0] > 0:
-        return budget
+        return budget, peak
     improvement = (1.0 - (sum(window) / len(window)) / back[0]) / len(back)
-    return min(budget, max(0.0, improvement))
+    peak = max(peak, improvement)
+    if improvement <= 0.0:
+        return 0.0, peak
+    return min(budget, MAX_ERROR * improvement / peak), peak
 
 
 def signature(bits: dict[str, int]) -> str:
@@ -326,7 +339,7 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
     """A check after epoch ``epoch``: the next state (budget, bits per exchange, figures, wire
     history, next probe) and its record for ``metrics.jsonl``. ``figures``: what this epoch
     measured (rank 0, reduced), or None to re-decide from the last ones. Pure."""
-    budget = next_budget(state.budget, state.means, state.window)
+    budget, peak = next_budget(state.budget, state.means, state.window, state.peak)
     measured = dict(state.measured)
     wire = {d: [list(s) for s in state.wire.get(d, [])] for d in DIRECTIONS}
     if figures is not None:
@@ -362,7 +375,8 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
         rows.append(_row(int(layer), direction, bits[key], figs[key], settings, fits[direction]))
     means = (state.means + [sum(state.window) / len(state.window)] if state.window
              else state.means)[-LOSS_WINDOWS:]
-    new = AutoState(bits=bits, budget=budget, window=[], means=means, measured=measured,
+    new = AutoState(bits=bits, budget=budget, peak=peak, window=[], means=means,
+                    measured=measured,
                     wire=wire, interval=state.interval, next_probe=state.next_probe,
                     probes=state.probes, steps={k: list(v) for k, v in state.steps.items()},
                     slower=slower)

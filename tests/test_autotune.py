@@ -91,15 +91,20 @@ def test_fit_wire_least_squares_free_bytes_and_the_ratio_fallback():
     assert fit_wire([]) == (0.0, 0.0)
 
 
-def test_budget_is_the_mean_improvement_per_window_and_never_rises():
-    assert next_budget(math.inf, [], [2.0]) == math.inf                # nothing to compare yet
-    assert next_budget(math.inf, [2.0], [1.9, 1.7]) == pytest.approx(0.1)
-    # four windows back at most: (1 - 1.0 / 1.8) / 4
-    assert next_budget(math.inf, [2.0, 1.8, 1.6, 1.5, 1.2], [1.0]) == pytest.approx(1 / 9)
-    assert next_budget(0.05, [2.0], [1.0]) == 0.05                      # a big gain: no rise
-    assert next_budget(0.05, [1.0], [1.1]) == 0.0                       # the loss got worse
-    # one window worse than the last does not end compression: (1 - 0.75 / 1.0) / 4
-    assert next_budget(1.0, [1.0, 0.9, 0.8, 0.7], [0.75]) == pytest.approx(0.0625)
+def test_budget_is_the_share_of_the_fastest_improvement_and_never_rises():
+    """``g``: the loss's relative fall per window, averaged over up to four windows back;
+    the budget ``min(B, g / max g)``."""
+    assert next_budget(1.0, [], [2.0]) == (1.0, 0.0)                  # nothing to compare yet
+    # g = 1 - 1.8 / 2.0 = 0.1, the fastest yet: the whole budget
+    assert next_budget(1.0, [2.0], [1.9, 1.7]) == pytest.approx((1.0, 0.1))
+    # four windows back at most: g = (1 - 1.0 / 1.8) / 4 = 1/9, against 0.2 before: 5/9
+    assert next_budget(1.0, [2.0, 1.8, 1.6, 1.5, 1.2], [1.0], 0.2) == pytest.approx((5 / 9, 0.2))
+    # a faster fall than any before raises the peak, never the budget
+    assert next_budget(0.3, [2.0], [1.0], 0.2) == pytest.approx((0.3, 0.5))
+    assert next_budget(0.5, [1.0], [1.1], 0.2) == (0.0, 0.2)             # the loss got worse
+    assert next_budget(1.0, [1.0], [1.0]) == (0.0, 0.0)                 # it never fell
+    # one window worse than the last does not end compression: g = (1 - 0.75 / 1.0) / 4
+    assert next_budget(1.0, [1.0, 0.9, 0.8, 0.7], [0.75], 0.125) == pytest.approx((0.5, 0.125))
 
 
 def _figures(scale: float = 1.0) -> Figures:
@@ -129,13 +134,14 @@ def test_decide_budget_falls_bits_rise_then_settle():
     state, records = _run(losses, probes)
     budgets = [r["budget"] for r in records]
     bits = [r["exchanges"][0]["bits"] for r in records]
-    assert budgets == pytest.approx([1.0, 0.5, 0.275, 0.575 / 3, 0.145, 0.0387500,
-                                     0.05 / 3.6, 0.0, 0.0])
-    assert bits == [2, 2, 2, 2, 4, 4, 4, 32, 32]     # fewest bytes within each budget (1 bit's
+    # g per check: 0.5 (the fastest), 0.275, 0.575 / 3, 0.145, 0.03875, 0.05 / 3.6, 0, < 0
+    assert budgets == pytest.approx([1.0, 1.0, 0.55, 0.575 / 1.5, 0.29, 0.0775, 0.1 / 3.6,
+                                     0.0, 0.0])
+    assert bits == [2, 2, 2, 2, 2, 4, 4, 32, 32]     # fewest bytes within each budget (1 bit's
     #                                                  error 1.5 is over B_0 = 1)
     assert all(a >= b for a, b in zip(budgets, budgets[1:]))
     # probes 5 apart, then the interval doubles while a probe changes nothing (the move to 4
-    # bits at epoch 20 came from the budget, between probes); none once settled
+    # bits at epoch 25 came from the budget, between probes); none once settled
     assert probes == [0, 5, 15, 35] and state.settled
     assert [r["probed"] for r in records] == [e in probes for e in range(0, 45, 5)]
     assert records[-1]["next_probe"] is None
