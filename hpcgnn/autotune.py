@@ -62,14 +62,12 @@ end compression for good; ``G_k = max(g_1 .. g_k)`` is the fastest the loss has 
 budget moves to ``B_k = min(B_{k-1}, MAX_ERROR * max(0, g_k) / G_k)``, ``B_0 = MAX_ERROR``: a
 codec may perturb what it sends (relative squared error) by as much as the signal while
 training improves the loss at its fastest, by the fraction of that pace it still keeps as
-learning slows, and by nothing once the loss stops improving (``B = 0``,
-after which nothing is measured any more). Scale-free: the rule reads no loss value or rate
-of its own, so it needs no tuning per graph. (The rule before was ``B_k = min(B_{k-1}, g_k)``:
-the rate itself, in loss per window, compared with a squared error. On the cSBM 20k it capped the
-budget at 0.09 from the first check, under the 0.12-0.75 that 2-bit rows measure, so 4 bits
-ran from epoch 5 on where 2-bit rows reach full communication's accuracy in as many epochs.)
-A check re-decides from the last measured figures at once when the budget falls, so the codec
-in use never has a last measured error above the current budget.
+learning slows, and by nothing once the loss stops improving (``B = 0``, after which nothing
+is measured any more). Scale-free: the rule reads no loss value or rate of its own, so it needs
+no tuning per graph (``docs/compression.md`` says why it replaced the loss rate itself, which
+capped the budget under what 2-bit rows measure). A check re-decides from the last measured
+figures at once when the budget falls, so the codec in use never has a last measured error
+above the current budget. Each check records ``peak`` (``G_k``) beside the budget.
 
 **The steps overrule the prediction** (time objective). The time model is fitted on exchanges
 that start together after a ``Barrier``; where ranks share cores (shared memory, more ranks than
@@ -385,7 +383,7 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
         if steps is not None and steps["verdict"] == "fp32":   # the steps overruled the model:
             new.interval = MAX_BACKOFF * settings.every        # probing pays for nothing here
         new.next_probe, new.probes = epoch + new.interval, state.probes + 1
-    record = {"epoch": epoch, "budget": budget, "probed": figures is not None,
+    record = {"epoch": epoch, "budget": budget, "peak": peak, "probed": figures is not None,
               "next_probe": None if new.settled else new.next_probe,
               "wire": {d: {"alpha_s": fits[d][0], "beta_s_per_byte": fits[d][1]}
                        for d in DIRECTIONS}, "exchanges": rows}

@@ -137,6 +137,7 @@ def test_decide_budget_falls_bits_rise_then_settle():
     # g per check: 0.5 (the fastest), 0.275, 0.575 / 3, 0.145, 0.03875, 0.05 / 3.6, 0, < 0
     assert budgets == pytest.approx([1.0, 1.0, 0.55, 0.575 / 1.5, 0.29, 0.0775, 0.1 / 3.6,
                                      0.0, 0.0])
+    assert [r["peak"] for r in records] == pytest.approx([0.0] + [0.5] * 8)   # recorded
     assert bits == [2, 2, 2, 2, 2, 4, 4, 32, 32]     # fewest bytes within each budget (1 bit's
     #                                                  error 1.5 is over B_0 = 1)
     assert all(a >= b for a, b in zip(budgets, budgets[1:]))
