@@ -122,7 +122,7 @@ class HaloLayer(nn.Module):
         keys (seed, epoch, layer, global id, channel)."""
         if not step.training or self.p == 0.0 or x.numel() == 0:
             return x
-        return counter_dropout(x, *self._ids(rows), self.p, step.seed, step.epoch, step.layer,
+        return counter_dropout(x, self._ids(rows), self.p, step.seed, step.epoch, step.layer,
                                True, self._sparse(x, rows))
 
     def dropped_matmul(self, x: torch.Tensor, step: LayerStep, rows: str,
@@ -131,7 +131,7 @@ class HaloLayer(nn.Module):
         (``hpcgnn.nn.dropout.dropout_matmul``)."""
         if not step.training or self.p == 0.0 or x.numel() == 0:
             return x @ w
-        return dropout_matmul(x, *self._ids(rows), self.p, step.seed, step.epoch, step.layer,
+        return dropout_matmul(x, self._ids(rows), self.p, step.seed, step.epoch, step.layer,
                               True, w, self._sparse(x, rows))
 
     def fuses(self, x: torch.Tensor, step: LayerStep, out_width: int) -> bool:
@@ -139,10 +139,10 @@ class HaloLayer(nn.Module):
         one C pass."""
         return step.training and fuses_matmul(x, out_width, self.p, True, self._sparse(x, "owned"))
 
-    def _ids(self, rows: str) -> tuple[torch.Tensor]:
-        """(global ids of the ``rows`` (``owned`` | ``halo``) rows,)."""
+    def _ids(self, rows: str) -> torch.Tensor:
+        """The global ids of the ``rows`` (``owned`` | ``halo``) rows."""
         n = self.graph.n_owned
-        return (self.graph.node_ids[:n] if rows == "owned" else self.graph.node_ids[n:],)
+        return self.graph.node_ids[:n] if rows == "owned" else self.graph.node_ids[n:]
 
     def _sparse(self, x: torch.Tensor, rows: str):
         """``_nonzeros`` of the constant input rows where they may be sparse, else None."""
