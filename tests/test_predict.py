@@ -41,6 +41,12 @@ def test_predictions_equal_the_trainers_evaluation(shards, tmp_path):
     assert np.array_equal(two["pred"], two["logits"].argmax(axis=1))
     assert _accuracy(two["pred"], graph.labels, graph.test_idx) == summary["final_test_acc"]
     assert _accuracy(two["pred"], graph.labels, graph.val_idx) == last["val_acc"]
+    # the metrics' val_loss: mean cross-entropy of the logits over the labelled val nodes
+    idx = graph.val_idx[graph.labels[graph.val_idx] >= 0]
+    z = two["logits"][idx].astype(np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    nll = np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(idx)), graph.labels[idx]]
+    assert last["val_loss"] == pytest.approx(nll.mean(), rel=1e-5)
     assert np.array_equal(one["pred"], two["pred"])
     np.testing.assert_allclose(one["logits"], two["logits"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(one["embedding"], two["embedding"], rtol=1e-5, atol=1e-5)

@@ -53,7 +53,7 @@ def test_resume_with_schedule_is_bit_exact(runs):
     a, b = read_metrics(straight), read_metrics(split)
     assert [r["epoch"] for r in b] == list(range(10))
     assert [r["ratio"] for r in a][0][0] == 16.0 and a[-1]["ratio"][0] == 1.0   # the schedule ran
-    for key in ("loss", "ratio", "bytes_sent", "train_acc", "val_acc", "test_acc"):
+    for key in ("loss", "ratio", "bytes_sent", "train_acc", "val_acc", "val_loss", "test_acc"):
         assert [r[key] for r in b] == [r[key] for r in a], key
     wa, wb = _weights(straight), _weights(split)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

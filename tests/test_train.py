@@ -68,6 +68,7 @@ def test_losses_equal_single_rank(dataset, partitioner, ranks, variants, shards,
         for g, w in zip(got, want):
             assert g["loss"] == pytest.approx(w["loss"], rel=1e-5), (variant, g["epoch"])
             assert g["val_acc"] == pytest.approx(w["val_acc"], abs=2e-3), (variant, g["epoch"])
+            assert g["val_loss"] == pytest.approx(w["val_loss"], rel=1e-5), (variant, g["epoch"])
         # the halo rows cross in both directions; the 1-rank run sends nothing
         assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
         assert want[0]["bytes_sent"] == 0

@@ -346,16 +346,19 @@ class Trainer:
         reduced over ranks, and ``eval_bytes``: what evaluation's exchanges sent (all ranks;
         counted apart, so ``bytes_sent / bytes_full`` stays the training compression)."""
         before = self.model.stats.bytes_sent
-        pred = self.eval_logits(epoch).argmax(dim=1)
+        logits = self.eval_logits(epoch)
+        pred = logits.argmax(dim=1)
         local, labelled = [], self.data.y >= 0
         for mask in (self.data.train, self.data.val, self.data.test):
             mask = mask & labelled
             local += [float((pred[mask] == self.data.y[mask]).sum()), float(mask.sum())]
-        tot = sum_float64(self.ctx, local + [self.model.stats.bytes_sent - before])
+        val = self.data.val & labelled
+        val_loss = F.cross_entropy(logits[val], self.data.y[val], reduction="sum")
+        tot = sum_float64(self.ctx, local + [float(val_loss), self.model.stats.bytes_sent - before])
         self.progress.eval_bytes += int(tot[-1])
         accs = {f"{name}_acc": tot[2 * i] / max(tot[2 * i + 1], 1.0)
                 for i, name in enumerate(("train", "val", "test"))}
-        return {**accs, "eval_bytes": int(tot[-1])}
+        return {**accs, "val_loss": tot[-2] / max(tot[3], 1.0), "eval_bytes": int(tot[-1])}
 
     def _eval_due(self, epoch: int) -> bool:
         return (epoch + 1) % self.cfg.train.eval_every == 0 or epoch + 1 == self.cfg.train.epochs
