@@ -1,7 +1,7 @@
 """``hpcgnn plot RUN_DIR [RUN_DIR ...] --out FILE.png``: one figure of one or more runs, overlaid.
 
-Panels (one colour per run, legend = run directory): loss, and accuracy (test solid, validation
-dashed), against the epoch and against the cumulative halo bytes sent (training exchanges, all
+Panels (one colour per run, legend = run directory): loss (training solid, validation dashed
+where ``metrics.jsonl`` has ``val_loss``), and accuracy (test solid, validation dashed), against the epoch and against the cumulative halo bytes sent (training exchanges, all
 ranks, forward + backward, from ``metrics.jsonl``'s ``bytes_sent``); the compression ratio of
 every layer against the epoch (one line style per layer); and, for runs with
 ``kind = "auto"``, the bits in force per layer and direction from epoch 0 on (line style per
@@ -53,7 +53,8 @@ def _labels(run_dirs: list[Path]) -> list[str]:
 
 
 def _series(records: list[dict]) -> dict[str, np.ndarray]:
-    """Arrays per key: epoch, loss, cumulative MB; eval epochs and their accuracies."""
+    """Arrays per key: epoch, loss, cumulative MB; eval epochs, their accuracies and validation
+    losses (NaN where a record has none: runs written before ``val_loss`` existed)."""
     evals = [r for r in records if "test_acc" in r]
     mb = np.cumsum([r["bytes_sent"] for r in records]) / 1e6
     at = {r["epoch"]: i for i, r in enumerate(records)}
@@ -61,7 +62,8 @@ def _series(records: list[dict]) -> dict[str, np.ndarray]:
             "mb": mb, "ratio": np.array([r["ratio"] for r in records], dtype=float),
             "eval_epoch": np.array([r["epoch"] for r in evals]),
             "eval_mb": np.array([mb[at[r["epoch"]]] for r in evals]),
-            "test": np.array([r["test_acc"] for r in evals]), "val": np.array([r["val_acc"] for r in evals])}
+            "test": np.array([r["test_acc"] for r in evals]), "val": np.array([r["val_acc"] for r in evals]),
+            "val_loss": np.array([r.get("val_loss", np.nan) for r in evals], dtype=float)}
 
 
 def _auto_series(records: list[dict]) -> dict | None:
@@ -103,8 +105,10 @@ def _draw_auto(ax, budget_ax, auto: dict, label: str, color) -> None:
 
 def _draw(axes, s: dict, label: str, color) -> None:
     (loss_e, acc_e, ratio_e), (loss_b, acc_b, _) = axes
-    for ax, x in ((loss_e, s["epoch"]), (loss_b, s["mb"])):
+    for ax, x, ex in ((loss_e, s["epoch"], s["eval_epoch"]), (loss_b, s["mb"], s["eval_mb"])):
         ax.plot(x, s["loss"], color=color, label=label)
+        if np.isfinite(s["val_loss"]).any():
+            ax.plot(ex, s["val_loss"], color=color, linestyle="--", label=f"{label} val")
     for ax, ex in ((acc_e, s["eval_epoch"]), (acc_b, s["eval_mb"])):
         ax.plot(ex, s["test"], color=color, label=f"{label} test")
         ax.plot(ex, s["val"], color=color, linestyle="--", label=f"{label} val")
@@ -114,7 +118,8 @@ def _draw(axes, s: dict, label: str, color) -> None:
 
 
 def _decorate(axes) -> None:
-    titles = (("loss", "accuracy (test solid, val dashed)", "compression ratio per layer"),
+    titles = (("loss (train solid, val dashed)", "accuracy (test solid, val dashed)",
+               "compression ratio per layer"),
               ("loss", "accuracy", ""))
     for row, xlabel in ((0, "epoch"), (1, "cumulative halo MB sent (all ranks)")):
         for col, ax in enumerate(axes[row]):

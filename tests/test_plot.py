@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import check_ok, train, train_here
@@ -31,6 +32,10 @@ def test_plot_writes_a_png_of_overlaid_runs(shards, tmp_path):
     img = mpl_image.imread(out)
     assert img.shape[:2] == (900, 1600) and img[..., :3].std() > 0.05    # drawn, not blank
     assert not list(tmp_path.glob(".runs.png.tmp-*"))
+    from hpcgnn.plot import _series, read_metrics
+    series = _series(read_metrics(tmp_path / "full"))               # the validation loss drawn
+    assert list(series["eval_epoch"]) == [2, 5, 8, 11]
+    assert np.isfinite(series["val_loss"]).all() and series["val_loss"][-1] < series["val_loss"][0]
 
 
 def test_plot_errors(tmp_path, monkeypatch):
