@@ -1,8 +1,9 @@
 """``hpcgnn plot RUN_DIR [RUN_DIR ...] --out FILE.png``: one figure of one or more runs, overlaid.
 
 Panels (one colour per run, legend = run directory): loss (training solid, validation dashed
-where ``metrics.jsonl`` has ``val_loss``), and accuracy (test solid, validation dashed), against the epoch and against the cumulative halo bytes sent (training exchanges, all
-ranks, forward + backward, from ``metrics.jsonl``'s ``bytes_sent``); the compression ratio of
+where ``metrics.jsonl`` has ``val_loss``), and accuracy (test solid, validation dashed), against
+the epoch and against the cumulative halo bytes sent (training exchanges, all ranks, forward +
+backward, from ``metrics.jsonl``'s ``bytes_sent``); the compression ratio of
 every layer against the epoch (one line style per layer); and, for runs with
 ``kind = "auto"``, the bits in force per layer and direction from epoch 0 on (line style per
 layer, circles forward, crosses backward; 32 = fp32) with its budget (dotted, right axis, log),

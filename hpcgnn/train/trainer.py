@@ -342,8 +342,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:
-        """Accuracies of ``eval_logits`` over the LABELLED nodes of each mask (label >= 0),
-        reduced over ranks, and ``eval_bytes``: what evaluation's exchanges sent (all ranks;
+        """Accuracies of ``eval_logits`` over the LABELLED nodes of each mask (label >= 0) and
+        ``val_loss`` (mean cross-entropy over the labelled validation nodes), reduced over
+        ranks, and ``eval_bytes``: what evaluation's exchanges sent (all ranks;
         counted apart, so ``bytes_sent / bytes_full`` stays the training compression)."""
         before = self.model.stats.bytes_sent
         logits = self.eval_logits(epoch)
