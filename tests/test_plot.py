@@ -50,6 +50,17 @@ def test_plot_errors(tmp_path, monkeypatch):
         plot_runs([tmp_path / "run"], tmp_path / "x.png")
 
 
+def test_series_of_a_run_without_val_loss():
+    """Runs written before ``val_loss`` existed: NaN, which the loss panel leaves out."""
+    from hpcgnn.plot import _series
+    recs = [{"epoch": e, "loss": 1.0 - 0.1 * e, "ratio": [1.0], "bytes_sent": 10,
+             "train_acc": 0.5, "val_acc": 0.4, "test_acc": 0.3} for e in range(3)]
+    s = _series(recs)
+    assert s["val_loss"].shape == (3,) and np.isnan(s["val_loss"]).all()
+    recs[1]["val_loss"] = 0.7
+    assert np.isfinite(_series(recs)["val_loss"]).tolist() == [False, True, False]
+
+
 def test_plot_draws_auto_decisions(shards, tmp_path):
     """A ``kind = "auto"`` run fills the bottom-right panel (bits and budget); a run without
     it leaves that panel blank."""
