@@ -374,8 +374,8 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
     means = (state.means + [sum(state.window) / len(state.window)] if state.window
              else state.means)[-LOSS_WINDOWS:]
     new = AutoState(bits=bits, budget=budget, peak=peak, window=[], means=means,
-                    measured=measured,
-                    wire=wire, interval=state.interval, next_probe=state.next_probe,
+                    measured=measured, wire=wire, interval=state.interval,
+                    next_probe=state.next_probe,
                     probes=state.probes, steps={k: list(v) for k, v in state.steps.items()},
                     slower=slower)
     if figures is not None:
