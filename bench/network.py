@@ -17,7 +17,8 @@ wire behind.
 way of progressing its exchanges in flight (``[comm] progress``: ``test``, ``fine``,
 ``thread``; ``ompi``: Open MPI's own TCP progress thread, ``OMPI_MCA_btl_tcp_progress_thread=1``,
 with ``test``; ``+`` combines), keyed ``SCHEDULE~VARIANT``; without it they run with the
-config's default.
+config's default. A run named ``SCHEDULE~sysmalloc`` (any schedule; ``bench/paired.py`` takes
+such names) runs with glibc's malloc defaults (``HPCGNN_MALLOC=system``, ``hpcgnn.memory``).
 
 A schedule name may carry a training method: ``quant1-all@s1`` is that schedule with
 ``train.staleness = 1``, ``full@s1m`` adds PipeGCN's smoothing (0.95), ``full@retexo`` trains
@@ -134,11 +135,13 @@ def part_count(name: str, ranks: int) -> int | None:
     return q ** (root - 1) if q ** root == ranks else None
 
 
-PROGRESS_ENV = {"ompi": {"OMPI_MCA_btl_tcp_progress_thread": "1"}}   # Open MPI's TCP thread
+PROGRESS_ENV = {"ompi": {"OMPI_MCA_btl_tcp_progress_thread": "1"},   # Open MPI's TCP thread
+                "sysmalloc": {"HPCGNN_MALLOC": "system"}}     # glibc's malloc defaults (hpcgnn.memory)
 
 
 def progress_variant(variant: str) -> tuple[list[str], dict]:
-    """``test`` | ``fine`` | ``thread`` | ``ompi``, ``+``-joined -> (--set list, environment)."""
+    """``test`` | ``fine`` | ``thread`` | ``ompi`` | ``sysmalloc``, ``+``-joined -> (--set
+    list, environment)."""
     sets, env = [], {}
     for part in filter(None, variant.split("+")):
         if part in PROGRESS_ENV:
@@ -146,8 +149,8 @@ def progress_variant(variant: str) -> tuple[list[str], dict]:
         elif part in ("test", "fine", "thread"):
             sets += ["--set", f"comm.progress={part}"]
         else:
-            raise SystemExit(f"bench/network.py: progress variant {part!r}: use test, fine, "
-                             f"thread or ompi (joined with +)")
+            raise SystemExit(f"bench/network.py: variant {part!r}: use test, fine, thread, "
+                             f"ompi or sysmalloc (joined with +)")
     return sets, env
 
 
@@ -204,6 +207,7 @@ def summarise(run_dir: Path) -> dict:
             "comm_s": statistics.median(r["comm_s"] for r in rows[1:] or rows),
             "bytes_ratio": summary["bytes_sent"] / max(summary["bytes_full"], 1),
             "bytes_sent": summary["bytes_sent"], "test_acc": summary["test_acc"],
+            "peak_rss_bytes": summary.get("peak_rss_bytes"), "malloc": summary.get("malloc"),
             "bytes_per_epoch": statistics.mean(r["bytes_sent"] for r in rows),
             "best_val": summary["best_val_acc"], "train_s": sum(times), "train_wall_s": sum(walls),
             # (training time, val acc, test acc, wall-clock with evaluation) after each epoch

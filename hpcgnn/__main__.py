@@ -57,10 +57,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "summary":
         return cmd_summary(Path(args.run_dir))
     if args.cmd == "predict":
+        _keep_freed_memory()
         return cmd_predict(args)
     if args.cmd == "plot":
         return cmd_plot(args)
+    _keep_freed_memory()
     return cmd_train(args)
+
+
+def _keep_freed_memory() -> None:
+    """``hpcgnn.memory.keep_freed_memory`` before the first large allocation (train, predict);
+    a bad ``HPCGNN_MALLOC`` ends the job on every rank (each reads its own environment)."""
+    from hpcgnn.memory import keep_freed_memory
+    try:
+        keep_freed_memory()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
 
 
 def _start(args, build=None):
@@ -152,6 +165,10 @@ def cmd_summary(run_dir: Path) -> int:
           f"gradient allreduce {s['allreduce_bytes']:,}")
     wall = f"; with evaluation {s['wall_time_s']:.2f} s" if "wall_time_s" in s else ""
     print(f"  training time {s['train_time_s']:.2f} s, median epoch {1e3 * s['epoch_time_s_median']:.1f} ms{wall}")
+    if "peak_rss_bytes" in s:                   # runs written before it was recorded lack it
+        dev = (f", GPU {s['peak_device_bytes'] / 2**20:,.0f} MiB"
+               if "peak_device_bytes" in s else "")
+        print(f"  peak memory of the largest rank: resident {s['peak_rss_bytes'] / 2**20:,.0f} MiB{dev}")
     return 0
 
 

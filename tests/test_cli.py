@@ -36,6 +36,9 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
     assert "halo" not in cagnet.stdout
     (tmp_path / "config.toml").write_text('[parallel]\nalgorithm = "halo"\n')
     assert "halo bytes exchanged 1,234,567" in _run("summary", str(tmp_path)).stdout
+    assert "peak memory" not in cagnet.stdout                  # a run from before it was recorded
+    (tmp_path / "summary.json").write_text(json.dumps({**s, "peak_rss_bytes": 3 * 2**29}))
+    assert "peak memory of the largest rank: resident 1,536 MiB" in _run("summary", str(tmp_path)).stdout
     missing = _run("summary", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "summary.json: not found" in missing.stderr
 

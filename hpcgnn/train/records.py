@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from hpcgnn import memory
 from hpcgnn.comm.settings import CommSettings, hpcgnn_environment
 from hpcgnn.config import Config
 from hpcgnn.data.shardset import ShardSet
@@ -88,7 +89,7 @@ class RunRecord:
         if resumed:
             command.update(changed=list(self.changed), forced=list(self.forced))
         comm = CommSettings.resolve(self.config.get("comm"))
-        command.update(environment=hpcgnn_environment(),
+        command.update(environment=hpcgnn_environment(), malloc=memory.mode,
                        comm={**asdict(comm), "overridden_by": comm.overridden()})
         sched = None if self.schedule_text is None else {
             "path": self.schedule_path, "sha256": _sha256(self.schedule_text.encode())}

@@ -10,6 +10,7 @@ Per epoch (every rank, same order of collectives):
   tune      kind = "auto" only, at its decision epochs: two small Allreduces of what the
             exchanges measured and one small Bcast of rank 0's decision (hpcgnn.train.autotuning)
   end       one small Allreduce: preemption flag, byte counts, times
+  summary   one small Allreduce (MAX): the ranks' peak resident and device memory
 The loss is the sum over the owned training nodes divided by the GLOBAL number of training
 nodes, so the summed gradient is exactly the single-process gradient.
 """
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 from hpcgnn.autotune import signature
 from hpcgnn.codecs.base import CompressionPolicy
-from hpcgnn.comm.collectives import allreduce_sum_, broadcast_params_, sum_float64
+from hpcgnn.comm.collectives import allreduce_sum_, broadcast_params_, max_float64, sum_float64
 from hpcgnn.comm.context import CommContext, mpi_library
 from hpcgnn.comm.exchange import ExchangeSettings
 from hpcgnn.config import Config
@@ -414,8 +415,9 @@ class Trainer:
                 "autotune": self.policy.state_dict() if self.policy.adaptive else None}
 
     def summary(self) -> dict:
+        """The run's totals for ``summary.json`` (a collective: every rank calls it)."""
         p = self.progress
-        return {"test_acc": p.test_at_best, "final_test_acc": p.final_test_acc,
+        return {**peak_memory(self.ctx), "test_acc": p.test_at_best, "final_test_acc": p.final_test_acc,
                 "best_val_acc": p.best_val_acc, "best_epoch": p.best_epoch,
                 "epochs": p.epochs_done, "bytes_sent": p.bytes_sent, "bytes_full": p.bytes_full,
                 "allreduce_bytes": p.allreduce_bytes, "eval_bytes": p.eval_bytes, "train_time_s": sum(p.epoch_times),
@@ -425,3 +427,19 @@ class Trainer:
                 "mpi_library": mpi_library(), "cuda_aware_mpi": self.ctx.cuda_aware,
                 "dataset": self.meta.get("dataset"), "arch": self.cfg.model.arch,
                 "transport": next((ex.transport_mode for ex in self.model.exchangers), None)}
+
+
+def peak_memory(ctx: CommContext) -> dict:
+    """The largest peak over ranks of the resident set (``ru_maxrss``, the whole process) and,
+    on a GPU, of torch's device allocations, in bytes; with the C library's malloc setting
+    (``hpcgnn.memory``). One small Allreduce."""
+    import resource
+
+    from hpcgnn import memory
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux: KiB
+    dev = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else 0
+    rss, dev = max_float64(ctx, [float(rss), float(dev)])
+    out = {"peak_rss_bytes": int(rss), "malloc": memory.mode}
+    if ctx.device.type == "cuda":
+        out["peak_device_bytes"] = int(dev)
+    return out
