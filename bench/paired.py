@@ -4,14 +4,14 @@ The figures of ``bench/network.py`` move by 15-30 % between sweeps minutes apart
 machine (a schedule's own step, with no code change), so one sweep cannot rank two schedules
 within that. This script runs the schedules in rounds, alternating their order (A B, then B A,
 ...), so that a slow spell of the host falls on both of a round's runs, and reports each
-schedule against the first as the per-round ratio: its geometric mean with a 95 % confidence
-interval (Student's t on the log ratios), the median and the range, and in how many rounds B
-was the faster. Every run is ``bench/network.py``'s ``launch`` (a real ``mpiexec`` training run
+schedule against the first (or each of ``--baselines``) as the per-round ratio: its geometric
+mean with a 95 % confidence interval (Student's t on the log ratios), the median and the range,
+and in how many rounds it was below 1. Every run is ``bench/network.py``'s ``launch`` (a real ``mpiexec`` training run
 behind the emulated link) with its ``summarise``.
 
-    python bench/paired.py --ranks 4 --rate 1 --schedules quant1-all quant1-all@s1 \\
-        [--rounds 8] [--epochs 100] [--eval-every 2] [--seed 0] [--seeds-vary] \\
-        [--work /tmp/paired] [--out bench/results/paired]
+    python bench/paired.py --ranks 4 --rate 1 --schedules full quant1-all quant1-all@s1 \\
+        [--baselines full quant1-all] [--rounds 8] [--epochs 100] [--eval-every 2] [--seed 0] \\
+        [--seeds-vary] [--work /tmp/paired] [--out bench/results/paired]
 
 Ratios of the figures: ``step`` (the median training step, ``epoch_s``), ``wall`` (the mean
 wall-clock per epoch with evaluation), ``rss`` (the largest rank's peak resident memory) and,
@@ -102,13 +102,14 @@ def run_rounds(args) -> list[dict]:
     return rounds
 
 
-def compare(rounds: list[dict], schedules: list[str]) -> dict:
-    """Each schedule after the first against the first: per-figure ratio statistics."""
+def compare(rounds: list[dict], schedules: list[str], base: str | None = None) -> dict:
+    """Every other schedule against ``base`` (default: the first): per-figure ratio
+    statistics."""
     key = {"step": "epoch_s", "wall": "epoch_wall_s", "rss": "peak_rss_bytes", "tta": "tta_s",
            "tta_wall": "tta_wall_s"}
-    base, out = schedules[0], {}
+    base, out = base or schedules[0], {}
     figures = [f for f in FIGURES if "full" in schedules or not f.startswith("tta")]
-    for sched in schedules[1:]:
+    for sched in (s for s in schedules if s != base):
         out[sched] = {}
         for fig in figures:
             ratios = []
@@ -128,7 +129,9 @@ def _cell(st: dict | None) -> str:
             f"below 1 in {st['below_1']}/{st['n']}")
 
 
-def to_markdown(rounds: list[dict], stats: dict, args) -> str:
+def to_markdown(rounds: list[dict], stats: dict[str, dict], args) -> str:
+    """The per-round table, then one table of ratios per baseline (``stats``: baseline ->
+    ``compare``'s result)."""
     sch = args.schedules
     lines = [f"`{args.dataset}`, {args.partitioner} parts, {args.ranks} ranks, link `{args.rate}`, "
              f"GCN {network.LAYERS} x 64, {args.epochs} epochs, evaluation every {args.eval_every}; "
@@ -139,16 +142,18 @@ def to_markdown(rounds: list[dict], stats: dict, args) -> str:
     for i, rnd in enumerate(rounds):
         cells = [f"{1e3 * rnd[s]['epoch_s']:.1f} / {1e3 * rnd[s]['epoch_wall_s']:.1f}" for s in sch]
         lines.append(f"| {i} | {rnd[sch[0]]['seed']} | " + " | ".join(cells) + " |")
-    lines += ["", f"Against `{sch[0]}`: geometric mean of the per-round ratios [95 % CI]; "
-              "median, range, rounds in which it was below 1 (faster, or smaller).", "",
-              "| schedule | figure | ratio |", "|---|---|---|"]
-    for sched, figs in stats.items():
-        for fig in (f for f in FIGURES if f in figs):
-            if figs[fig] is None and not figs.get(fig + "_never"):
-                continue
-            never = figs.get(fig + "_never")
-            lines.append(f"| {sched} | {fig} | {_cell(figs[fig])}"
-                         f"{f' (no ratio in {never} rounds: it or the baseline never reached the target)' if never else ''} |")
+    for base, against in stats.items():
+        lines += ["", f"Against `{base}`: geometric mean of the per-round ratios [95 % CI]; "
+                  "median, range, rounds in which it was below 1 (faster, or smaller).", "",
+                  "| schedule | figure | ratio |", "|---|---|---|"]
+        for sched, figs in against.items():
+            for fig in (f for f in FIGURES if f in figs):
+                never = figs.get(fig + "_never")
+                if figs[fig] is None and not never:
+                    continue
+                note = (f" (no ratio in {never} rounds: it or the baseline never reached the "
+                        f"target)" if never else "")
+                lines.append(f"| {sched} | {fig} | {_cell(figs[fig])}{note} |")
     return "\n".join(lines) + "\n"
 
 
@@ -159,6 +164,8 @@ def main() -> None:
     ap.add_argument("--rate", default="1", help="Gbit/s, 'none' (TCP, unlimited) or 'shm'")
     ap.add_argument("--schedules", nargs="+", required=True,
                     help="the first is the baseline; names as bench/network.py's")
+    ap.add_argument("--baselines", nargs="+", default=None,
+                    help="schedules the others are set against (default: the first)")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=2)
@@ -171,12 +178,15 @@ def main() -> None:
     args = ap.parse_args()
     if len(args.schedules) < 2 or len(set(args.schedules)) != len(args.schedules):
         ap.error("--schedules: at least two, each once")
+    args.baselines = args.baselines or args.schedules[:1]
+    if not set(args.baselines) <= set(args.schedules):
+        ap.error("--baselines: each must be one of --schedules")
     if args.rounds < 2:
         ap.error("--rounds: at least 2 (one ratio has no interval)")
     if os.geteuid() != 0 and args.rate != "shm":
         sys.exit("bench/paired.py: the link emulation needs root (unshare -n, tc); use --rate shm")
     rounds = run_rounds(args)
-    stats = compare(rounds, args.schedules)
+    stats = {base: compare(rounds, args.schedules, base) for base in args.baselines}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = to_markdown(rounds, stats, args)

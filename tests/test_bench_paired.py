@@ -42,3 +42,21 @@ def test_each_schedule_against_the_first_round_by_round():
     # without full communication among the schedules there is no accuracy target
     rounds = [{k.replace("full", "a"): v for k, v in rnd.items()} for rnd in rounds]
     assert "tta" not in paired.compare(rounds, ["a", "b"])["b"]
+
+
+def test_any_schedule_as_baseline_and_one_table_each():
+    def run(step, seed=0):
+        return {"epoch_s": step, "epoch_wall_s": 2 * step, "seed": seed}
+    rounds = [{"a": run(1.0), "b": run(2.0), "c": run(4.0)},
+              {"a": run(1.0, 1), "b": run(2.0, 1), "c": run(2.0, 1)}]
+    against_b = paired.compare(rounds, ["a", "b", "c"], "b")
+    assert set(against_b) == {"a", "c"}
+    assert against_b["a"]["step"]["geomean"] == pytest.approx(0.5)
+    assert against_b["c"]["wall"]["geomean"] == pytest.approx(math.sqrt(2.0))
+    args = type("Args", (), dict(schedules=["a", "b", "c"], dataset="d", partitioner="random",
+                                 ranks=4, rate="1", epochs=10, eval_every=2, seeds_vary=True,
+                                 seed=0))
+    md = paired.to_markdown(rounds, {"a": paired.compare(rounds, args.schedules), "b": against_b},
+                            args)
+    assert "Against `a`" in md and "Against `b`" in md
+    assert "| c | step | 1.414" in md and "| a | step | 0.500" in md
