@@ -1,5 +1,5 @@
 """The package's import graph: no circles, and every dependency points down the layers
-``hashing/errors/log < data, kernels < codecs < config, schedule < comm < nn < train <
+``hashing/errors/log/memory < data, kernels < codecs < config, schedule < comm < nn < train <
 predict, plot, __main__`` (DESIGN.md: ``codecs <- comm <- nn <- train <- __main__``, ``data``
 below). Every ``import`` counts, including those inside functions. ``comm`` reads no shard
 files: the shard set is read once, above it, and handed down."""
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "hpcgnn"
-LEVEL = {"hashing": 0, "errors": 0, "log": 0, "data": 1, "kernels": 1, "datasets": 1,
+LEVEL = {"hashing": 0, "errors": 0, "log": 0, "memory": 0, "data": 1, "kernels": 1, "datasets": 1,
          "codecs": 2, "combinations": 3, "config": 3, "schedule": 3, "autotune": 3, "comm": 4, "nn": 5,
          "train": 6, "predict": 7, "plot": 7, "__main__": 8}
 
