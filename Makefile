@@ -9,6 +9,9 @@ RUN     ?= runs/demo
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
+# one machine has no fabric for the wheel's libfabric components to find (1 s of MPI_Init each)
+export OMPI_MCA_btl ?= ^ofi
+export OMPI_MCA_mtl ?= ^ofi
 export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 export OMP_NUM_THREADS ?= 1
 
