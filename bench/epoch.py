@@ -10,7 +10,10 @@ peak memory is the process's peak resident set during training (VmHWM after a re
 data is loaded); epoch time is the median training step (forward + backward + gradient
 allreduce + Adam), evaluation excluded; CPU s is the process CPU time of the same epochs
 (the slowest rank's), which shows the work per rank even when other jobs share the cores.
-Results: ``bench/results/epoch.json`` and ``bench/results/epoch.md``.
+Results: ``bench/results/epoch.json`` and ``bench/results/epoch.md``. The hpcgnn ranks set the
+allocators as ``hpcgnn train`` does (``HPCGNN_MALLOC``, ``hpcgnn.memory``: ``tuned`` unless the
+environment says ``heap`` or ``system``); PyG's process runs with glibc's and torch's defaults,
+as a PyG user's does.
 ``--arch gat``: 3 GAT layers (4 heads of 32, ELU, one output head, attention dropout = dropout)
 against PyG's ``GATConv`` on ``edge_index`` (the only input it takes for attention).
 For SAGE, PyG is given the adjacency as a torch CSR ``adj_t`` (its sparse-matmul path); its
@@ -34,7 +37,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_meter import copy_bandwidth, launches  # noqa: E402
+# gpu_meter imports torch: each function imports it after ``memory.configure()`` has run (torch
+# reads THP_MEM_ALLOC_ENABLE once, at its first allocation)
 RESULTS = REPO / "bench" / "results"
 DEFAULT_SPEC = "csbm:nodes=1000000,classes=8,degree=20,homophily=0.8,features=128,seed=0"
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -71,6 +75,8 @@ def model_keys(args) -> dict:
 
 
 def run_ours(args) -> None:
+    from hpcgnn import memory
+    malloc = memory.configure()                  # as ``hpcgnn train`` does, before torch
     import torch
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import build_config
@@ -101,6 +107,7 @@ def run_ours(args) -> None:
         print(prof.key_averages().table(sort_by=key, row_limit=15), file=sys.stderr, flush=True)
     elif args.profile:
         trainer.run_epoch(args.epochs)
+    from gpu_meter import launches
     n_launch = launches(lambda: trainer.run_epoch(args.epochs + 1), ctx.device)   # every rank
     peak = ctx.comm.allreduce(peak_rss_gib(), op=__import__("mpi4py.MPI").MPI.MAX)
     gpu_peak = ctx.comm.allreduce(torch.cuda.max_memory_allocated(ctx.device) / 2**30
@@ -114,7 +121,7 @@ def run_ours(args) -> None:
                           "comm_share": statistics.median(r["comm_s"] / r["epoch_s"] for r in timed),
                           "bytes_per_epoch": steps[-1]["bytes_sent"], "peak_rss_gib": peak,
                           "gpu_peak_gib": gpu_peak, "device": str(ctx.device),
-                          "launches_per_epoch": n_launch,
+                          "launches_per_epoch": n_launch, "malloc": malloc,
                           "loss": [r["loss"] for r in steps]}), flush=True)
 
 
@@ -122,6 +129,7 @@ def run_ours(args) -> None:
 
 def run_pyg(args) -> None:
     import numpy as np
+    from gpu_meter import launches
     import torch
     import torch.nn.functional as F
     from torch_geometric.nn import GATConv, SAGEConv
@@ -205,6 +213,7 @@ def child(cmd: list[str], timeout: float = 3600, env: dict | None = None) -> dic
 
 def drive(args) -> None:
     import torch
+    from gpu_meter import copy_bandwidth
     args.copy_GB_per_s = copy_bandwidth("cuda" if args.device == "auto" and torch.cuda.is_available()
                                         else "cpu" if args.device == "auto" else args.device) / 1e9
     root = Path(args.shards_root)

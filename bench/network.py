@@ -18,7 +18,8 @@ way of progressing its exchanges in flight (``[comm] progress``: ``test``, ``fin
 ``thread``; ``ompi``: Open MPI's own TCP progress thread, ``OMPI_MCA_btl_tcp_progress_thread=1``,
 with ``test``; ``+`` combines), keyed ``SCHEDULE~VARIANT``; without it they run with the
 config's default. A run named ``SCHEDULE~sysmalloc`` (any schedule; ``bench/paired.py`` takes
-such names) runs with glibc's malloc defaults (``HPCGNN_MALLOC=system``, ``hpcgnn.memory``).
+such names) runs with glibc's and torch's allocation defaults (``HPCGNN_MALLOC=system``,
+``hpcgnn.memory``), ``SCHEDULE~heapmalloc`` with every block kept (``HPCGNN_MALLOC=heap``).
 
 A schedule name may carry a training method: ``quant1-all@s1`` is that schedule with
 ``train.staleness = 1``, ``full@s1m`` adds PipeGCN's smoothing (0.95), ``full@retexo`` trains
@@ -136,12 +137,13 @@ def part_count(name: str, ranks: int) -> int | None:
 
 
 PROGRESS_ENV = {"ompi": {"OMPI_MCA_btl_tcp_progress_thread": "1"},   # Open MPI's TCP thread
-                "sysmalloc": {"HPCGNN_MALLOC": "system"}}     # glibc's malloc defaults (hpcgnn.memory)
+                "sysmalloc": {"HPCGNN_MALLOC": "system"},     # allocation defaults (hpcgnn.memory)
+                "heapmalloc": {"HPCGNN_MALLOC": "heap"}}      # every freed block kept
 
 
 def progress_variant(variant: str) -> tuple[list[str], dict]:
-    """``test`` | ``fine`` | ``thread`` | ``ompi`` | ``sysmalloc``, ``+``-joined -> (--set
-    list, environment)."""
+    """``test`` | ``fine`` | ``thread`` | ``ompi`` | ``sysmalloc`` | ``heapmalloc``,
+    ``+``-joined -> (--set list, environment)."""
     sets, env = [], {}
     for part in filter(None, variant.split("+")):
         if part in PROGRESS_ENV:
@@ -150,7 +152,7 @@ def progress_variant(variant: str) -> tuple[list[str], dict]:
             sets += ["--set", f"comm.progress={part}"]
         else:
             raise SystemExit(f"bench/network.py: variant {part!r}: use test, fine, thread, "
-                             f"ompi or sysmalloc (joined with +)")
+                             f"ompi, sysmalloc or heapmalloc (joined with +)")
     return sets, env
 
 
@@ -207,7 +209,7 @@ def summarise(run_dir: Path) -> dict:
             "comm_s": statistics.median(r["comm_s"] for r in rows[1:] or rows),
             "bytes_ratio": summary["bytes_sent"] / max(summary["bytes_full"], 1),
             "bytes_sent": summary["bytes_sent"], "test_acc": summary["test_acc"],
-            "peak_rss_bytes": summary.get("peak_rss_bytes"), "malloc": summary.get("malloc"),
+            "peak_rss_bytes": summary.get("peak_rss_bytes"), "malloc": summary.get("malloc"), "thp": summary.get("thp"),
             "bytes_per_epoch": statistics.mean(r["bytes_sent"] for r in rows),
             "best_val": summary["best_val_acc"], "train_s": sum(times), "train_wall_s": sum(walls),
             # (training time, val acc, test acc, wall-clock with evaluation) after each epoch

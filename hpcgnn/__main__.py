@@ -57,20 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "summary":
         return cmd_summary(Path(args.run_dir))
     if args.cmd == "predict":
-        _keep_freed_memory()
+        _configure_memory()
         return cmd_predict(args)
     if args.cmd == "plot":
         return cmd_plot(args)
-    _keep_freed_memory()
+    _configure_memory()
     return cmd_train(args)
 
 
-def _keep_freed_memory() -> None:
-    """``hpcgnn.memory.keep_freed_memory`` before the first large allocation (train, predict);
-    a bad ``HPCGNN_MALLOC`` ends the job on every rank (each reads its own environment)."""
-    from hpcgnn.memory import keep_freed_memory
+def _configure_memory() -> None:
+    """``hpcgnn.memory.configure`` before torch is imported (train, predict); a bad
+    ``HPCGNN_MALLOC`` ends the job on every rank (each reads its own environment)."""
+    from hpcgnn.memory import configure
     try:
-        keep_freed_memory()
+        configure()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)

@@ -89,7 +89,7 @@ class RunRecord:
         if resumed:
             command.update(changed=list(self.changed), forced=list(self.forced))
         comm = CommSettings.resolve(self.config.get("comm"))
-        command.update(environment=hpcgnn_environment(), malloc=memory.mode,
+        command.update(environment=hpcgnn_environment(), memory=memory.state(),
                        comm={**asdict(comm), "overridden_by": comm.overridden()})
         sched = None if self.schedule_text is None else {
             "path": self.schedule_path, "sha256": _sha256(self.schedule_text.encode())}

@@ -431,15 +431,15 @@ class Trainer:
 
 def peak_memory(ctx: CommContext) -> dict:
     """The largest peak over ranks of the resident set (``ru_maxrss``, the whole process) and,
-    on a GPU, of torch's device allocations, in bytes; with the C library's malloc setting
-    (``hpcgnn.memory``). One small Allreduce."""
+    on a GPU, of torch's device allocations, in bytes; with what ``hpcgnn.memory`` set
+    (``malloc``, ``thp``). One small Allreduce."""
     import resource
 
     from hpcgnn import memory
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux: KiB
     dev = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else 0
     rss, dev = max_float64(ctx, [float(rss), float(dev)])
-    out = {"peak_rss_bytes": int(rss), "malloc": memory.mode}
+    out = {"peak_rss_bytes": int(rss), **memory.state()}
     if ctx.device.type == "cuda":
         out["peak_device_bytes"] = int(dev)
     return out
