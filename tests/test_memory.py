@@ -79,7 +79,9 @@ def test_a_block_under_32_mib_is_kept_from_its_first_epoch(probes):
     for mode in ("tuned", "heap"):
         assert probes[mode]["state"]["malloc"] == mode
         assert probes[mode]["first_kept_mib"] > 15, (mode, probes[mode])
-        assert probes[mode]["second"] < 0.01, (mode, probes[mode])
+        # torch's 2 MiB alignment (huge pages) may place the block a huge page further into
+        # the kept heap: a tenth of its pages new once in the full suite, against all of them
+        assert probes[mode]["second"] < 0.25, (mode, probes[mode])
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
