@@ -209,7 +209,8 @@ def summarise(run_dir: Path) -> dict:
             "comm_s": statistics.median(r["comm_s"] for r in rows[1:] or rows),
             "bytes_ratio": summary["bytes_sent"] / max(summary["bytes_full"], 1),
             "bytes_sent": summary["bytes_sent"], "test_acc": summary["test_acc"],
-            "peak_rss_bytes": summary.get("peak_rss_bytes"), "malloc": summary.get("malloc"), "thp": summary.get("thp"),
+            "peak_rss_bytes": summary.get("peak_rss_bytes"), "malloc": summary.get("malloc"),
+            "thp": summary.get("thp"),
             "bytes_per_epoch": statistics.mean(r["bytes_sent"] for r in rows),
             "best_val": summary["best_val_acc"], "train_s": sum(times), "train_wall_s": sum(walls),
             # (training time, val acc, test acc, wall-clock with evaluation) after each epoch

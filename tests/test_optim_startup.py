@@ -45,7 +45,7 @@ def test_steps_and_state_equal_torch_adam_bit_for_bit(betas, decay_on):
         assert torch.equal(p, q)
 
 
-@pytest.mark.skipif(optim._ADAM_STEP is None, reason="this torch's Adam.step is not the one handled")
+@pytest.mark.skipif(optim._ADAM_STEP is None, reason="this torch's Adam.step is not handled")
 def test_an_optimiser_round_leaves_torch_dynamo_unimported():
     code = """
 import sys, torch

@@ -9,8 +9,6 @@ Adam's decay is coupled (``grad + wd * p``), i.e. the gradient of ``wd/2 * ||p||
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from hpcgnn.config import TrainConfig
@@ -48,36 +46,25 @@ def param_groups(model: torch.nn.Module, cfg: TrainConfig, prefixes: tuple[str, 
     return [g for g in groups if g["params"]]
 
 
-def skip_dynamo_import() -> bool:
-    """Spare each rank the import of ``torch._dynamo`` (1.3 s of CPU on the development
-    machine, a third of a rank's start-up) that the first call of an optimiser method triggers:
-    ``torch.optim.Optimizer``'s methods are wrapped by ``torch._compile._disable_dynamo``, which
-    imports dynamo only to mark them as not to be traced, and caches the result on the function
-    (``__dynamo_disable``, torch >= 2.4). hpcgnn compiles nothing, so the cache is given the
-    plain function. Returns whether any method was spared; with a torch that caches nothing, or
-    once dynamo is imported anyway, it does nothing."""
-    if "torch._dynamo" in sys.modules:
-        return False
-    spared = False
-    for wrapper in vars(torch.optim.Optimizer).values():
-        fn, code = getattr(wrapper, "__wrapped__", None), getattr(wrapper, "__code__", None)
-        if fn is not None and getattr(code, "co_qualname", "") == "_disable_dynamo.<locals>.inner":
-            if getattr(fn, "__dynamo_disable", None) is None:
-                setattr(fn, "__dynamo_disable", fn)
-                spared = True
-    return spared
+def _unwrapped(method, wrapper: str):
+    """The function ``method`` wraps, where its wrapper is torch's ``wrapper`` (a code object's
+    qualified name); None for any other torch, whose method then stays as it comes."""
+    code, inner = getattr(method, "__code__", None), getattr(method, "__wrapped__", None)
+    return inner if inner is not None and getattr(code, "co_qualname", "") == wrapper else None
 
 
-_ADAM_STEP = getattr(torch.optim.Adam.step, "__wrapped__", None)
-if getattr(getattr(torch.optim.Adam.step, "__code__", None), "co_qualname", "") != \
-        "_use_grad_for_differentiable.<locals>._use_grad":
-    _ADAM_STEP = None                   # another torch: its own step, as it comes
+_USE_GRAD = "_use_grad_for_differentiable.<locals>._use_grad"
+_DISABLE_DYNAMO = "_disable_dynamo.<locals>.inner"
+_ADAM_STEP = _unwrapped(torch.optim.Adam.step, _USE_GRAD)
 
 
 class Adam(torch.optim.Adam):
-    """torch's Adam, whose ``step`` runs torch's own update under ``no_grad`` without the
-    wrapper that imports ``torch._dynamo`` at every call to place two graph breaks (no-ops
-    outside ``torch.compile``); the same arithmetic, bit for bit, and the same state."""
+    """torch's Adam without the wrappers that import ``torch._dynamo`` (1.3 s of CPU a rank on
+    the development machine, a third of its start-up) only to mark graph breaks and untraced
+    methods, which do nothing outside ``torch.compile`` (hpcgnn compiles nothing): ``step`` runs
+    torch's own update under ``no_grad``, and ``add_param_group``, ``zero_grad``,
+    ``state_dict`` and ``load_state_dict`` are torch's functions unwrapped (set below). The
+    same arithmetic, bit for bit, and the same state."""
 
     def step(self, closure=None):
         if _ADAM_STEP is None or self.defaults.get("differentiable"):
@@ -86,7 +73,12 @@ class Adam(torch.optim.Adam):
             return _ADAM_STEP(self, closure)
 
 
+for _name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+    _plain = _unwrapped(getattr(torch.optim.Optimizer, _name), _DISABLE_DYNAMO)
+    if _plain is not None:
+        setattr(Adam, _name, _plain)
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, prefixes: tuple[str, ...] = ("",)
                    ) -> torch.optim.Adam:
-    skip_dynamo_import()
     return Adam(param_groups(model, cfg, prefixes), lr=cfg.lr, betas=tuple(cfg.betas))
