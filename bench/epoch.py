@@ -87,7 +87,8 @@ def run_ours(args) -> None:
                         "train": {"epochs": args.epochs + 5, "eval_every": 10**6,
                                   "overlap": bool(args.overlap)},
                         "run": {"out": args.out}}, "bench/epoch.py")
-    trainer = prepare_trainer(ctx, cfg, args.shards, args.out)
+    from hpcgnn.train.launch import load_policy
+    trainer = prepare_trainer(ctx, cfg, args.shards, args.out, load_policy(args.schedule))
     trainer.start()
     reset_peak_rss()
     if ctx.device.type == "cuda":
@@ -225,13 +226,16 @@ def drive(args) -> None:
     results = {}
     wanted = [int(r) for r in args.ranks.split(",")]
     runs = [(r, o, "1") for r in wanted for o in ((1,) if r == 1 else (1, 0))]
-    runs += [(1, 1, "0")] if args.torch_path else []
-    for ranks, overlap, triton in runs:
+    runs = [(*run, None) for run in runs]
+    runs += [(1, 1, "0", None)] if args.torch_path else []
+    runs += [(r, 1, "1", s) for s in filter(None, args.schedules.split(",")) for r in wanted if r > 1]
+    for ranks, overlap, triton, schedule in runs:
         name = (f"hpcgnn-{ranks}rank" + ("" if overlap else "-no-overlap")
-                + ("" if triton == "1" else "-torch-path"))
+                + ("" if triton == "1" else "-torch-path") + (f"-{schedule}" if schedule else ""))
         cmd = [mpiexec, "-n", str(ranks), "--oversubscribe", *me, "ours", "--shards",
                str(shard_set(args.dataset, ranks, root, args.partitioner)), "--overlap", str(overlap),
-               "--out", str(root / f"run-{name}"), *common]
+               "--out", str(root / f"run-{name}"), *common,
+               *(["--schedule", str(REPO / "configs" / "schedules" / f"{schedule}.toml")] if schedule else [])]
         results[name] = child(cmd, env={"HPCGNN_TRITON": triton})
         print(name, json.dumps(results[name]), flush=True)
     if not args.skip_pyg:
@@ -285,6 +289,9 @@ def main() -> None:
     ap.add_argument("--results", default=str(RESULTS), help="where epoch.json/epoch.md go")
     ap.add_argument("--ranks", default="1,2", help="hpcgnn rank counts to run")
     ap.add_argument("--partitioner", default="metis")
+    ap.add_argument("--schedule", help="(ours) the compression schedule file; default: none")
+    ap.add_argument("--schedules", default="", help="comma-separated names in configs/schedules/: "
+                    "each also run at every rank count above 1 (e.g. quant2-all,full)")
     ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of one "
                     "more epoch (rank 0, stderr; not in the timings)")
     ap.add_argument("--pyg-edge-index", action="store_true")

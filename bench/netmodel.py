@@ -562,7 +562,7 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=None,
                    help="seconds per message instead of the calibrated one (e.g. 0: bandwidth only)")
     p.add_argument("--gpu-log", help="JSON of GPU compute/codec seconds per epoch (see the docstring)")
-    p.add_argument("--codecs-log", default=str(RESULTS / "gpu" / "codecs-cuda.json"))
+    p.add_argument("--codecs-log", default=str(RESULTS / "gpu" / "h100-2026-11-26" / "codecs-cuda.json"))
     p.add_argument("--out", default=str(RESULTS / "netmodel-projection"))
     p.add_argument("--plot", default=None, help="PNG of wire time and codec budget against GPUs")
     t = sub.add_parser("summary")

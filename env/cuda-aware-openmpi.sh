@@ -31,7 +31,7 @@
 # See env/README.md ("Route 3") and docs/gpu.md.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-say() { printf '[env/cuda-aware-openmpi] %s\n' "$*" >&2; }
+say() { printf '[env/cuda-aware-openmpi %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { say "error: $*"; exit 2; }
 
 # --- fetch (network) -------------------------------------------------------------------------

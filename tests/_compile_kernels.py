@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import torch
@@ -29,26 +30,68 @@ def _compile(fn: JITFunction, args, kwargs, target: GPUTarget) -> None:
     options = {k: v for k, v in kwargs.items() if k not in fn.arg_names}
     sig, const = {}, {}
     for p in fn.params:
-        if p.is_constexpr:
-            sig[p.name], const[p.name] = "constexpr", bound[p.name]
+        value = bound[p.name]
+        if p.is_constexpr or _is_one(value):     # the launcher makes an integer 1 a constexpr
+            sig[p.name], const[p.name] = "constexpr", value
         else:
-            sig[p.name] = mangle_type(bound[p.name])
-    key = (fn.__name__, tuple(sorted(const.items())), tuple(sig.items()), tuple(sorted(options.items())))
+            sig[p.name] = mangle_type(value)
+    # what Triton's launcher specialises on a GPU: integers that are multiples of 16 and tensors
+    # whose address is, marked divisible by 16 (it changes the layouts and the vector widths)
+    aligned = tuple(i for i, p in enumerate(fn.params) if sig[p.name] != "constexpr" and _aligned(bound[p.name]))
+    key = (fn.__name__, tuple(sorted(const.items())), tuple(sig.items()), tuple(sorted(options.items())),
+           aligned)
     _launches.append(fn.__name__)
     if key in _seen:
         return
     _seen.add(key)
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const)
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const,
+                                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     ptx = triton.compile(src, target=target, options=options).asm["ptx"]
     print(json.dumps({"kernel": fn.__name__, "constexprs": const, "options": options,
+                      "aligned": [fn.params[i].name for i in aligned],
                       "fma": ptx.count("fma.rn.f32"), "div_rn": ptx.count("div.rn.f32"),
-                      "div_approx": ptx.count("div.full.f32") + ptx.count("div.approx.f32")}), flush=True)
+                      "div_approx": ptx.count("div.full.f32") + ptx.count("div.approx.f32"),
+                      "wide_shifts": _wide_shifts(ptx)}), flush=True)
+
+
+def _is_one(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value == 1
+
+
+def _aligned(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr() % 16 == 0
+    return isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
+
+
+_CONST = r"(-?(?:0[xX][0-9a-fA-F]+|\d+))"
+
+
+def _wide_shifts(ptx: str) -> list[str]:
+    """32-bit shifts whose amount is, or may be, a constant of 32 or more: a constant amount, or a
+    register set from such a constant (``mov``/``selp``). In LLVM such a shift is poison, which
+    the optimiser may fold into anything (Triton 3.6 made a 2-bit wire's step 0 from one)."""
+    wide = set()
+    for reg, consts in re.findall(r"(?:mov|selp)\.b32\s+(%r\d+),\s*([^;]*);", ptx):
+        operands = [o.strip() for o in consts.split(",")]
+        if any(re.fullmatch(_CONST, o) and int(o, 0) >= 32 for o in operands):
+            wide.add(reg)
+    found = []
+    for line in re.findall(r"\b(?:shl|shr)\.[bsu]32\s+[^;]*;", ptx):
+        amount = line.rstrip(";").split(",")[-1].strip()
+        if amount in wide or (re.fullmatch(_CONST, amount) and int(amount, 0) >= 32):
+            found.append(line)
+    return found
 
 
 def _call(name: str, f) -> None:
     start = len(_launches)
     f()
     print(json.dumps({"call": name, "launches": len(_launches) - start}), flush=True)
+
+
+def gid_of(x: torch.Tensor) -> torch.Tensor:
+    return torch.arange(x.shape[0], dtype=torch.int64)
 
 
 def _drive() -> None:
@@ -67,6 +110,19 @@ def _drive() -> None:
         wire = torch.zeros(sum(codec.byte_counts(counts, width)), dtype=torch.uint8)
         _call(f"encode {codec}", lambda: fused.encode(codec, x, blocks, keys, 2**32 - 1))
         _call(f"decode {codec}", lambda: fused.decode(codec, wire, blocks, width, keys))
+    # rows of 16 bytes (2-bit codes of 37 channels: 6 + 10): row_bytes specialised as aligned
+    narrow, codec = Blocks.of((1, 2, 0, 4)), WireCodec(bits=2)
+    x37 = torch.randn(7, 37)
+    wire = torch.zeros(sum(codec.byte_counts(narrow.counts, 37)), dtype=torch.uint8)
+    _call(f"encode {codec}, 16-byte rows", lambda: fused.encode(codec, x37, narrow, keys[:1].repeat(4), 5))
+    _call(f"decode {codec}, 16-byte rows", lambda: fused.decode(codec, wire, narrow, 37, keys[:1].repeat(4)))
+    # arguments of 1 (a key, one row, one channel) arrive as constexprs on a GPU
+    one, codec = Blocks.of((1,)), WireCodec(keep=0.5, channels="random", k=1, bits=2)
+    x1, ones = torch.randn(1, 1), torch.ones(1, dtype=torch.int64)
+    wire = torch.zeros(sum(codec.byte_counts(one.counts, 1)), dtype=torch.uint8)
+    _call(f"encode {codec}, key 1, 1 x 1", lambda: fused.encode(codec, x1, one, ones, 1))
+    _call(f"decode {codec}, key 1, 1 x 1", lambda: fused.decode(codec, wire, one, 1, ones))
+    _call("forward dropout, key 1", lambda: kd.dropout(x, gid_of(x), 0.5, 1))
     big, wide = Blocks.of((3000, 0, 700)), 300          # wide select steps (8 warps), wide tiles
     xb, codec = torch.randn(3700, wide), WireCodec(keep=0.5, channels="random", k=40, bits=4)
     wire = torch.zeros(sum(codec.byte_counts(big.counts, wide)), dtype=torch.uint8)

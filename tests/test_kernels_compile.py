@@ -44,7 +44,9 @@ def test_every_kernel_compiles_for_sm90_with_exact_float_ops():
         selects = "sample" in name or "random" in name
         want = 2 if name.startswith("dropout") else (2 if selects else 1)
         assert n == want, (name, n)
+    assert any("row_bytes" in r["aligned"] for r in kernels if r["kernel"] == "_decode_kernel")
     for r in kernels:
         assert r["fma"] == 0 and r["div_approx"] == 0, r
+        assert not r["wide_shifts"], r          # no shift by 32 or more: poison to LLVM
         quantises = r["kernel"] == "_encode_kernel" and r["constexprs"]["BITS"] != 32
         assert (r["div_rn"] > 0) == quantises, r

@@ -95,7 +95,13 @@ class Selected:
 
 
 def _pow2(n: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(max(n, 1))))
+    """The power of two at or above ``n``, within ``[lo, hi]`` (plain Python: Triton's
+    ``next_power_of_2`` and ``cdiv`` are constexpr functions, microseconds a call from Python)."""
+    return max(lo, min(hi, 1 << (max(n, 1) - 1).bit_length()))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _tile(width: int) -> tuple[int, int]:
@@ -179,7 +185,7 @@ def _select_kernel(keys_ptr, counts_ptr, starts_ptr, kept_ptr, kept_start_ptr,
         b = pid - n_blocks if SAMPLE else pid
         if b >= 0:
             key = tl.load(keys_ptr + b).to(tl.uint32)
-            _keep_smallest(key, salt_channels.to(tl.uint32), width, k, chan_ptr + b.to(tl.int64) * k, 0,
+            _keep_smallest(key, tl.cast(salt_channels, tl.uint32), width, k, chan_ptr + b.to(tl.int64) * k, 0,
                            chan_pos_ptr + b.to(tl.int64) * width, 0, False, CH)
 
 
@@ -247,11 +253,21 @@ def _step(lo, hi, BITS: tl.constexpr):
 
 
 @triton.jit
+def _header_shift(j):
+    """Bit position of header byte ``j`` (0-7) in its 32-bit word: ``lo``'s bytes 0-3 at 0-24,
+    the step's bytes 4-5 at 16 and 24 (its bfloat16 is the word's high half). Bytes 6 and 7 are
+    not header: shift 0, never 32 or 40 -- a shift by the word's width or more is undefined in
+    LLVM (poison), and Triton 3.6 folded the step of a 2-bit wire with 16-byte rows to 0
+    on an H100 from it."""
+    return tl.where(j < 4, 8 * j, tl.where(j < 6, 8 * j - 16, 0)).to(tl.uint32)
+
+
+@triton.jit
 def _store_header(out_ptr, rows, rmask, row_bytes, lo, step_bits):
     """Bytes 0-3: ``lo`` (fp32), 4-5: the step's bfloat16, little endian."""
     j = tl.arange(0, 8)
     word = tl.where((j < 4)[None, :], lo.to(tl.uint32, bitcast=True)[:, None], step_bits[:, None])
-    shift = tl.where(j < 4, 8 * j, 8 * j - 16).to(tl.uint32)
+    shift = _header_shift(j)
     byte = ((word >> shift[None, :]) & 0xFF).to(tl.uint8)
     tl.store(out_ptr + rows[:, None].to(tl.int64) * row_bytes + j[None, :], byte,
              mask=rmask[:, None] & (j < 6)[None, :])
@@ -284,7 +300,7 @@ def _encode_kernel(x_ptr, out_ptr, index_ptr, block_ptr, chan_ptr, scale_ptr,
                    BITS: tl.constexpr, SAMPLE: tl.constexpr, RANDOM: tl.constexpr,
                    SCALE: tl.constexpr, BR: tl.constexpr, CW: tl.constexpr):
     """Wire rows ``[pid * BR, pid * BR + BR)``: fp32 (BITS 32) or quantised."""
-    key = key.to(tl.uint32)
+    key = tl.cast(key, tl.uint32)             # a key of 1 arrives as a constexpr (no .to)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = rows < n_rows
     src = tl.load(index_ptr + rows, mask=rmask, other=0) if SAMPLE else rows
@@ -322,7 +338,7 @@ def encode(x: torch.Tensor, lay: Layout, sel: Selected, key: int) -> torch.Tenso
     if lay.n_out:
         br, cw = _tile(lay.k)
         dummy = lay.block_of_row
-        _encode_kernel[(triton.cdiv(lay.n_out, br),)](
+        _encode_kernel[(cdiv(lay.n_out, br),)](
             x, out, _or(sel.index, dummy), lay.block_of_row, _or(sel.chan, dummy),
             _or(lay.scale, x), lay.n_out, lay.width, lay.k, lay.row_bytes, key & 0xFFFFFFFF,
             BITS=lay.bits, SAMPLE=lay.sample, RANDOM=lay.random, SCALE=lay.sample and lay.adjoint,
@@ -338,10 +354,9 @@ def _header(buf_ptr, slot, live, row_bytes):
     j = tl.arange(0, 8)
     m = live[:, None] & (j < 6)[None, :]
     b = tl.load(buf_ptr + slot[:, None] * row_bytes + j[None, :], mask=m, other=0).to(tl.uint32)
-    shift = tl.where(j < 4, 8 * j, 8 * j - 16).to(tl.uint32)
-    part = b << shift[None, :]
+    part = b << _header_shift(j)[None, :]
     lo = tl.sum(tl.where((j < 4)[None, :], part, 0), axis=1).to(tl.float32, bitcast=True)
-    step = tl.sum(tl.where((j >= 4)[None, :], part, 0), axis=1).to(tl.float32, bitcast=True)
+    step = tl.sum(tl.where(((j >= 4) & (j < 6))[None, :], part, 0), axis=1).to(tl.float32, bitcast=True)
     return lo, step
 
 
@@ -388,7 +403,7 @@ def decode(buf: torch.Tensor, lay: Layout, sel: Selected) -> torch.Tensor:
         br, cw = _tile(lay.width)
         src = buf.view(torch.float32) if lay.bits == 32 else buf
         dummy = lay.block_of_row
-        _decode_kernel[(triton.cdiv(lay.rows, br),)](
+        _decode_kernel[(cdiv(lay.rows, br),)](
             src, out, _or(sel.slot, dummy), lay.block_of_row, _or(sel.chan_pos, dummy),
             _or(lay.scale, out), lay.rows, lay.width, lay.k, lay.row_bytes,
             BITS=lay.bits, SAMPLE=lay.sample, RANDOM=lay.random, SCALE=lay.sample and not lay.adjoint,

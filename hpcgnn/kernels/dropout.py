@@ -16,6 +16,7 @@ import triton.language as tl
 
 from hpcgnn.kernels import explained
 from hpcgnn.kernels.hash import golden_hash, lowbias32
+from hpcgnn.kernels.codec import _pow2, cdiv
 
 TILE = 4096
 OPTS = {"enable_fp_fusion": False}
@@ -35,7 +36,7 @@ def _dropout_kernel(x_ptr, out_ptr, gid_ptr, src_ptr, n_rows, width, key, thresh
     """Rows ``[pid * BR, pid * BR + BR)``: ``out = x * (keep * scale)``, or the keep bits."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = rows < n_rows
-    row_h = _row_hash(gid_ptr, src_ptr, rows, rmask, key.to(tl.uint32), EDGE)
+    row_h = _row_hash(gid_ptr, src_ptr, rows, rmask, tl.cast(key, tl.uint32), EDGE)
     for c0 in range(0, width, CW):
         cols = c0 + tl.arange(0, CW)
         m = rmask[:, None] & (cols < width)[None, :]
@@ -53,9 +54,9 @@ def _launch(x: torch.Tensor | None, out: torch.Tensor, gid: torch.Tensor, src: t
             width: int, key: int, p: float) -> torch.Tensor:
     n = int(gid.shape[0])
     if n and width:
-        cw = max(8, min(1024, triton.next_power_of_2(width)))
+        cw = _pow2(width, 8, 1024)
         br = max(1, TILE // cw)
-        _dropout_kernel[(triton.cdiv(n, br),)](
+        _dropout_kernel[(cdiv(n, br),)](
             out if x is None else x, out, gid, gid if src is None else src, n, width, key & 0xFFFFFFFF,
             int(p * 2**32), 1.0 / (1.0 - p), EDGE=src is not None, MASK_ONLY=x is None,
             BR=br, CW=cw, **OPTS)
