@@ -8,9 +8,10 @@ One buffer of ``rows`` boundary rows (Cora-sized and cSBM-sized halos) split eve
 direction. Reported per codec: encode and decode ms; GB/s of fp32 input (``4 R F`` bytes over
 encode + decode); the share of the device's copy bandwidth (a ``copy_`` measured in the same run)
 that the minimum traffic reaches (fp32 read + wire written, wire read + fp32 written); and on
-CUDA the kernel launches of one encode and one decode (torch profiler). On CUDA every codec runs
-on each of ``--paths``: ``triton`` (the fused kernels) and ``torch`` (``HPCGNN_TRITON=0``).
-Writes ``OUT.json`` and ``OUT.md``.
+CUDA the kernel launches of one encode and one decode and their GPU time (torch profiler: the
+kernels alone, without the host side of the call that the wall-clock times include). On CUDA
+every codec runs on each of ``--paths``: ``triton`` (the fused kernels) and ``torch``
+(``HPCGNN_TRITON=0``). Writes ``OUT.json`` and ``OUT.md``.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from hpcgnn.codecs.build import CodecSpec
 from hpcgnn.codecs.rng import Blocks, epoch_keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_meter import best_time, copy_bandwidth, device_name, launches  # noqa: E402
+from gpu_meter import best_time, copy_bandwidth, device_name, device_seconds, launches  # noqa: E402
 
 CASES = [("none", 1), ("truncate", 8), ("truncate", 128), ("random", 8), ("quant", 4),
          ("quant", 8), ("quant", 16), ("quant", 32), ("sample", 4), ("truncate+quant", 8),
@@ -50,9 +51,14 @@ def measure(codec, x, blocks, keys, repeat: int) -> dict:
     fp32, wire = x.numel() * 4, buf.numel()
     n_enc = launches(lambda: codec.encode(x, blocks, keys, 12345), dev)
     n_dec = launches(lambda: codec.decode(buf, blocks, width, keys), dev)
+    g_enc = device_seconds(lambda: codec.encode(x, blocks, keys, 12345), dev)
+    g_dec = device_seconds(lambda: codec.decode(buf, blocks, width, keys), dev)
+    gpu = {} if g_enc is None else {
+        "encode_gpu_ms": g_enc * 1e3, "decode_gpu_ms": g_dec * 1e3,
+        "GB_per_s_gpu": fp32 / (g_enc + g_dec) / 1e9 if g_enc + g_dec > 0 else float("inf")}
     return {"wire_ratio": fp32 / max(wire, 1), "encode_ms": enc * 1e3, "decode_ms": dec * 1e3,
             "GB_per_s": fp32 / (enc + dec) / 1e9, "traffic_GB_per_s": 2 * (fp32 + wire) / (enc + dec) / 1e9,
-            "launches_encode": n_enc, "launches_decode": n_dec}
+            "launches_encode": n_enc, "launches_decode": n_dec, **gpu}
 
 
 def run(row_sizes: list[int], widths: list[int], peers: int, repeat: int, device: str = "cpu",
@@ -87,13 +93,15 @@ def _n(counts: dict | None) -> str:
 def to_markdown(results: list[dict], note: str, copy_bw: float) -> str:
     lines = [note, "", f"Device copy bandwidth (``copy_``, read + write): {copy_bw / 1e9:.0f} GB/s.", "",
              "| codec | path | width | rows | wire ratio | encode ms | decode ms | GB/s fp32 in "
-             "| traffic / copy bw | launches enc | launches dec |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| traffic / copy bw | launches enc | launches dec | GPU ms enc / dec | GB/s on GPU time |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
+        gpu = (f"{r['encode_gpu_ms']:.3f} / {r['decode_gpu_ms']:.3f} | {r['GB_per_s_gpu']:.0f}"
+               if "encode_gpu_ms" in r else "– | –")
         lines.append(f"| {r['codec']} | {r['path']} | {r['width']} | {r['rows']} | {r['wire_ratio']:.1f} | "
                      f"{r['encode_ms']:.3f} | {r['decode_ms']:.3f} | {r['GB_per_s']:.2f} | "
                      f"{100 * r['traffic_GB_per_s'] * 1e9 / copy_bw:.1f} % | "
-                     f"{_n(r['launches_encode'])} | {_n(r['launches_decode'])} |")
+                     f"{_n(r['launches_encode'])} | {_n(r['launches_decode'])} | {gpu} |")
     return "\n".join(lines) + "\n"
 
 

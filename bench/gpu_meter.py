@@ -51,6 +51,27 @@ def launches(fn: Callable[[], object], device) -> dict | None:
     return counts
 
 
+def device_seconds(fn: Callable[[], object], device, repeat: int = 5) -> float | None:
+    """GPU time of one ``fn()``: the summed durations of the kernels, copies and sets it puts on
+    the device (torch profiler), least over ``repeat`` profiled calls; None on CPU. Unlike a
+    wall-clock time it leaves out the host side of the call (Python, launch overheads), which
+    overlaps other GPU work in a training step."""
+    if torch.device(device).type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    sync(device)
+    best = float("inf")
+    for _ in range(repeat):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync(device)
+        best = min(best, sum(e.time_range.elapsed_us() for e in prof.events()
+                             if e.device_type == DeviceType.CUDA) / 1e6)
+    return best
+
+
 def copy_bandwidth(device, nbytes: int = 1 << 28, repeat: int = 10) -> float:
     """Bytes per second moved by ``dst.copy_(src)`` on ``device`` (read + write: 2 x nbytes)."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
