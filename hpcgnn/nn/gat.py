@@ -72,8 +72,8 @@ def edge_softmax(e: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
     index = dst[:, None].expand_as(e)
     with torch.no_grad():
         row_max = e.new_full((n, e.shape[1]), float("-inf")).scatter_reduce_(0, index, e, "amax")
-    p = (e - row_max[dst]).exp()
-    return p / e.new_zeros(n, e.shape[1]).index_add_(0, dst, p)[dst]
+    p = (e - row_max.index_select(0, dst)).exp()
+    return p / e.new_zeros(n, e.shape[1]).index_add_(0, dst, p).index_select(0, dst)
 
 
 class GATLayer(HaloLayer):
@@ -134,11 +134,13 @@ class GATLayer(HaloLayer):
         n = self.graph.n_owned
         s = (h * self.att_src).sum(dim=-1)                       # (n_owned + n_halo, H)
         d = (h[:n] * self.att_dst).sum(dim=-1)                   # (n_owned, H)
-        e = F.leaky_relu(s[self.src] + d[self.dst], NEGATIVE_SLOPE)
+        # index_select, not h[idx]: its backward is an index_add_; advanced indexing's is an
+        # index_put_ that sorts the edge list first (a radix sort per gather on CUDA)
+        e = F.leaky_relu(s.index_select(0, self.src) + d.index_select(0, self.dst), NEGATIVE_SLOPE)
         alpha = edge_softmax(e, self.dst, n)                     # (E + n_owned, H)
         if step is not None and step.training and self.attn_dropout:
             ids = self.graph.node_ids
             alpha = edge_dropout(alpha, ids[self.dst], ids[self.src], self.attn_dropout, step.seed,
                                  step.epoch, step.layer, step.training)
         return h.new_zeros(n, self.heads, self.out_dim).index_add_(
-            0, self.dst, alpha.unsqueeze(-1) * h[self.src])
+            0, self.dst, alpha.unsqueeze(-1) * h.index_select(0, self.src))
