@@ -109,7 +109,7 @@ if want aware; then
     PY_AWARE=${PY_AWARE:-.venv-cuda/bin/python}
     step "info, CUDA-aware venv" $PY_AWARE -m hpcgnn info
     HPCGNN_TEST_CUDA_OMPI_PYTHON=$PY_AWARE step "GPU exchange and staging tests, device buffers to MPI" \
-        $PY_AWARE -m pytest -q -ra -m gpu ${XDIST:-} tests/test_comm_gpu.py tests/test_staging_gpu.py tests/test_cuda_aware.py
+        $PY_AWARE -m pytest -q -ra ${XDIST:-} tests/test_cuda_aware.py tests/test_comm_gpu.py tests/test_staging_gpu.py
     for aware in 0 1; do
         PY=$PY_AWARE MPIEXEC=$(dirname "$PY_AWARE")/mpiexec HPCGNN_CUDA_AWARE=$aware \
             step "Cora, 2 ranks, cuda, HPCGNN_CUDA_AWARE=$aware, CUDA-aware Open MPI" \
