@@ -71,7 +71,7 @@ def model_keys(args) -> dict:
     if args.arch == "gat":
         return {"arch": "gat", "layers": 3, "hidden": 128 // GAT_HEADS, "heads": GAT_HEADS,
                 "out_heads": 1, "dropout": args.dropout, "attn_dropout": args.dropout}
-    return {"arch": "sage", "layers": 3, "hidden": 128, "dropout": args.dropout}
+    return {"arch": args.arch, "layers": 3, "hidden": 128, "dropout": args.dropout}
 
 
 def run_ours(args) -> None:
@@ -133,7 +133,7 @@ def run_pyg(args) -> None:
     from gpu_meter import launches
     import torch
     import torch.nn.functional as F
-    from torch_geometric.nn import GATConv, SAGEConv
+    from torch_geometric.nn import GATConv, GCNConv, SAGEConv
     from hpcgnn.data.datasets import load_dataset
     torch.manual_seed(0)
     g = load_dataset(args.dataset)
@@ -156,6 +156,8 @@ def run_pyg(args) -> None:
         convs = torch.nn.ModuleList([GATConv(dims[0], 128 // h, heads=h, dropout=args.dropout),
                                      GATConv(128, 128 // h, heads=h, dropout=args.dropout),
                                      GATConv(128, dims[-1], heads=1, concat=False, dropout=args.dropout)])
+    elif args.arch == "gcn":   # the symmetric normalisation with self-loops, computed once
+        convs = torch.nn.ModuleList(GCNConv(a, b, cached=True) for a, b in zip(dims[:-1], dims[1:]))
     else:
         convs = torch.nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:]))
     act = F.elu if args.arch == "gat" else F.relu
@@ -277,8 +279,9 @@ def main() -> None:
     ap.add_argument("--dataset", default=DEFAULT_SPEC)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--dropout", type=float, default=0.5)
-    ap.add_argument("--arch", default="sage", choices=("sage", "gat"),
-                    help="gat: 3 GAT layers of 4 heads x 32 against PyG's GATConv (edge_index)")
+    ap.add_argument("--arch", default="sage", choices=("sage", "gcn", "gat"),
+                    help="sage: against PyG's SAGEConv; gcn: against GCNConv (cached normalisation); "
+                    "gat: 3 GAT layers of 4 heads x 32 against PyG's GATConv (edge_index)")
     ap.add_argument("--shards-root", default=str(REPO / "shards" / "bench-epoch"))
     ap.add_argument("--shards")
     ap.add_argument("--out")

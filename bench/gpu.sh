@@ -104,6 +104,8 @@ step "dropout, cuda (fused counter kernel, torch hash path, F.dropout)" $PY benc
     --schedules quant2-all,full
 [[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda, GAT (hpcgnn 1 rank, PyG GATConv)" $PY bench/epoch.py --device cuda \
     --arch gat --dataset "$spec" --ranks 1 --epochs 10 --results "$out/gat" --shards-root shards/gpu-epoch --profile
+[[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda, GCN (hpcgnn 1 rank, PyG GCNConv)" $PY bench/epoch.py --device cuda \
+    --arch gcn --dataset "$spec" --ranks 1 --epochs 10 --results "$out/gcn" --shards-root shards/gpu-epoch --profile
 fi
 if want aware; then
     PY_AWARE=${PY_AWARE:-.venv-cuda/bin/python}
