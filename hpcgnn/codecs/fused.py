@@ -18,9 +18,16 @@ import torch
 from hpcgnn.codecs.rng import SALT_CHANNELS, SALT_ROWS, Blocks, kept_rows
 
 
+_codec_kernels = None
+
+
 def _kernels():
-    from hpcgnn.kernels import codec  # noqa: PLC0415  (imports triton: only when asked)
-    return codec
+    """``hpcgnn.kernels.codec``, imported at the first call (it imports Triton)."""
+    global _codec_kernels
+    if _codec_kernels is None:
+        from hpcgnn.kernels import codec  # noqa: PLC0415  (imports triton: only when asked)
+        _codec_kernels = codec
+    return _codec_kernels
 
 
 @lru_cache(maxsize=256)

@@ -39,10 +39,12 @@ def explained(launcher):
     or this GPU) is raised again naming the version and the way back to the torch path."""
     @functools.wraps(launcher)
     def launch(*args, **kwargs):
-        import triton  # noqa: PLC0415
         try:
             return launcher(*args, **kwargs)
-        except getattr(triton, "TritonError", ()) as exc:
+        except Exception as exc:
+            import triton  # noqa: PLC0415  (imported already: a kernel was launched)
+            if not isinstance(exc, getattr(triton, "TritonError", ())):
+                raise
             raise RuntimeError(
                 f"hpcgnn's Triton kernel {launcher.__qualname__} failed with triton "
                 f"{triton.__version__} (tested with 3.9.0): {type(exc).__name__}: {exc}\n"
