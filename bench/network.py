@@ -12,6 +12,7 @@ wire behind.
 
     python bench/network.py [--ranks 4 8] [--rates 1 shm] [--schedules full quant2-all ...]
                             [--epochs 100] [--out bench/results/network] [--plot] [--append]
+                            [--device cuda]      # GPU ranks (sharing the node's GPUs)
 
 ``--progress test fine thread ompi ompi+fine`` runs every stale schedule (``@sN``) once per
 way of progressing its exchanges in flight (``[comm] progress``: ``test``, ``fine``,
@@ -157,7 +158,7 @@ def progress_variant(variant: str) -> tuple[list[str], dict]:
 
 
 def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config: Path,
-           timeout: float, epochs: int = 100) -> None:
+           timeout: float, epochs: int = 100, device: str = "cpu") -> None:
     """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm');
     ``name``: ``SCHEDULE[@opts][~PROGRESS]``."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
@@ -168,7 +169,7 @@ def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config
     sched = [] if schedule in ("full", "floor") else ["--schedule", str(REPO / "configs" / "schedules" / f"{schedule}.toml")]
     train = [str(mpiexec), "-n", str(ranks), "--oversubscribe", sys.executable, "-m", "mpi4py",
              "-m", "hpcgnn", "train", "--shards", str(shards), "--config", str(config),
-             "--out", str(run_dir), "--force", "--device", "cpu", *sched, *sets]
+             "--out", str(run_dir), "--force", "--device", device, *sched, *sets]
     env = {**os.environ, **MPI_ENV, **progress_env}
     if schedule == "floor":
         env["HPCGNN_BENCH_NO_EXCHANGE"] = "1"
@@ -251,7 +252,8 @@ def run_all(args) -> dict:
                 shards = shard_set(args.dataset, parts, root, args.partitioner)
                 run_dir = root / f"r{ranks}-{rate}-{schedule}"
                 t0 = time.perf_counter()
-                launch(ranks, shards, schedule, rate, run_dir, config, args.timeout, args.epochs)
+                launch(ranks, shards, schedule, rate, run_dir, config, args.timeout, args.epochs,
+                       args.device)
                 res = summarise(run_dir)
                 res["wall_s"] = time.perf_counter() - t0
                 results[f"{ranks}|{rate}|{schedule}"] = res
@@ -308,6 +310,12 @@ def add_time_to_accuracy(results: dict) -> None:
         res["epoch_speedup"] = full["epoch_s"] / res["epoch_s"]
 
 
+def _gpus() -> str:
+    import torch
+    n = torch.cuda.device_count()
+    return f"{n} x {torch.cuda.get_device_name(0)}" if n else "none found"
+
+
 def _fmt(value, spec: str, scale: float = 1.0, unit: str = "") -> str:
     return "—" if value is None else f"{scale * value:{spec}}{unit}"
 
@@ -315,7 +323,10 @@ def _fmt(value, spec: str, scale: float = 1.0, unit: str = "") -> str:
 def to_markdown(results: dict, args) -> str:
     lines = [f"`{args.dataset}`, GCN 2 layers, 64 hidden, {args.epochs} epochs, {args.partitioner} parts, "
              f"evaluation every {args.eval_every} epochs (synchronous, uncompressed), "
-             f"CPU ranks (one thread each) on {os.cpu_count()} cores; link: token-bucket "
+             + (f"CPU ranks (one thread each) on {os.cpu_count()} cores; "
+                if getattr(args, "device", "cpu") == "cpu"
+                else f"GPU ranks, all sharing this node's GPUs ({_gpus()}), {os.cpu_count()} cores; ")
+             + f"link: token-bucket "
              f"rate-limited loopback in a network namespace (Open MPI over TCP), `none` = the same "
              f"TCP path unlimited, `shm` = shared memory. `epoch`: the training step (median); "
              f"`wall`: wall-clock per epoch with evaluation (mean). `wire`: the epoch's bytes on "
@@ -408,6 +419,9 @@ def main() -> None:
                     help="stale schedules once per variant: test, fine, thread, ompi (Open MPI's "
                          "TCP progress thread), joined with + (default: the config's)")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where the ranks train; cuda: the ranks share the node's GPUs (one GPU: "
+                    "all of them), so say so when quoting")
     ap.add_argument("--work", default=str(REPO / "runs" / "network"))
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "network"))
     ap.add_argument("--plot", action="store_true")
@@ -430,6 +444,7 @@ def main() -> None:
     table = to_markdown(results, args)
     out.with_suffix(".md").write_text(table)
     out.with_suffix(".json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
+                                                   "device": args.device,
                                                    "eval_every": args.eval_every,
                                                    "load_average": os.getloadavg()[0],
                                                    "results": results}, indent=1))
