@@ -227,8 +227,7 @@ def drive(args) -> None:
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results = {}
     wanted = [int(r) for r in args.ranks.split(",")]
-    runs = [(r, o, "1") for r in wanted for o in ((1,) if r == 1 else (1, 0))]
-    runs = [(*run, None) for run in runs]
+    runs = [(r, o, "1", None) for r in wanted for o in ((1,) if r == 1 else (1, 0))]
     runs += [(1, 1, "0", None)] if args.torch_path else []
     runs += [(r, 1, "1", s) for s in filter(None, args.schedules.split(",")) for r in wanted if r > 1]
     for ranks, overlap, triton, schedule in runs:

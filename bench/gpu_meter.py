@@ -31,23 +31,28 @@ def best_time(fn: Callable[[], object], device, repeat: int, warmup: int = 2) ->
     return best
 
 
-def launches(fn: Callable[[], object], device) -> dict | None:
-    """``{"kernels", "memcpy", "memset"}``: what one ``fn()`` puts on the GPU, counted by the
-    torch profiler (CUPTI sees Triton's driver-API launches too); None on CPU."""
-    if torch.device(device).type != "cuda":
-        return None
+def _device_events(fn: Callable[[], object], device) -> list:
+    """The torch profiler's events of what one ``fn()`` puts on the GPU (CUPTI sees Triton's
+    driver-API launches too); ``fn`` runs once before, so nothing compiles while profiled."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
-    fn()                                            # compiled and cached before counting
-    sync(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         sync(device)
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
+def launches(fn: Callable[[], object], device) -> dict | None:
+    """``{"kernels", "memcpy", "memset"}``: what one ``fn()`` puts on the GPU, counted by the
+    torch profiler; None on CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    fn()                                            # compiled and cached before counting
+    sync(device)
     counts = {"kernels": 0, "memcpy": 0, "memset": 0}
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            kind = "memcpy" if "Memcpy" in e.name else "memset" if "Memset" in e.name else "kernels"
-            counts[kind] += 1
+    for e in _device_events(fn, device):
+        kind = "memcpy" if "Memcpy" in e.name else "memset" if "Memset" in e.name else "kernels"
+        counts[kind] += 1
     return counts
 
 
@@ -58,18 +63,10 @@ def device_seconds(fn: Callable[[], object], device, repeat: int = 5) -> float |
     overlaps other GPU work in a training step."""
     if torch.device(device).type != "cuda":
         return None
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
     fn()
     sync(device)
-    best = float("inf")
-    for _ in range(repeat):
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fn()
-            sync(device)
-        best = min(best, sum(e.time_range.elapsed_us() for e in prof.events()
-                             if e.device_type == DeviceType.CUDA) / 1e6)
-    return best
+    return min(sum(e.time_range.elapsed_us() for e in _device_events(fn, device)) / 1e6
+               for _ in range(repeat))
 
 
 def copy_bandwidth(device, nbytes: int = 1 << 28, repeat: int = 10) -> float:

@@ -90,10 +90,6 @@ def _call(name: str, f) -> None:
     print(json.dumps({"call": name, "launches": len(_launches) - start}), flush=True)
 
 
-def gid_of(x: torch.Tensor) -> torch.Tensor:
-    return torch.arange(x.shape[0], dtype=torch.int64)
-
-
 def _drive() -> None:
     from hpcgnn.codecs import IDENTITY, WireCodec, backward_codec, fused
     from hpcgnn.codecs.rng import Blocks
@@ -122,7 +118,6 @@ def _drive() -> None:
     wire = torch.zeros(sum(codec.byte_counts(one.counts, 1)), dtype=torch.uint8)
     _call(f"encode {codec}, key 1, 1 x 1", lambda: fused.encode(codec, x1, one, ones, 1))
     _call(f"decode {codec}, key 1, 1 x 1", lambda: fused.decode(codec, wire, one, 1, ones))
-    _call("forward dropout, key 1", lambda: kd.dropout(x, gid_of(x), 0.5, 1))
     big, wide = Blocks.of((3000, 0, 700)), 300          # wide select steps (8 warps), wide tiles
     xb, codec = torch.randn(3700, wide), WireCodec(keep=0.5, channels="random", k=40, bits=4)
     wire = torch.zeros(sum(codec.byte_counts(big.counts, wide)), dtype=torch.uint8)
@@ -130,6 +125,7 @@ def _drive() -> None:
     _call(f"decode {codec}, 3700 x {wide}", lambda: fused.decode(codec, wire, big, wide, keys))
     gid = torch.arange(sum(counts), dtype=torch.int64)
     xg = x.clone().requires_grad_()
+    _call("forward dropout, key 1", lambda: kd.dropout(x, gid, 0.5, 1))
     _call("dropout forward+backward", lambda: kd.dropout(xg, gid, 0.5, 2**32 - 3).sum().backward())
     _call("keep_mask", lambda: kd.keep_mask(gid, width, 0.5, 9))
     _call("edge dropout", lambda: kd.dropout(x, gid, 0.6, 9, src=gid.flip(0)))

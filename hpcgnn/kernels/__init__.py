@@ -34,6 +34,17 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and os.environ.get("HPCGNN_TRITON", "1") != "0" and triton_importable()
 
 
+def pow2(n: int, lo: int, hi: int) -> int:
+    """The power of two at or above ``n``, within ``[lo, hi]`` (plain Python: Triton's
+    ``next_power_of_2`` and ``cdiv`` are constexpr functions, microseconds a call from Python)."""
+    return max(lo, min(hi, 1 << (max(n, 1) - 1).bit_length()))
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for a launch grid."""
+    return -(-a // b)
+
+
 def explained(launcher):
     """Decorate a kernel launcher: a Triton error (a kernel that does not compile with this Triton
     or this GPU) is raised again naming the version and the way back to the torch path."""

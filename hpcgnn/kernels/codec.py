@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hpcgnn.kernels import explained
+from hpcgnn.kernels import cdiv, explained, pow2
 from hpcgnn.kernels.hash import col_seed, lowbias32
 
 HEADER = 6
@@ -94,19 +94,9 @@ class Selected:
     chan_pos: torch.Tensor | None = None
 
 
-def _pow2(n: int, lo: int, hi: int) -> int:
-    """The power of two at or above ``n``, within ``[lo, hi]`` (plain Python: Triton's
-    ``next_power_of_2`` and ``cdiv`` are constexpr functions, microseconds a call from Python)."""
-    return max(lo, min(hi, 1 << (max(n, 1) - 1).bit_length()))
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _tile(width: int) -> tuple[int, int]:
     """(rows, channels) of a program's tile for rows of ``width`` channels."""
-    cw = _pow2(width, 8, MAX_CW)
+    cw = pow2(width, 8, MAX_CW)
     return max(1, TILE // cw), cw
 
 
@@ -200,7 +190,7 @@ def select(lay: Layout) -> Selected:
     if lay.random:
         chan, chan_pos = torch.empty(p, lay.k, **i32), torch.empty(p, lay.width, **i32)
     programs = p * (int(lay.sample) + int(lay.random))
-    ch = _pow2(lay.longest, 16, SELECT_CHUNK)
+    ch = pow2(lay.longest, 16, SELECT_CHUNK)
     if programs:
         dummy = lay.counts
         _select_kernel[(programs,)](

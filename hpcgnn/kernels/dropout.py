@@ -14,9 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hpcgnn.kernels import explained
+from hpcgnn.kernels import cdiv, explained, pow2
 from hpcgnn.kernels.hash import golden_hash, lowbias32
-from hpcgnn.kernels.codec import _pow2, cdiv
 
 TILE = 4096
 OPTS = {"enable_fp_fusion": False}
@@ -54,7 +53,7 @@ def _launch(x: torch.Tensor | None, out: torch.Tensor, gid: torch.Tensor, src: t
             width: int, key: int, p: float) -> torch.Tensor:
     n = int(gid.shape[0])
     if n and width:
-        cw = _pow2(width, 8, 1024)
+        cw = pow2(width, 8, 1024)
         br = max(1, TILE // cw)
         _dropout_kernel[(cdiv(n, br),)](
             out if x is None else x, out, gid, gid if src is None else src, n, width, key & 0xFFFFFFFF,
