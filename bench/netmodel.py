@@ -12,7 +12,11 @@ Constants: ``eta`` the share of the nominal rate the bytes get, ``alpha`` second
 
 - The emulated link of bench/network.py is ONE token bucket on the loopback that all ranks
   share: ``B`` is the bytes of all ranks, and ranks that compute while others send hide part
-  of each other's time (``eps`` < 1 even for synchronous exchanges). Calibrated here.
+  of each other's time (``eps`` < 1 even for synchronous exchanges). Calibrated here. The
+  bucket (``tbf ... burst 1mb``) lets up to 1 MiB pass at once and refills at the rate while
+  the ranks compute, so ``W`` there is that of a token bucket fed the epoch's exchanges in
+  order (``bucket_wire_time``): an exchange under the tokens it finds costs no wire time, which
+  is most of a 2-bit exchange at 1 Gbit/s. A cluster's link has no such allowance.
 - A cluster gives each GPU its own link (full duplex): ``B`` is the bytes of the busiest rank
   (the larger of sent and received), and a synchronous exchange hides nothing: ``eps = 1``,
   i.e. ``epoch = C + K + W + alpha m``. With staleness the exchange of epoch t overlaps its
@@ -20,15 +24,16 @@ Constants: ``eta`` the share of the nominal rate the bytes get, ``alpha`` second
 
 Subcommands:
 
-    python bench/netmodel.py calibrate [--runs FILE ...]     # fit eta, eps, alpha; table of errors
+    python bench/netmodel.py calibrate [--runs FILE ...] [--combine median]  # fit; table of errors
     python bench/netmodel.py halos [--dataset SPEC] [--parts 256] [--ranks 8 16 ... 256]
     python bench/netmodel.py project [--rates 25 50 100 200] [--gpu-log FILE] [--plot PNG]
-    python bench/netmodel.py remeasure                        # root, idle machine: new CPU runs
+    python bench/netmodel.py remeasure [--rounds 3]           # root, idle machine: new CPU runs
 
 ``calibrate`` reads runs of bench/network.py (OUT.json). Inputs per run, all measured apart from
 the link: ``C`` = the same schedule's epoch over shared memory (``shm``, same sweep) less its
 codec time; ``K`` = the run's own codec time; ``B`` = its bytes per epoch; ``m`` = exchanges per
-epoch x (R - 1) (random parts: every pair of ranks exchanges). VARCO schedules are left out
+epoch x (R - 1) (random parts: every pair of ranks exchanges). ``--combine median`` takes files
+that are rounds of one grid (``remeasure`` writes them) and uses each cell's medians. VARCO schedules are left out
 (their bytes change during the run while the table reports one median epoch).
 ``halos`` partitions a graph ONCE into ``--parts`` METIS parts and derives R ranks by merging
 consecutive parts (as ``hpcgnn/data/merge.py`` runs R ranks on a K-part set): the halo rows,
@@ -47,7 +52,7 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +62,13 @@ sys.path.insert(0, str(REPO))       # the repository's packages before bench/'s 
 RESULTS = REPO / "bench" / "results"
 RUNS = [RESULTS / "network.json", RESULTS / "network-stale-2core.json"]
 GBIT = 1e9 / 8                       # bytes per second in one Gbit/s
-CALIB_EXCHANGES = 4                  # bench/network.py's GCN: 2 layers, forward + backward each
+# bench/network.py's GCN 128 -> 64 -> 8 (cSBM 20k, 8 classes): both layers transform first, so
+# an epoch's exchanges carry rows of these widths, in step order (layer 0 forward, layer 1
+# forward, layer 1 backward, layer 0 backward); a stale step exchanges layer 1's 64-wide input,
+# forward and backward (layer 0's input crosses once, at epoch 0).
+CALIB_WIDTHS = (64, 8, 8, 64)
+CALIB_STALE_WIDTHS = (64, 64)
+BUCKET_BYTES = 1 << 20               # bench/network.py's tbf "burst 1mb" (tc: 1024^2 bytes)
 # ogbn-products' size (2,449,029 nodes, 61.86M undirected edges; 47 classes, edge homophily 0.81).
 # METIS (pymetis's 64-bit build, two balance constraints) needs ~11 GB at this size; HALF, the
 # same degree on half the nodes, is the largest tried that stays under 10 GiB (the default).
@@ -73,6 +84,13 @@ class Constants:
     eps: float          # non-hidden share of min(compute, wire) on the emulated shared link
     alpha: float        # seconds per message
     eps_stale: float    # the same for the stale (pipelined) path
+    overlap: str = "shared"   # shared: one eps for every rank count; per-rank: eps x 4 / R
+
+
+OVERLAPS = ("shared", "per-rank")
+"""How ``eps`` depends on the rank count on the emulated link. ``per-rank``: ``eps`` is its value
+at 4 ranks and falls as ``4 / R``: the ranks share 2 cores, a rank waiting on the link yields its
+core (Open MPI yields when oversubscribed), and at 8 ranks twice as many others can use it."""
 
 
 def epoch_time(C: float, K: float, W: float, m: float, alpha: float, eps: float) -> float:
@@ -83,6 +101,25 @@ def epoch_time(C: float, K: float, W: float, m: float, alpha: float, eps: float)
 def wire_time(nbytes: float, rate_gbit: float, eta: float) -> float:
     """Seconds for ``nbytes`` at ``eta`` x the nominal ``rate_gbit``."""
     return nbytes / (eta * rate_gbit * GBIT)
+
+
+def bucket_wire_time(nbytes: float, widths: tuple, gap: float, rate_gbit: float, eta: float,
+                     burst: float = BUCKET_BYTES) -> float:
+    """Wire seconds of one epoch through a token bucket of ``burst`` bytes (the emulated link:
+    Linux ``tbf``): the epoch's ``nbytes`` split over its exchanges in proportion to their row
+    widths, ``gap`` seconds of work between consecutive exchanges. An exchange's first bytes go
+    out at once while the bucket holds tokens, the rest at the rate; the bucket refills at the
+    rate between exchanges, up to ``burst``. Steady state (a few epochs simulated)."""
+    rate = eta * rate_gbit * GBIT
+    total_w = float(sum(widths))
+    tokens, wire = burst, 0.0
+    for _ in range(4):
+        wire = 0.0
+        for w in widths:
+            b = nbytes * w / total_w
+            wire += max(0.0, b - tokens) / rate
+            tokens = min(burst, max(0.0, tokens - b) + rate * gap)
+    return wire
 
 
 # -- calibration on the CPU runs -----------------------------------------------------------------
@@ -99,6 +136,11 @@ class Run:
     codec: float        # K: the run's codec time per epoch
     nbytes: float       # B: bytes per epoch, all ranks
     messages: int       # m
+    burst: float = BUCKET_BYTES   # the emulated link's token bucket, bytes (0: not modelled)
+
+    @property
+    def widths(self) -> tuple:
+        return CALIB_STALE_WIDTHS if self.stale else CALIB_WIDTHS
 
     @property
     def stale(self) -> bool:
@@ -110,16 +152,36 @@ def codec_seconds(r: dict) -> float:
     return r["codec_s"] if "codec_s" in r else r["codec_share"] * r["epoch_s"]
 
 
-def load_runs(paths: list[Path]) -> list[Run]:
-    """The runs of bench/network.py files the model can take (a later file's run wins)."""
-    runs: dict[tuple, Run] = {}
+def load_runs(paths: list[Path], combine: str = "last", burst: float = BUCKET_BYTES) -> list[Run]:
+    """The runs of bench/network.py files the model can take. ``combine``: ``last`` (a later
+    file's run of a cell wins: newer sweeps replace older ones) or ``median`` (the files are
+    repeated rounds of one grid: each input and the measured epoch are the median over the
+    rounds that have the cell, each round's compute taken from its own shared-memory run).
+    ``burst``: the link's token bucket in bytes (0: the model without it)."""
+    cells: dict[tuple, list[Run]] = {}
     for path in paths:
         results = json.loads(Path(path).read_text())["results"]
         for key, r in results.items():
             run = _run(path, key, r, results)
             if run is not None:
-                runs[(run.ranks, run.rate, run.schedule)] = run
-    return sorted(runs.values(), key=lambda r: (r.stale, r.ranks, r.rate, r.schedule))
+                run = replace(run, burst=burst)
+                cells.setdefault((run.ranks, run.rate, run.schedule), []).append(run)
+    if combine == "last":
+        runs = [rounds[-1] for rounds in cells.values()]
+    elif combine == "median":
+        runs = [_median_run(rounds) for rounds in cells.values()]
+    else:
+        raise ValueError(f"combine must be 'last' or 'median', got {combine!r}")
+    return sorted(runs, key=lambda r: (r.stale, r.ranks, r.rate, r.schedule))
+
+
+def _median_run(rounds: list[Run]) -> Run:
+    """One cell's rounds as one run: the median of every measured input."""
+    first = rounds[0]
+    med = lambda f: statistics.median(getattr(r, f) for r in rounds)  # noqa: E731
+    source = first.source if len(rounds) == 1 else f"median of {len(rounds)}"
+    return Run(source, first.ranks, first.rate, first.schedule, med("measured"), med("compute"),
+               med("codec"), med("nbytes"), first.messages, first.burst)
 
 
 def _run(path: Path, key: str, r: dict, results: dict) -> Run | None:
@@ -130,7 +192,7 @@ def _run(path: Path, key: str, r: dict, results: dict) -> Run | None:
         return None
     return Run(Path(path).stem, int(ranks), float(rate), schedule, r["epoch_s"],
                shm["epoch_s"] - codec_seconds(shm), codec_seconds(r), r["bytes_per_epoch"],
-               CALIB_EXCHANGES * (int(ranks) - 1))
+               len(CALIB_STALE_WIDTHS if "@s" in schedule else CALIB_WIDTHS) * (int(ranks) - 1))
 
 
 def _current(path: Path, schedule: str) -> bool:
@@ -141,18 +203,25 @@ def _current(path: Path, schedule: str) -> bool:
 
 def predict(run: Run, c: Constants) -> float:
     eps = c.eps_stale if run.stale else c.eps
-    return epoch_time(run.compute, run.codec, wire_time(run.nbytes, run.rate, c.eta),
-                      run.messages, c.alpha, eps)
+    if c.overlap == "per-rank":
+        eps *= 4 / run.ranks
+    if run.burst:
+        gap = (run.compute + run.codec) / len(run.widths)
+        wire = bucket_wire_time(run.nbytes, run.widths, gap, run.rate, c.eta, run.burst)
+    else:
+        wire = wire_time(run.nbytes, run.rate, c.eta)
+    return epoch_time(run.compute, run.codec, wire, run.messages, c.alpha, eps)
 
 
-def fit(runs: list[Run]) -> Constants:
+def fit(runs: list[Run], overlap: str = "shared") -> Constants:
     """Least squares on log(predicted / measured): eta, eps, alpha on the synchronous runs,
-    then eps_stale alone on the stale runs (eta and alpha kept)."""
+    then eps_stale alone on the stale runs (eta and alpha kept); ``overlap``: ``OVERLAPS``."""
     from scipy.optimize import least_squares
     sync = [r for r in runs if not r.stale]
 
     def residual(p, rs, stale=None):
-        c = Constants(p[0], p[1], p[2], p[1]) if stale is None else Constants(*stale, p[0])
+        c = (Constants(p[0], p[1], p[2], p[1], overlap) if stale is None
+             else Constants(*stale, p[0], overlap))
         return [math.log(predict(r, c) / r.measured) for r in rs]
 
     p = least_squares(residual, [1.0, 0.5, 1e-4], args=(sync,),
@@ -161,7 +230,7 @@ def fit(runs: list[Run]) -> Constants:
     e = 1.0
     if stale:
         e = least_squares(residual, [0.5], args=(stale, tuple(p)), bounds=([0.0], [1.0])).x[0]
-    return Constants(float(p[0]), float(p[1]), float(p[2]), float(e))
+    return Constants(float(p[0]), float(p[1]), float(p[2]), float(e), overlap)
 
 
 def errors(runs: list[Run], c: Constants) -> list[float]:
@@ -169,12 +238,12 @@ def errors(runs: list[Run], c: Constants) -> list[float]:
 
 
 def calibrate(args) -> None:
-    runs = load_runs([Path(p) for p in args.runs])
+    runs = load_runs([Path(p) for p in args.runs], args.combine, args.burst)
     if not runs:
         sys.exit(f"netmodel: no usable runs in {args.runs} (a link run needs a shm run of the "
                  f"same schedule in the same file)")
-    c = fit(runs)
-    held_out = _held_out(runs)
+    c = fit(runs, args.overlap)
+    held_out = _held_out(runs, args.overlap)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(
         {"constants": asdict(c), "runs": [asdict(r) | {"predicted": predict(r, c)} for r in runs],
@@ -217,12 +286,12 @@ def plot_calibration(runs: list[Run], c: Constants, out: Path) -> None:
     plt.close(fig)
 
 
-def _held_out(runs: list[Run]) -> dict | None:
+def _held_out(runs: list[Run], overlap: str = "shared") -> dict | None:
     """Fit without the 8-rank runs, predict them: the model's reach beyond its fitting set."""
     four, eight = [r for r in runs if r.ranks != 8], [r for r in runs if r.ranks == 8 and not r.stale]
     if not eight or not any(not r.stale for r in four):
         return None
-    c = fit(four)
+    c = fit(four, overlap)
     errs = errors(eight, c)
     return {"constants": asdict(c), "worst": max(map(abs, errs)),
             "runs": [f"{r.ranks}|{r.rate:g}|{r.schedule}" for r in eight], "errors": errs}
@@ -233,7 +302,9 @@ def calibration_markdown(runs: list[Run], c: Constants, held_out: dict | None) -
     worst = max(range(len(runs)), key=lambda i: abs(errs[i]))
     lines = [f"Constants: eta = {c.eta:.3f} (share of the nominal rate), eps = {c.eps:.3f} "
              f"(synchronous, shared link), alpha = {1e3 * c.alpha:.3f} ms per message, "
-             f"eps_stale = {c.eps_stale:.3f}.", "",
+             f"eps_stale = {c.eps_stale:.3f}"
+             f"{'; eps at 4 ranks, x 4 / R' if c.overlap == 'per-rank' else ''}; token bucket "
+             f"{f'{runs[0].burst / 2**20:g} MiB' if runs[0].burst else 'not modelled'}.", "",
              f"Worst relative error {100 * abs(errs[worst]):.1f} % ({_name(runs[worst])}); "
              f"{sum(abs(e) <= 0.15 for e in errs)} of {len(runs)} runs within 15 %; mean "
              f"|error| {100 * statistics.mean(map(abs, errs)):.1f} %.", ""]
@@ -441,7 +512,7 @@ def codec_lower_bounds(path: Path, schedules: list[str], model: Model) -> dict:
 def project(args) -> None:
     c = Constants(**json.loads(Path(args.constants).read_text())["constants"])
     if args.alpha is not None:           # the calibrated latency is TCP's on an oversubscribed host
-        c = Constants(c.eta, c.eps, args.alpha, c.eps_stale)
+        c = replace(c, alpha=args.alpha)
     halo = json.loads(Path(args.halos).read_text())
     gpu = json.loads(Path(args.gpu_log).read_text()) if args.gpu_log else {}
     model = Model()
@@ -520,22 +591,29 @@ def _key(r: dict) -> tuple:
 
 
 # -- re-measuring on an idle machine ------------------------------------------------------------
-REMEASURE_SCHEDULES = ["floor", "full", "quant4-all", "quant2-all", "quant1-all", "sample-all",
+REMEASURE_SCHEDULES = ["full", "quant4-all", "quant2-all", "quant1-all", "sample-all",
                        "sample-quant2-all", "full@s1", "quant1-all@s1"]
 
 
 def remeasure(args) -> None:
     """bench/network.py for the calibration grid (4 and 8 ranks; 0.5, 1, 10 Gbit/s and shm, whose
-    runs give the compute), then ``calibrate`` on the new file alone."""
+    runs give the compute), ``--rounds`` times one after another (OUT-r1, OUT-r2, ...: the same
+    schedule's step moves by 15-30 % between runs minutes apart on a small machine), then
+    ``calibrate`` on the medians over the rounds."""
     out = Path(args.out)
-    cmd = [sys.executable, str(REPO / "bench" / "network.py"), "--ranks", "4", "8", "--rates",
-           "0.5", "1", "10", "shm", "--schedules", *REMEASURE_SCHEDULES, "--epochs", "100",
-           "--out", str(out)]
-    print("running:" if not args.dry_run else "would run:", " ".join(cmd), flush=True)
+    files = []
+    for i in range(1, args.rounds + 1):
+        part = out.with_name(f"{out.name}-r{i}")
+        cmd = [sys.executable, str(REPO / "bench" / "network.py"), "--ranks", "4", "8", "--rates",
+               "0.5", "1", "10", "shm", "--schedules", *REMEASURE_SCHEDULES, "--epochs",
+               str(args.epochs), "--eval-every", "50", "--out", str(part)]
+        print("running:" if not args.dry_run else "would run:", " ".join(cmd), flush=True)
+        if not args.dry_run:
+            subprocess.run(cmd, check=True, cwd=REPO, env=os.environ)
+        files.append(str(part.with_suffix(".json")))
     if args.dry_run:
         return
-    subprocess.run(cmd, check=True, cwd=REPO, env=os.environ)
-    calibrate(argparse.Namespace(runs=[str(out.with_suffix(".json"))],
+    calibrate(argparse.Namespace(runs=files, combine="median", burst=BUCKET_BYTES, overlap="shared",
                                  out=str(out.with_name(out.name + "-model")),
                                  plot=str(out.with_name(out.name + "-model.png"))))
 
@@ -547,6 +625,14 @@ def main() -> None:
     c.add_argument("--runs", nargs="+", default=[str(p) for p in RUNS])
     c.add_argument("--out", default=str(RESULTS / "netmodel-calibration"))
     c.add_argument("--plot", default=None, help="PNG of predicted against measured epochs")
+    c.add_argument("--combine", choices=["last", "median"], default="last",
+                   help="a cell in several files: the last file's run (newer sweeps replace older) "
+                        "or the median over them (the files are rounds of one grid)")
+    c.add_argument("--overlap", choices=OVERLAPS, default="shared",
+                   help="eps on the emulated link: one for every rank count, or falling as 4 / R")
+    c.add_argument("--burst", type=float, default=BUCKET_BYTES,
+                   help="the emulated link's token bucket in bytes (bench/network.py's tbf burst, "
+                        "default 1 MiB); 0: not modelled, every byte at the rate")
     h = sub.add_parser("halos")
     h.add_argument("--dataset", default=HALF, help=f"default: half of ogbn-products' size; {PRODUCTS} "
                    f"needs ~11 GB for METIS")
@@ -573,7 +659,9 @@ def main() -> None:
     t.add_argument("--schedules", nargs="+", default=["full", "quant2-all", "quant1-all"])
     r = sub.add_parser("remeasure")
     r.add_argument("--out", default=str(RESULTS / "network-calib"))
-    r.add_argument("--dry-run", action="store_true", help="print the benchmark command only")
+    r.add_argument("--rounds", type=int, default=3, help="sweeps of the whole grid (default 3)")
+    r.add_argument("--epochs", type=int, default=40, help="epochs per run (default 40)")
+    r.add_argument("--dry-run", action="store_true", help="print the benchmark command(s) only")
     args = ap.parse_args()
     {"calibrate": calibrate, "halos": halos, "project": project, "summary": summary,
      "remeasure": remeasure}[args.cmd](args)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -103,18 +104,70 @@ def test_epoch_formula_and_a_run_prediction():
     assert nm.epoch_time(0.3, 0.0, 0.1, 0, 0.0, 1.0) == pytest.approx(0.4)      # serial: C + W
     assert nm.wire_time(125e6, 1.0, 1.0) == pytest.approx(1.0)                  # 1 Gbit/s, 125 MB
     c = nm.Constants(eta=0.8, eps=0.3, alpha=2e-4, eps_stale=0.1)
-    run = nm.Run("x", 4, 0.5, "quant2-all", 0.1, 0.06, 0.008, 3.3e6, 12)
+    run = nm.Run("x", 4, 0.5, "quant2-all", 0.1, 0.06, 0.008, 3.3e6, 12, burst=0)
     wire = 3.3e6 / (0.8 * 0.5 * 125e6)
     assert nm.predict(run, c) == pytest.approx(0.008 + max(0.06, wire) + 0.3 * min(0.06, wire) + 12 * 2e-4)
-    stale = nm.Run("x", 4, 0.5, "quant2-all@s1", 0.1, 0.06, 0.008, 3.3e6, 12)
+    stale = nm.Run("x", 4, 0.5, "quant2-all@s1", 0.1, 0.06, 0.008, 3.3e6, 12, burst=0)
     assert nm.predict(stale, c) == pytest.approx(0.008 + max(0.06, wire) + 0.1 * min(0.06, wire) + 12 * 2e-4)
+    per_rank = nm.Constants(eta=0.8, eps=0.3, alpha=2e-4, eps_stale=0.1, overlap="per-rank")
+    assert nm.predict(run, per_rank) == nm.predict(run, c)                       # eps is 4 ranks'
+    eight = nm.Run("x", 8, 0.5, "quant2-all", 0.1, 0.06, 0.008, 3.3e6, 28, burst=0)
+    assert nm.predict(eight, per_rank) == pytest.approx(0.008 + max(0.06, wire) + 0.15 * min(0.06, wire) + 28 * 2e-4)
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("refill, wire_mib", [
+    (10.0, 2.0),    # the bucket refills between exchanges: each 2 MiB exchange waits for 1 MiB
+    (0.0, 4.5),     # no time between exchanges: every byte at the rate
+    (0.5, 2.5),     # 0.5 MiB of tokens between exchanges, worked out by hand below
+])
+def test_the_token_bucket_of_the_emulated_link(refill, wire_mib):
+    """An epoch of 4.5 MiB over exchanges of widths 64, 8, 8, 64 (2, 0.25, 0.25, 2 MiB) through
+    a 1 MiB bucket at 1 Gbit/s. With 0.5 MiB of refill between exchanges, in steady state:
+    2 MiB with 0.5 MiB of tokens waits 1.5; the bucket then holds 0 + 0.5; 0.25 passes (0.25
+    left, + 0.5 = 0.75); 0.25 passes (0.5, + 0.5 = 1.0); 2 MiB waits 1.0 (0, + 0.5 = 0.5 for
+    the next epoch's first exchange): 2.5 MiB at the rate."""
+    nm = netmodel()
+    rate = 125e6                                           # bytes per second at 1 Gbit/s
+    got = nm.bucket_wire_time(4.5 * MIB, (64, 8, 8, 64), refill * MIB / rate, 1.0, 1.0, MIB)
+    assert got == pytest.approx(wire_mib * MIB / rate)
+    run = nm.Run("x", 4, 1.0, "full", 0.1, refill * MIB / rate * 4, 0.0, 4.5 * MIB, 12)
+    c = nm.Constants(eta=1.0, eps=1.0, alpha=0.0, eps_stale=1.0)
+    assert nm.predict(run, c) == pytest.approx(run.compute + wire_mib * MIB / rate)
+
+
+def test_rounds_combine_by_their_median(tmp_path):
+    """Three rounds of a grid: every input of a cell is the median over the rounds, each
+    round's compute from its own shared-memory run; a cell missing from a round uses the rest."""
+    nm = netmodel()
+    paths = []
+    for i, (ep, shm, codec, b) in enumerate([(0.30, 0.10, 0.01, 3e6), (0.20, 0.12, 0.03, 3e6),
+                                             (0.25, 0.08, 0.02, 4e6)]):
+        cell = {"epoch_s": ep, "codec_s": codec, "bytes_per_epoch": b}
+        results = {"4|1|quant2-all": cell, "4|shm|quant2-all": {"epoch_s": shm, "codec_s": codec,
+                                                                 "bytes_per_epoch": b}}
+        if i == 0:
+            results |= {"4|1|full": {"epoch_s": 0.5, "codec_s": 0.0, "bytes_per_epoch": 3e7},
+                        "4|shm|full": {"epoch_s": 0.1, "codec_s": 0.0, "bytes_per_epoch": 3e7}}
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps({"results": results}))
+    runs = {r.schedule: r for r in nm.load_runs(paths, "median")}
+    q = runs["quant2-all"]
+    assert (q.measured, q.codec, q.nbytes) == pytest.approx((0.25, 0.02, 3e6))
+    assert q.compute == pytest.approx(statistics.median([0.10 - 0.01, 0.12 - 0.03, 0.08 - 0.02]))
+    assert runs["full"].measured == 0.5 and runs["full"].source == "r0"
+    last = {r.schedule: r for r in nm.load_runs(paths, "last")}
+    assert last["quant2-all"].measured == 0.25 and last["quant2-all"].codec == 0.02
 
 
 def test_calibration_on_the_committed_runs(tmp_path):
     """The committed CPU runs load as documented (no VARCO, no stale runs of network.json, the
-    compute from the same sweep's shm run) and the fit reproduces the committed constants."""
+    compute from the same sweep's shm run) and the fit reproduces the committed constants (the
+    first calibration, made without the token bucket, which the projection uses)."""
     nm = netmodel()
-    runs = nm.load_runs(nm.RUNS)
+    runs = nm.load_runs(nm.RUNS, burst=0)
     names = {(r.source, r.ranks, r.rate, r.schedule) for r in runs}
     assert not any(s.startswith("varco") for *_, s in names)
     assert not any(src == "network" and "@s" in s for src, *_, s in names)
