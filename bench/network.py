@@ -18,7 +18,8 @@ wire behind.
 way of progressing its exchanges in flight (``[comm] progress``: ``test``, ``fine``,
 ``thread``; ``ompi``: Open MPI's own TCP progress thread, ``OMPI_MCA_btl_tcp_progress_thread=1``,
 with ``test``; ``+`` combines), keyed ``SCHEDULE~VARIANT``; without it they run with the
-config's default. A run named ``SCHEDULE~sysmalloc`` (any schedule; ``bench/paired.py`` takes
+config's default. ``SCHEDULE~burst128kb`` runs behind a token bucket of that size (``--burst``
+for every run). A run named ``SCHEDULE~sysmalloc`` (any schedule; ``bench/paired.py`` takes
 such names) runs with glibc's and torch's allocation defaults (``HPCGNN_MALLOC=system``,
 ``hpcgnn.memory``), ``SCHEDULE~heapmalloc`` with every block kept (``HPCGNN_MALLOC=heap``).
 
@@ -62,6 +63,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+BURST = "1mb"
+"""The token bucket's size (``tc``'s units: ``1mb`` = 1 MiB): that many bytes pass at once
+after the link was idle long enough to refill it; an exchange smaller than that costs no wire
+time if the ranks computed long enough before it (``bench/netmodel.py``'s ``bucket_wire_time``).
+A cluster link has no such allowance: ``--burst 128kb`` comes closer (two loopback packets of
+64 KiB)."""
 DEFAULT_SPEC = "csbm:nodes=20000,classes=8,degree=10,homophily=0.7,features=128,signal=0.8,seed=11"
 SCHEDULES = ("full", "auto", "varco", "varco-quant2-all", "quant4-all", "quant2-all", "quant1-all",
              "quant-1to4-all", "sample-all", "sample-quant2-all")
@@ -157,12 +164,21 @@ def progress_variant(variant: str) -> tuple[list[str], dict]:
     return sets, env
 
 
+def link_variant(variant: str, burst: str) -> tuple[str, str]:
+    """A ``burstSIZE`` part of a run's variant (``quant2-all~burst128kb``: ``bench/paired.py``
+    compares buckets in the same rounds) -> (the other parts, the bucket size)."""
+    parts = [p for p in variant.split("+") if p]
+    sizes = [p[len("burst"):] for p in parts if p.startswith("burst")]
+    return "+".join(p for p in parts if not p.startswith("burst")), (sizes[-1] if sizes else burst)
+
+
 def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config: Path,
-           timeout: float, epochs: int = 100, device: str = "cpu") -> None:
+           timeout: float, epochs: int = 100, device: str = "cpu", burst: str = BURST) -> None:
     """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm');
-    ``name``: ``SCHEDULE[@opts][~PROGRESS]``."""
+    ``name``: ``SCHEDULE[@opts][~PROGRESS]``; ``burst``: the token bucket's (tc units)."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
     name, _, variant = name.partition("~")
+    variant, burst = link_variant(variant, burst)
     schedule, sets, _ = method(name, epochs)
     progress_sets, progress_env = progress_variant(variant)
     sets += progress_sets
@@ -178,7 +194,7 @@ def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config
     else:
         env.update(TCP_ENV)
         shape = "" if rate == "none" else (f"tc qdisc add dev lo root tbf rate {rate}gbit "
-                                           f"burst 1mb latency 100ms && ")
+                                           f"burst {burst} latency 100ms && ")
         cmd = ["unshare", "-n", "bash", "-c",
                f"ip link set lo up && {shape}exec {' '.join(shlex.quote(a) for a in train)}"]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
@@ -253,7 +269,7 @@ def run_all(args) -> dict:
                 run_dir = root / f"r{ranks}-{rate}-{schedule}"
                 t0 = time.perf_counter()
                 launch(ranks, shards, schedule, rate, run_dir, config, args.timeout, args.epochs,
-                       args.device)
+                       args.device, args.burst)
                 res = summarise(run_dir)
                 res["wall_s"] = time.perf_counter() - t0
                 results[f"{ranks}|{rate}|{schedule}"] = res
@@ -411,6 +427,9 @@ def main() -> None:
     ap.add_argument("--schedules", nargs="+", default=["floor", *SCHEDULES],
                     help="schedule names in configs/schedules, 'full', or 'floor'")
     ap.add_argument("--epochs", type=int, default=100)
+    ap.add_argument("--burst", default=BURST,
+                    help=f"the link's token bucket, tc units (default {BURST}: bytes an idle link "
+                         f"lets pass at once; a cluster link has no such allowance)")
     ap.add_argument("--partitioner", default="random", choices=("random", "metis"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=2,
@@ -444,7 +463,7 @@ def main() -> None:
     table = to_markdown(results, args)
     out.with_suffix(".md").write_text(table)
     out.with_suffix(".json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
-                                                   "device": args.device,
+                                                   "device": args.device, "burst": args.burst,
                                                    "eval_every": args.eval_every,
                                                    "load_average": os.getloadavg()[0],
                                                    "results": results}, indent=1))

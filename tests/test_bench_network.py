@@ -42,3 +42,17 @@ def test_auto_start_and_check_seconds_count_in_time_to_accuracy(tmp_path):
 def test_a_schedule_without_auto_is_its_steps_alone(tmp_path):
     res = network.summarise(_run_dir(tmp_path, [_row(0, 1.0), _row(1, 2.0, 0.7)]))
     assert res["train_s"] == pytest.approx(3.0) and network.time_to(res["curve"], 0.7) == 3.0
+
+
+@pytest.mark.parametrize("variant, burst, want", [
+    ("", "1mb", ("", "1mb")),
+    ("burst128kb", "1mb", ("", "128kb")),
+    ("fine+burst64kb+sysmalloc", "1mb", ("fine+sysmalloc", "64kb")),
+    ("ompi", "2mb", ("ompi", "2mb")),
+])
+def test_a_run_variant_may_name_the_token_bucket(variant, burst, want):
+    """``SCHEDULE~burstSIZE`` sets the link's bucket for that run alone; the other parts of the
+    variant are left for the progress and allocation settings."""
+    assert network.link_variant(variant, burst) == want
+    assert network.progress_variant(want[0])[0] == (
+        ["--set", "comm.progress=fine"] if "fine" in variant else [])
