@@ -7,14 +7,16 @@
 # GATConv; hpcgnn also on its torch path, HPCGNN_TRITON=0).
 #
 #   bash bench/gpu.sh OUT_DIR [EPOCH_SPEC]      # EPOCH=0: without the epoch benchmark
-#   SECTIONS=info,bench bash bench/gpu.sh OUT_DIR   # some of: info tests cora bench aware
+#   SECTIONS=info,bench bash bench/gpu.sh OUT_DIR   # some of: info tests cora bench network aware
 #
 # Uses the venv python in $PY (default: .venv/bin/python). Offline machines: build that venv
 # over the site's torch with bench/gpu-venv.sh and the wheels in .whl/ it names.
 # Section 'aware' (not in the default) runs the CUDA-aware checks with $PY_AWARE (default
 # .venv-cuda/bin/python, the venv of env/cuda-aware-openmpi.sh build): hpcgnn info, the GPU
 # exchange and staging tests (device buffers handed to MPI against the staged path, bit for
-# bit), and Cora on 2 ranks staged against CUDA-aware, timed.
+# bit), and Cora on 2 ranks staged against CUDA-aware, timed. Section 'network' (not in the
+# default; root) runs bench/network.py with GPU ranks behind the emulated link (NET_RANKS,
+# NET_RATES, NET_EPOCHS).
 # Every step runs even when one before it fails; the exit status counts the failed steps.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -106,6 +108,11 @@ step "dropout, cuda (fused counter kernel, torch hash path, F.dropout)" $PY benc
     --arch gat --dataset "$spec" --ranks 1 --epochs 10 --results "$out/gat" --shards-root shards/gpu-epoch --profile
 [[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda, GCN (hpcgnn 1 rank, PyG GCNConv)" $PY bench/epoch.py --device cuda \
     --arch gcn --dataset "$spec" --ranks 1 --epochs 10 --results "$out/gcn" --shards-root shards/gpu-epoch --profile
+fi
+if want network; then   # root: private network namespaces; the ranks share the node's GPU(s)
+step "cluster-network benchmark, GPU ranks" $PY bench/network.py --device cuda --ranks ${NET_RANKS:-2 4} \
+    --rates ${NET_RATES:-10 25 100 none shm} --schedules floor full quant2-all quant1-all@s1 \
+    --epochs ${NET_EPOCHS:-50} --eval-every 50 --work "$out/network-runs" --out "$out/network-cuda"
 fi
 if want aware; then
     PY_AWARE=${PY_AWARE:-.venv-cuda/bin/python}
