@@ -69,6 +69,23 @@ GBIT = 1e9 / 8                       # bytes per second in one Gbit/s
 CALIB_WIDTHS = (64, 8, 8, 64)
 CALIB_STALE_WIDTHS = (64, 64)
 BUCKET_BYTES = 1 << 20               # bench/network.py's tbf "burst 1mb" (tc: 1024^2 bytes)
+TC_UNITS = {"kb": 1 << 10, "k": 1 << 10, "mb": 1 << 20, "m": 1 << 20, "gb": 1 << 30, "g": 1 << 30,
+            "b": 1}
+
+
+def tc_bytes(size: str) -> int:
+    """``tc``'s size (``1mb``, ``128kb``, ``4096``) in bytes (its units are powers of 1024)."""
+    text = str(size).strip().lower()
+    digits = text.rstrip("kmgb")
+    unit = text[len(digits):] or "b"
+    if not digits.replace(".", "", 1).isdigit() or unit not in TC_UNITS:
+        raise ValueError(f"not a tc size: {size!r} (e.g. 1mb, 128kb, 4096)")
+    return int(float(digits) * TC_UNITS[unit])
+
+
+def calib_widths(stale: bool) -> tuple:
+    """Row widths of a calibration run's exchanges in an epoch, in step order."""
+    return CALIB_STALE_WIDTHS if stale else CALIB_WIDTHS
 # ogbn-products' size (2,449,029 nodes, 61.86M undirected edges; 47 classes, edge homophily 0.81).
 # METIS (pymetis's 64-bit build, two balance constraints) needs ~11 GB at this size; HALF, the
 # same degree on half the nodes, is the largest tried that stays under 10 GiB (the default).
@@ -140,7 +157,7 @@ class Run:
 
     @property
     def widths(self) -> tuple:
-        return CALIB_STALE_WIDTHS if self.stale else CALIB_WIDTHS
+        return calib_widths(self.stale)
 
     @property
     def stale(self) -> bool:
@@ -152,19 +169,23 @@ def codec_seconds(r: dict) -> float:
     return r["codec_s"] if "codec_s" in r else r["codec_share"] * r["epoch_s"]
 
 
-def load_runs(paths: list[Path], combine: str = "last", burst: float = BUCKET_BYTES) -> list[Run]:
+def load_runs(paths: list[Path], combine: str = "last", burst: float | None = None) -> list[Run]:
     """The runs of bench/network.py files the model can take. ``combine``: ``last`` (a later
     file's run of a cell wins: newer sweeps replace older ones) or ``median`` (the files are
     repeated rounds of one grid: each input and the measured epoch are the median over the
     rounds that have the cell, each round's compute taken from its own shared-memory run).
-    ``burst``: the link's token bucket in bytes (0: the model without it)."""
+    ``burst``: the link's token bucket in bytes for every file (0: the model without it);
+    ``None``: each file's own (``bench/network.py --burst``, recorded since 2026-11-27; 1 MiB,
+    the only size before)."""
     cells: dict[tuple, list[Run]] = {}
     for path in paths:
-        results = json.loads(Path(path).read_text())["results"]
+        sweep = json.loads(Path(path).read_text())
+        results = sweep["results"]
+        bucket = tc_bytes(sweep.get("burst", "1mb")) if burst is None else burst
         for key, r in results.items():
             run = _run(path, key, r, results)
             if run is not None:
-                run = replace(run, burst=burst)
+                run = replace(run, burst=bucket)
                 cells.setdefault((run.ranks, run.rate, run.schedule), []).append(run)
     if combine == "last":
         runs = [rounds[-1] for rounds in cells.values()]
@@ -192,7 +213,7 @@ def _run(path: Path, key: str, r: dict, results: dict) -> Run | None:
         return None
     return Run(Path(path).stem, int(ranks), float(rate), schedule, r["epoch_s"],
                shm["epoch_s"] - codec_seconds(shm), codec_seconds(r), r["bytes_per_epoch"],
-               len(CALIB_STALE_WIDTHS if "@s" in schedule else CALIB_WIDTHS) * (int(ranks) - 1))
+               len(calib_widths("@s" in schedule)) * (int(ranks) - 1))
 
 
 def _current(path: Path, schedule: str) -> bool:
@@ -304,7 +325,7 @@ def calibration_markdown(runs: list[Run], c: Constants, held_out: dict | None) -
              f"(synchronous, shared link), alpha = {1e3 * c.alpha:.3f} ms per message, "
              f"eps_stale = {c.eps_stale:.3f}"
              f"{'; eps at 4 ranks, x 4 / R' if c.overlap == 'per-rank' else ''}; token bucket "
-             f"{f'{runs[0].burst / 2**20:g} MiB' if runs[0].burst else 'not modelled'}.", "",
+             f"{', '.join(f'{b / 2**20:g} MiB' for b in sorted({r.burst for r in runs}) if b) or 'not modelled'}.", "",
              f"Worst relative error {100 * abs(errs[worst]):.1f} % ({_name(runs[worst])}); "
              f"{sum(abs(e) <= 0.15 for e in errs)} of {len(runs)} runs within 15 %; mean "
              f"|error| {100 * statistics.mean(map(abs, errs)):.1f} %.", ""]
@@ -613,7 +634,7 @@ def remeasure(args) -> None:
         files.append(str(part.with_suffix(".json")))
     if args.dry_run:
         return
-    calibrate(argparse.Namespace(runs=files, combine="median", burst=BUCKET_BYTES, overlap="shared",
+    calibrate(argparse.Namespace(runs=files, combine="median", burst=None, overlap="shared",
                                  out=str(out.with_name(out.name + "-model")),
                                  plot=str(out.with_name(out.name + "-model.png"))))
 
@@ -630,9 +651,9 @@ def main() -> None:
                         "or the median over them (the files are rounds of one grid)")
     c.add_argument("--overlap", choices=OVERLAPS, default="shared",
                    help="eps on the emulated link: one for every rank count, or falling as 4 / R")
-    c.add_argument("--burst", type=float, default=BUCKET_BYTES,
-                   help="the emulated link's token bucket in bytes (bench/network.py's tbf burst, "
-                        "default 1 MiB); 0: not modelled, every byte at the rate")
+    c.add_argument("--burst", type=tc_bytes, default=None,
+                   help="the emulated link's token bucket, tc units, for every file (default: each "
+                        "file's recorded --burst, 1mb where none is); 0: not modelled")
     h = sub.add_parser("halos")
     h.add_argument("--dataset", default=HALF, help=f"default: half of ogbn-products' size; {PRODUCTS} "
                    f"needs ~11 GB for METIS")

@@ -138,6 +138,24 @@ def test_the_token_bucket_of_the_emulated_link(refill, wire_mib):
     assert nm.predict(run, c) == pytest.approx(run.compute + wire_mib * MIB / rate)
 
 
+def test_each_sweep_brings_its_own_token_bucket(tmp_path):
+    """``bench/network.py --burst`` is recorded in the sweep and the model takes it (files
+    from before the option: 1 MiB, the only size then); ``--burst`` overrides every file."""
+    nm = netmodel()
+    assert [nm.tc_bytes(t) for t in ("1mb", "128kb", "64k", "4096", "0", "2m")] == \
+        [1 << 20, 128 << 10, 64 << 10, 4096, 0, 2 << 20]
+    with pytest.raises(ValueError, match="tc size"):
+        nm.tc_bytes("fast")
+    cells = {"4|1|full": {"epoch_s": 0.5, "codec_s": 0.0, "bytes_per_epoch": 3e7},
+             "4|shm|full": {"epoch_s": 0.1, "codec_s": 0.0, "bytes_per_epoch": 3e7}}
+    old, small = tmp_path / "old.json", tmp_path / "small.json"
+    old.write_text(json.dumps({"results": cells}))
+    small.write_text(json.dumps({"burst": "128kb", "results": cells}))
+    assert [r.burst for r in nm.load_runs([old])] == [1 << 20]
+    assert [r.burst for r in nm.load_runs([small])] == [128 << 10]
+    assert [r.burst for r in nm.load_runs([small], burst=0)] == [0]
+
+
 def test_rounds_combine_by_their_median(tmp_path):
     """Three rounds of a grid: every input of a cell is the median over the rounds, each
     round's compute from its own shared-memory run; a cell missing from a round uses the rest."""
