@@ -12,7 +12,10 @@
 #   the GPU machine when it has no network.
 # build options (all optional):
 #   --tarball PATH   Open MPI source tarball (default: DIR/openmpi_*.orig.tar.*)
-#   --mpi4py PATH    mpi4py sdist (default: DIR/mpi4py-*.tar.gz)
+#   --mpi4py PATH    mpi4py sdist (.tar.gz: compiled against this MPI) or binary wheel (.whl:
+#                    PyPI's, which loads the libmpi.so.40 it finds in the venv's lib/ at run
+#                    time: nothing to compile). Default: an existing venv's binary mpi4py is kept;
+#                    else a wheel for the venv's python in DIR or <repo>/.whl; else DIR's sdist
 #   --src DIR        where the default tarball and sdist are looked for (default: <repo>/.src)
 #   --cuda DIR       CUDA toolkit root, the directory holding include/cuda.h (default: $CUDA_HOME,
 #                    $CUDA_PATH, the root nvcc reports, /usr/local/cuda)
@@ -165,19 +168,61 @@ rebuild_mpi4py() {  # an existing venv: mpi4py from the sdist, no index, no buil
         --no-build-isolation --no-cache-dir --force-reinstall "$sdist"
 }
 
-link_launchers() {  # tests and scripts start ranks with the venv's mpiexec: make it this MPI's
-    local venv=$1 prefix=$2
-    for tool in mpiexec mpirun ompi_info; do
+binary_mpi4py() {  # true when the venv's mpi4py is PyPI's binary build (libmpi found at run time)
+    "$1/bin/python" - <<'PY' 2>/dev/null
+import importlib.util, pathlib, sys
+spec = importlib.util.find_spec("mpi4py")
+d = pathlib.Path(spec.origin).parent if spec and spec.origin else None
+sys.exit(0 if d and (d / "_mpiabi.py").exists() and list(d.glob("MPI.openmpi.*")) else 1)
+PY
+}
+
+wheel_for() {  # the mpi4py wheel in the given directories that the venv's python can install
+    local venv=$1 tag w d; shift
+    tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    for d in "$@"; do
+        for w in "$d"/mpi4py-*-"$tag"-*.whl; do [[ -f $w ]] && { echo "$w"; return 0; }; done
+    done
+    return 0
+}
+
+install_wheel() {  # PyPI's binary mpi4py: installed as is, nothing compiled
+    local venv=$1 wheel=$2
+    say "installing the binary mpi4py $(basename "$wheel") into $venv (it loads $venv/lib/libmpi.so at run time)"
+    "$venv/bin/python" -m pip install --quiet --no-index --no-deps --no-cache-dir --force-reinstall "$wheel"
+}
+
+# exit 0 when pip's Open MPI is installed in this venv itself (not only visible through a .pth)
+own_openmpi='import importlib.metadata as m, os, sys
+d = os.path.realpath(str(m.distribution("openmpi").locate_file("")))
+sys.exit(0 if d.startswith(os.path.realpath(sys.prefix) + os.sep) else 1)'
+
+link_mpi() {  # the venv's mpiexec/mpirun/ompi_info and lib/libmpi.so* become this prefix's
+    local venv=$1 prefix=$2 tool lib
+    if "$venv/bin/python" -c "$own_openmpi" 2>/dev/null; then
+        say "removing pip's Open MPI from $venv (its libmpi.so.40 in $venv/lib would shadow $prefix's)"
+        "$venv/bin/python" -m pip uninstall --quiet --yes openmpi
+    fi
+    for tool in mpiexec mpirun ompi_info; do       # tests and scripts start ranks with these
         ln -sfn "$prefix/bin/$tool" "$venv/bin/$tool"
     done
+    mkdir -p "$venv/lib"                             # where a binary mpi4py looks first
+    for lib in libmpi.so libmpi.so.40; do
+        [[ -e $prefix/lib/$lib ]] && ln -sfn "$prefix/lib/$lib" "$venv/lib/$lib"
+    done
+    return 0
 }
 
 check_venv() {  # mpi4py must load this prefix's libmpi
-    local venv=$1 prefix=$2 ext lib
-    ext=$("$venv/bin/python" -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.__file__)')
-    lib=$(ldd "$ext" | awk '/libmpi\.so/ {print $3}')
-    say "mpi4py ($ext) loads $lib"
-    [[ $lib == "$prefix"/* ]] || die "mpi4py in $venv loads $lib, not $prefix's libmpi: a pip mpi4py or openmpi wheel shadows it ($venv/bin/python -m pip uninstall mpi4py openmpi), then build again"
+    local venv=$1 prefix=$2 lib real_prefix
+    lib=$("$venv/bin/python" -c '
+import os, mpi4py
+mpi4py.rc.initialize = False
+from mpi4py import MPI
+print(next((os.path.realpath(line.split()[-1]) for line in open("/proc/self/maps") if "/libmpi.so" in line), "none"))')
+    real_prefix=$(cd "$prefix" && pwd -P)
+    say "mpi4py $("$venv/bin/python" -c 'import mpi4py; print(mpi4py.__version__)') loads $lib"
+    [[ $lib == "$real_prefix"/* ]] || die "mpi4py in $venv loads $lib, not $prefix's libmpi: a pip mpi4py or openmpi wheel shadows it ($venv/bin/python -m pip uninstall mpi4py openmpi), then build again"
     [[ $(id -u) -eq 0 ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     # from the checkout, so that its hpcgnn is the one imported; MPI_Init needs a network
     # interface (at least a loopback that is up) for Open MPI's start-up
@@ -224,13 +269,40 @@ build_ompi() {  # configure, make, install into the prefix; kept when the same b
     echo "$want" > "$stamp"
 }
 
-install_mpi4py() {  # mpi4py against the prefix in the venv, the venv's launchers, the checks
-    local prefix=$1 sdist=$opt_sdist venv=$opt_venv
-    [[ -n $sdist ]] || sdist=$(one_file "mpi4py sdist" --mpi4py "$opt_src"/mpi4py-*.tar.gz)
-    [[ -f $sdist ]] || die "--mpi4py $sdist: no such file"
-    if [[ -x $venv/bin/python ]]; then rebuild_mpi4py "$venv" "$prefix" "$sdist"
-    else make_venv "$venv" "$prefix" "$sdist"; fi
-    link_launchers "$venv" "$prefix"
+plan_mpi4py() {  # before anything is built: how the venv gets its mpi4py (sets mpi4py_route, _file)
+    local given=$opt_sdist venv=$opt_venv
+    [[ -z $given || -f $given ]] || die "--mpi4py $given: no such file"
+    [[ -z $given || $given == *.whl || $given == *.tar.gz ]] || die "--mpi4py $given: give an sdist (.tar.gz) or a wheel (.whl)"
+    mpi4py_file=$given
+    if [[ ! -x $venv/bin/python ]]; then
+        [[ $given == *.whl ]] && die "--mpi4py $given: $venv does not exist, and a new venv gets mpi4py from an sdist; make the venv first (e.g. bash bench/gpu-venv.sh $venv) or pass the sdist"
+        mpi4py_route=new-venv
+    elif [[ $given == *.whl ]]; then mpi4py_route=wheel
+    elif [[ -n $given ]]; then mpi4py_route=sdist
+    elif binary_mpi4py "$venv"; then mpi4py_route=keep
+    elif mpi4py_file=$(wheel_for "$venv" "$opt_src" "$repo/.whl") && [[ -n $mpi4py_file ]]; then mpi4py_route=wheel
+    else mpi4py_route=sdist
+    fi
+    if [[ $mpi4py_route == new-venv || $mpi4py_route == sdist ]] && [[ -z $mpi4py_file ]]; then
+        mpi4py_file=$(one_file "mpi4py sdist" --mpi4py "$opt_src"/mpi4py-*.tar.gz)
+    fi
+    case $mpi4py_route in
+        keep) say "mpi4py: $venv's binary mpi4py is kept (it will load the libmpi.so linked into $venv/lib)" ;;
+        wheel) say "mpi4py: the binary wheel $(basename "$mpi4py_file") (nothing to compile)" ;;
+        sdist) say "mpi4py: compiled from $(basename "$mpi4py_file") against the new MPI" ;;
+        new-venv) say "mpi4py: $venv is made by env/setup.sh, mpi4py compiled from $(basename "$mpi4py_file")" ;;
+    esac
+}
+
+install_mpi4py() {  # the planned mpi4py in the venv, the venv's launchers and libmpi, the checks
+    local prefix=$1 venv=$opt_venv
+    case $mpi4py_route in
+        new-venv) make_venv "$venv" "$prefix" "$mpi4py_file" ;;
+        wheel) install_wheel "$venv" "$mpi4py_file" ;;
+        sdist) rebuild_mpi4py "$venv" "$prefix" "$mpi4py_file" ;;
+        keep) ;;
+    esac
+    link_mpi "$venv" "$prefix"
     check_venv "$venv" "$prefix"
 }
 
@@ -242,6 +314,7 @@ build() {
     [[ -f $tarball ]] || die "--tarball $tarball: no such file"
     [[ $opt_with_cuda == 1 ]] && cuda=$(cuda_root "$opt_cuda")
     say "CUDA root: $cuda"
+    [[ -n $opt_stop ]] || plan_mpi4py
     mkdir -p "$opt_prefix"
     prefix=$(cd "$opt_prefix" && pwd)
     build_ompi "$tarball" "$cuda" "$prefix"

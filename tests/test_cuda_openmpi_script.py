@@ -3,6 +3,7 @@ before it configures anything (the build itself takes minutes: see docs/gpu.md f
 from __future__ import annotations
 
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -55,3 +56,75 @@ def test_a_tarball_without_configure_is_refused(tmp_path):
 def test_stop_after_takes_two_values(tmp_path):
     proc = script("build", "--stop-after", "make", cwd=tmp_path)
     assert proc.returncode == 2 and "--stop-after make: one of configure, install" in proc.stderr
+
+
+
+def _no_configure_tarball(tmp_path: Path) -> Path:
+    """A tarball that stops ``build`` at its first step after the plan (no configure script)."""
+    top = tmp_path / "tree" / "openmpi-9"
+    top.mkdir(parents=True, exist_ok=True)
+    (top / "README").write_text("not Open MPI")
+    tarball = tmp_path / "openmpi-9.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(top, arcname="openmpi-9")
+    return tarball
+
+
+def _plan(tmp_path: Path, venv: Path, *extra: str) -> subprocess.CompletedProcess:
+    return script("build", "--tarball", str(_no_configure_tarball(tmp_path)), "--without-cuda",
+                  "--prefix", str(tmp_path / "p"), "--venv", str(venv), "--src", str(tmp_path / "carried"),
+                  *extra, cwd=tmp_path)
+
+
+def _venv_without_mpi4py(tmp_path: Path) -> Path:
+    """A 'venv' whose python sees no site-packages (``-S``), so no mpi4py."""
+    venv = tmp_path / "bare"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    return venv
+
+
+def test_the_mpi4py_route_is_decided_before_anything_is_built(tmp_path):
+    """An existing venv's binary mpi4py (PyPI's: it loads the libmpi it finds in the venv's lib/)
+    is kept; else a carried wheel for the venv's python; else the carried sdist. Each is said
+    before Open MPI is unpacked."""
+    import mpi4py
+    if (Path(mpi4py.__file__).parent / "_mpiabi.py").exists():      # PyPI's binary mpi4py here
+        proc = _plan(tmp_path, Path(sys.prefix))
+        assert proc.returncode == 2, proc.stderr
+        assert f"mpi4py: {sys.prefix}'s binary mpi4py is kept" in proc.stderr
+        assert "no configure script" in proc.stderr      # the plan came first, then the unpack
+
+    bare = _venv_without_mpi4py(tmp_path)
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    (carried / "mpi4py-4.1.2.tar.gz").write_bytes(b"")
+    proc = _plan(tmp_path, bare)
+    assert "mpi4py: compiled from mpi4py-4.1.2.tar.gz against the new MPI" in proc.stderr, proc.stderr
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    other = "cp27" if tag != "cp27" else "cp36"
+    (carried / f"mpi4py-4.1.2-{other}-{other}-manylinux1_x86_64.whl").write_bytes(b"")
+    proc = _plan(tmp_path, bare)                         # a wheel for another python: not taken
+    assert "mpi4py: compiled from" in proc.stderr, proc.stderr
+    wheel = f"mpi4py-4.1.2-{tag}-{tag}-manylinux1_x86_64.whl"
+    (carried / wheel).write_bytes(b"")
+    proc = _plan(tmp_path, bare)
+    assert f"mpi4py: the binary wheel {wheel} (nothing to compile)" in proc.stderr, proc.stderr
+
+
+def test_a_wrong_mpi4py_is_refused_before_the_build(tmp_path):
+    wheel = tmp_path / "mpi4py-4.1.2-cp312-cp312-manylinux1_x86_64.whl"
+    wheel.write_bytes(b"")
+    proc = _plan(tmp_path, tmp_path / "no-venv", "--mpi4py", str(wheel))
+    assert proc.returncode == 2
+    assert f"{tmp_path / 'no-venv'} does not exist, and a new venv gets mpi4py from an sdist" in proc.stderr
+    assert "bench/gpu-venv.sh" in proc.stderr
+    assert not (tmp_path / "p.build").exists()           # nothing unpacked
+    odd = tmp_path / "mpi4py.zip"
+    odd.write_bytes(b"")
+    proc = _plan(tmp_path, Path(sys.prefix), "--mpi4py", str(odd))
+    assert proc.returncode == 2 and "give an sdist (.tar.gz) or a wheel (.whl)" in proc.stderr
+    proc = _plan(tmp_path, Path(sys.prefix), "--mpi4py", str(tmp_path / "none.tar.gz"))
+    assert proc.returncode == 2 and f"--mpi4py {tmp_path / 'none.tar.gz'}: no such file" in proc.stderr
+    assert not (tmp_path / "p.build").exists()
