@@ -116,6 +116,32 @@ def test_codec_kernels_equal_the_numpy_reference(codec, dev):
         assert np.array_equal(got.cpu().numpy(), want), (width, counts)
 
 
+def test_one_blocks_many_epochs_and_codecs(dev):
+    """As training calls them: one ``Blocks`` per plan and direction, new block keys every epoch,
+    several codecs and widths on it. The layout kept per (blocks, codec, width) must not keep the
+    keys of an earlier call, and goes when its blocks go."""
+    import gc
+    counts = (9, 0, 14, 5)
+    blocks = Blocks.of(counts, dev)
+    codecs = [WireCodec(bits=2), WireCodec(keep=0.5, bits=4), WireCodec(channels="random", k=5, bits=8),
+              WireCodec(keep=0.4, channels="random", k=3)]
+    for epoch in range(3):
+        for codec in codecs:
+            for width in (11, 6):
+                x = _input(sum(counts), width, dev, seed=epoch * 7 + width)
+                keys = _keys(len(counts), base=100 * epoch + width, device=dev)
+                want_wire, want = ref_codec(codec, x.cpu().numpy(), counts, keys.tolist(), epoch)
+                wire = fused.encode(codec, x, blocks, keys, epoch)
+                assert np.array_equal(wire.cpu().numpy(), want_wire), (epoch, codec, width)
+                assert np.array_equal(fused.decode(codec, wire, blocks, width, keys).cpu().numpy(), want)
+    assert fused.layout(codecs[0], blocks, 11) is fused.layout(codecs[0], blocks, 11)
+    assert len(fused._layouts[id(blocks)]) == len(codecs) * 2
+    gone = id(blocks)
+    del blocks
+    gc.collect()
+    assert gone not in fused._layouts
+
+
 @pytest.mark.parametrize("codec", [WireCodec(bits=2), WireCodec(keep=0.4, channels="random", k=9, bits=1),
                                    backward_codec(WireCodec(keep=0.3, channels="truncate", k=20),
                                                   WireCodec(bits=4))], ids=repr)

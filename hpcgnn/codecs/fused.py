@@ -11,6 +11,7 @@ on the device, so a call copies nothing from the host.
 """
 from __future__ import annotations
 
+import weakref
 from functools import lru_cache
 
 import torch
@@ -42,14 +43,36 @@ def _sample_plan(counts: tuple[int, ...], keep: float, device: torch.device):
     return torch.tensor(kept, **as64), torch.tensor(starts, **as64), scale.to(device), sum(kept)
 
 
-def layout(codec, blocks: Blocks, keys: torch.Tensor, width: int):
-    """The kernels' view of ``codec`` (a ``WireCodec``) on ``blocks`` with block ``keys``."""
+_layouts: dict[int, dict] = {}      # id(blocks) -> {(codec, width): Layout without keys}
+
+
+def _forget(blocks_id: int) -> None:
+    _layouts.pop(blocks_id, None)
+
+
+def layout(codec, blocks: Blocks, width: int):
+    """The kernels' view of ``codec`` (a ``WireCodec``) on ``blocks``.
+
+    A codec call's host side is most of its cost at the sizes exchanged on a GPU, so the layout
+    is made once per (blocks, codec, width) and kept while ``blocks`` lives (blocks are made once
+    per plan and direction); the block keys go to the select kernel alone."""
+    per_blocks = _layouts.get(id(blocks))
+    if per_blocks is None:
+        per_blocks = _layouts[id(blocks)] = {}
+        weakref.finalize(blocks, _forget, id(blocks))
+    lay = per_blocks.get((codec, width))
+    if lay is None:
+        lay = per_blocks[(codec, width)] = _make_layout(codec, blocks, width)
+    return lay
+
+
+def _make_layout(codec, blocks: Blocks, width: int):
     kept = kept_start = scale = None
     n_out = blocks.rows
     if codec.keep < 1.0:
         kept, kept_start, scale, n_out = _sample_plan(blocks.counts, codec.keep, blocks.device)
     return _kernels().Layout(
-        keys=keys, counts=blocks.counts_t, starts=blocks.starts_t, block_of_row=blocks.block_of_row,
+        counts=blocks.counts_t, starts=blocks.starts_t, block_of_row=blocks.block_of_row,
         kept=kept, kept_start=kept_start, scale=scale, rows=blocks.rows, n_out=n_out,
         width=width, k=codec.width_sent(width), bits=codec.bits, random=codec.channels == "random",
         adjoint=codec.adjoint, salt_rows=SALT_ROWS, salt_channels=SALT_CHANNELS,
@@ -59,16 +82,17 @@ def layout(codec, blocks: Blocks, keys: torch.Tensor, width: int):
 def encode(codec, x: torch.Tensor, blocks: Blocks, keys: torch.Tensor, noise_key: int) -> torch.Tensor:
     """``codec.encode`` on the kernels: float32 ``(R, F)`` -> uint8 blocks."""
     k = _kernels()
-    lay = layout(codec, blocks, keys, x.shape[1])
-    x = x.detach().to(torch.float32).contiguous()
-    return k.encode(x, lay, k.select(lay), noise_key)
+    lay = layout(codec, blocks, x.shape[1])
+    if x.dtype is not torch.float32 or not x.is_contiguous():
+        x = x.to(torch.float32).contiguous()
+    return k.encode(x, lay, k.select(lay, keys), noise_key)
 
 
 def decode(codec, buf: torch.Tensor, blocks: Blocks, width: int, keys: torch.Tensor) -> torch.Tensor:
     """``codec.decode`` on the kernels: uint8 blocks -> float32 ``(R, width)``."""
     k = _kernels()
-    lay = layout(codec, blocks, keys, width)
-    return k.decode(buf.contiguous(), lay, k.select(lay))
+    lay = layout(codec, blocks, width)
+    return k.decode(buf if buf.is_contiguous() else buf.contiguous(), lay, k.select(lay, keys))
 
 
 def encode_values(y: torch.Tensor, bits: int, key: int) -> torch.Tensor:

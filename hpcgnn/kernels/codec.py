@@ -42,12 +42,11 @@ OPTS = {"enable_fp_fusion": False}
 class Layout:
     """One exchange's blocks and codec, as the kernels need them (tensors on the device).
 
-    ``keys`` int64 ``(P,)`` block keys; ``counts``/``starts`` int64 ``(P,)``; ``block_of_row``
+    ``counts``/``starts`` int64 ``(P,)``; ``block_of_row``
     int64 ``(R,)``; ``kept``/``kept_start`` int64 ``(P,)`` and ``scale`` float32 ``(P,)`` (the
     row sample; None without); ``n_out`` rows on the wire; ``k`` channels sent of ``width``;
     ``longest`` the longest segment a select program scans (block rows or ``width``)."""
 
-    keys: torch.Tensor
     counts: torch.Tensor
     starts: torch.Tensor
     block_of_row: torch.Tensor
@@ -77,7 +76,7 @@ class Layout:
 def values_layout(rows: int, width: int, bits: int, device: torch.device) -> Layout:
     """The layout of the value stage alone: ``rows`` rows of ``width`` channels, one block."""
     none = torch.empty(0, dtype=torch.int64, device=device)
-    return Layout(keys=none, counts=none, starts=none, block_of_row=none, kept=None,
+    return Layout(counts=none, starts=none, block_of_row=none, kept=None,
                   kept_start=None, scale=None, rows=rows, n_out=rows, width=width, k=width,
                   bits=bits, random=False, adjoint=False, salt_rows=0, salt_channels=0)
 
@@ -92,6 +91,9 @@ class Selected:
     slot: torch.Tensor | None = None
     chan: torch.Tensor | None = None
     chan_pos: torch.Tensor | None = None
+
+
+_NOTHING = Selected()
 
 
 def _tile(width: int) -> tuple[int, int]:
@@ -180,9 +182,12 @@ def _select_kernel(keys_ptr, counts_ptr, starts_ptr, kept_ptr, kept_start_ptr,
 
 
 @explained
-def select(lay: Layout) -> Selected:
-    """The rows and channels ``lay``'s codec sends from each block (one launch)."""
-    dev, p = lay.keys.device, int(lay.keys.shape[0])
+def select(lay: Layout, keys: torch.Tensor) -> Selected:
+    """The rows and channels ``lay``'s codec sends from each block with block ``keys`` (int64
+    ``(P,)``): one launch; none, and ``Selected()``, for a codec that draws nothing."""
+    if not (lay.sample or lay.random):
+        return _NOTHING
+    dev, p = keys.device, int(keys.shape[0])
     i32 = dict(dtype=torch.int32, device=dev)
     index = slot = chan = chan_pos = None
     if lay.sample:
@@ -194,7 +199,7 @@ def select(lay: Layout) -> Selected:
     if programs:
         dummy = lay.counts
         _select_kernel[(programs,)](
-            lay.keys, lay.counts, lay.starts, lay.kept if lay.sample else dummy,
+            keys, lay.counts, lay.starts, lay.kept if lay.sample else dummy,
             lay.kept_start if lay.sample else dummy, _or(index, dummy), _or(slot, dummy),
             _or(chan, dummy), _or(chan_pos, dummy), p, lay.width, lay.k, lay.salt_rows,
             lay.salt_channels, SAMPLE=lay.sample, RANDOM=lay.random, CH=ch,
@@ -323,7 +328,7 @@ def encode(x: torch.Tensor, lay: Layout, sel: Selected, key: int) -> torch.Tenso
     """float32 ``(R, F)`` -> uint8 ``[n_out * row_bytes]`` (one launch); ``key``: the sender's
     rounding key."""
     fp32 = lay.bits == 32
-    out = torch.empty(lay.n_out, lay.k if fp32 else lay.row_bytes,
+    out = torch.empty(lay.n_out * (lay.k if fp32 else lay.row_bytes),
                       dtype=torch.float32 if fp32 else torch.uint8, device=x.device)
     if lay.n_out:
         br, cw = _tile(lay.k)
@@ -333,7 +338,7 @@ def encode(x: torch.Tensor, lay: Layout, sel: Selected, key: int) -> torch.Tenso
             _or(lay.scale, x), lay.n_out, lay.width, lay.k, lay.row_bytes, key & 0xFFFFFFFF,
             BITS=lay.bits, SAMPLE=lay.sample, RANDOM=lay.random, SCALE=lay.sample and lay.adjoint,
             BR=br, CW=cw, **OPTS)
-    return out.view(torch.uint8).reshape(-1)
+    return out.view(torch.uint8) if fp32 else out
 
 
 # -- decode ------------------------------------------------------------------------------------
