@@ -6,7 +6,10 @@
 One buffer of ``rows`` boundary rows (Cora-sized and cSBM-sized halos) split evenly over
 ``peers`` peer blocks, every codec at the ratios the study uses; best of ``repeat`` per
 direction. Reported per codec: encode and decode ms; GB/s of fp32 input (``4 R F`` bytes over
-encode + decode); the share of the device's copy bandwidth (a ``copy_`` measured in the same run)
+encode + decode, each call timed between two synchronisations); the same for encode + decode
+pairs issued back to back with one synchronisation at the end (``streamed_time``: a call's host
+side then overlaps the GPU's work on the calls before it, as in a training step); the share of
+the device's copy bandwidth (a ``copy_`` measured in the same run)
 that the minimum traffic reaches (fp32 read + wire written, wire read + fp32 written); and on
 CUDA the kernel launches of one encode and one decode and their GPU time (torch profiler: the
 kernels alone, without the host side of the call that the wall-clock times include). On CUDA
@@ -28,7 +31,7 @@ from hpcgnn.codecs.build import CodecSpec
 from hpcgnn.codecs.rng import Blocks, epoch_keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_meter import best_time, copy_bandwidth, device_name, device_seconds, launches  # noqa: E402
+from gpu_meter import best_time, copy_bandwidth, device_name, device_seconds, launches, streamed_time  # noqa: E402
 
 CASES = [("none", 1), ("truncate", 8), ("truncate", 128), ("random", 8), ("quant", 4),
          ("quant", 8), ("quant", 16), ("quant", 32), ("sample", 4), ("truncate+quant", 8),
@@ -49,6 +52,7 @@ def measure(codec, x, blocks, keys, repeat: int) -> dict:
     enc = best_time(lambda: codec.encode(x, blocks, keys, 12345), dev, repeat)
     dec = best_time(lambda: codec.decode(buf, blocks, width, keys), dev, repeat)
     fp32, wire = x.numel() * 4, buf.numel()
+    pair = streamed_time(lambda: codec.decode(codec.encode(x, blocks, keys, 12345), blocks, width, keys), dev)
     n_enc = launches(lambda: codec.encode(x, blocks, keys, 12345), dev)
     n_dec = launches(lambda: codec.decode(buf, blocks, width, keys), dev)
     g_enc = device_seconds(lambda: codec.encode(x, blocks, keys, 12345), dev)
@@ -57,7 +61,8 @@ def measure(codec, x, blocks, keys, repeat: int) -> dict:
         "encode_gpu_ms": g_enc * 1e3, "decode_gpu_ms": g_dec * 1e3,
         "GB_per_s_gpu": fp32 / (g_enc + g_dec) / 1e9 if g_enc + g_dec > 0 else float("inf")}
     return {"wire_ratio": fp32 / max(wire, 1), "encode_ms": enc * 1e3, "decode_ms": dec * 1e3,
-            "GB_per_s": fp32 / (enc + dec) / 1e9, "traffic_GB_per_s": 2 * (fp32 + wire) / (enc + dec) / 1e9,
+            "GB_per_s": fp32 / (enc + dec) / 1e9, "pair_streamed_ms": pair * 1e3,
+            "GB_per_s_streamed": fp32 / pair / 1e9, "traffic_GB_per_s": 2 * (fp32 + wire) / (enc + dec) / 1e9,
             "launches_encode": n_enc, "launches_decode": n_dec, **gpu}
 
 
@@ -93,13 +98,15 @@ def _n(counts: dict | None) -> str:
 def to_markdown(results: list[dict], note: str, copy_bw: float) -> str:
     lines = [note, "", f"Device copy bandwidth (``copy_``, read + write): {copy_bw / 1e9:.0f} GB/s.", "",
              "| codec | path | width | rows | wire ratio | encode ms | decode ms | GB/s fp32 in "
+             "| enc + dec back to back: ms, GB/s "
              "| traffic / copy bw | launches enc | launches dec | GPU ms enc / dec | GB/s on GPU time |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         gpu = (f"{r['encode_gpu_ms']:.3f} / {r['decode_gpu_ms']:.3f} | {r['GB_per_s_gpu']:.0f}"
                if "encode_gpu_ms" in r else "– | –")
         lines.append(f"| {r['codec']} | {r['path']} | {r['width']} | {r['rows']} | {r['wire_ratio']:.1f} | "
                      f"{r['encode_ms']:.3f} | {r['decode_ms']:.3f} | {r['GB_per_s']:.2f} | "
+                     f"{r['pair_streamed_ms']:.3f}, {r['GB_per_s_streamed']:.2f} | "
                      f"{100 * r['traffic_GB_per_s'] * 1e9 / copy_bw:.1f} % | "
                      f"{_n(r['launches_encode'])} | {_n(r['launches_decode'])} | {gpu} |")
     return "\n".join(lines) + "\n"
