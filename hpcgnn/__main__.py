@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpcgnn.log import get_logger, setup_logging
+from hpcgnn.log import get_logger, say_error, setup_logging
 
 EXIT_USER_ERROR = 2
 
@@ -72,7 +72,7 @@ def _configure_memory() -> None:
     try:
         configure()
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say_error(f"error: {exc}")
         sys.exit(EXIT_USER_ERROR)
 
 
@@ -84,7 +84,7 @@ def _start(args, build=None):
     try:
         ctx = CommContext.from_world(args.device)
     except RuntimeError as exc:                 # e.g. --device cuda without a GPU: every rank
-        print(f"error: {exc}", file=sys.stderr)
+        say_error(f"error: {exc}")
         sys.exit(EXIT_USER_ERROR)
     setup_logging(ctx.rank, ctx.size)
     job = prepare_or_report(ctx, args, build or build_trainer)

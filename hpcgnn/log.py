@@ -12,6 +12,15 @@ import sys
 LOGGER_NAME = "hpcgnn"
 
 
+def say_error(line: str) -> None:
+    """``line`` on stderr in one write, flushed: the ranks of a job share stderr (a pipe through
+    the launcher), and a line written in pieces (``print`` writes its newline apart under
+    ``PYTHONUNBUFFERED``) can run into another rank's; Open MPI 4 forwards such pieces
+    interleaved."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def get_logger() -> logging.Logger:
     return logging.getLogger(LOGGER_NAME)
 

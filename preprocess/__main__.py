@@ -13,6 +13,7 @@ import time
 from hpcgnn.data.datasets import SPEC_HELP, load_dataset
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.shard import ShardFormatError
+from hpcgnn.log import say_error
 from preprocess.errors import PreprocessError
 from preprocess.partition import PARTITIONERS, partition_graph
 from preprocess.verify import verify_shards
@@ -124,13 +125,6 @@ def _rank_tag() -> str:
     return f" (rank {mpi.COMM_WORLD.rank} of {mpi.COMM_WORLD.size})"
 
 
-def _say_error(line: str) -> None:
-    """The whole line in one write and flushed at once: the ranks of a job share stderr (a
-    pipe through the launcher), and a line written in pieces can run into another rank's."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sub = argv[0] if argv and argv[0] in ("verify", "convert") else None
@@ -142,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         {"verify": _verify, "convert": _convert, None: _run}[sub](args)
     except (DatasetError, PreprocessError, ShardFormatError) as exc:
-        _say_error(f"preprocess{' verify' if verify else ''}: error{_rank_tag()}: {exc}")
+        say_error(f"preprocess{' verify' if verify else ''}: error{_rank_tag()}: {exc}")
         return 1
     except KeyboardInterrupt:
-        print("preprocess: interrupted; no shard set was written", file=sys.stderr)
+        say_error("preprocess: interrupted; no shard set was written")
         return 130
     return 0
 

@@ -234,7 +234,10 @@ def _worker_errors(root: str, out: str, fake: str) -> None:
         for key, value in saved.items():
             os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
         msg = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else ""
-        print(f"{case} rank={MPI.COMM_WORLD.rank} rc={rc} {msg}", flush=True)
+        # one write per line: with PYTHONUNBUFFERED, print() writes the text and its newline
+        # apart, and Open MPI 4's output forwarding interleaves the ranks' pieces
+        sys.stdout.write(f"{case} rank={MPI.COMM_WORLD.rank} rc={rc} {msg}\n")
+        sys.stdout.flush()
         MPI.COMM_WORLD.Barrier()
 
 

@@ -78,7 +78,10 @@ def _worker(shard_dir: str, out: str, mode: str) -> None:
         logits.square().mean().backward()
         backward = progress.tests - before - forward
         if epoch >= 1:
-            print(f"tests {ctx.rank} {epoch} {forward} {backward} {float(logits.sum())!r}", flush=True)
+            # one write per line (print() writes the newline apart under PYTHONUNBUFFERED, and
+            # Open MPI 4 forwards the ranks' pieces interleaved)
+            sys.stdout.write(f"tests {ctx.rank} {epoch} {forward} {backward} {float(logits.sum())!r}\n")
+            sys.stdout.flush()
     model.stale_state()                                   # nothing left in flight
 
 
