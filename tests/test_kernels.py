@@ -125,9 +125,9 @@ def test_one_blocks_many_epochs_and_codecs(dev):
     blocks = Blocks.of(counts, dev)
     codecs = [WireCodec(bits=2), WireCodec(keep=0.5, bits=4), WireCodec(channels="random", k=5, bits=8),
               WireCodec(keep=0.4, channels="random", k=3)]
-    for epoch in range(3):
+    for epoch in range(2):
         for codec in codecs:
-            for width in (11, 6):
+            for width in ((11, 6) if epoch else (11,)):
                 x = _input(sum(counts), width, dev, seed=epoch * 7 + width)
                 keys = _keys(len(counts), base=100 * epoch + width, device=dev)
                 want_wire, want = ref_codec(codec, x.cpu().numpy(), counts, keys.tolist(), epoch)

@@ -226,8 +226,11 @@ MULTIARCH void hpcgnn_dropout_apply(const float *x, const int64_t *rows, const i
             const uint32_t h = (uint32_t)rows[r];
             const float *restrict xr = x + r * width + c0;
             float *restrict yr = y + r * width + c0;
-            for (int64_t c = 0; c < w; c++)
-                yr[c] = xr[c] * (hash32(h ^ c32[c]) >= thr ? scale : 0.0f);
+            float ks[DROPOUT_BLOCK];                   /* keep * scale: selected into an array,
+                                                          then multiplied, so that the loop is
+                                                          vectorised without a branch */
+            for (int64_t c = 0; c < w; c++) ks[c] = hash32(h ^ c32[c]) >= thr ? scale : 0.0f;
+            for (int64_t c = 0; c < w; c++) yr[c] = xr[c] * ks[c];
         }
     }
 }
@@ -299,8 +302,9 @@ static inline void dm_mask_rows(const float *x, const int64_t *rows, const uint3
                 a[i][c] = xr[c] * s[i][c];
             }
         } else {
-            for (int64_t c = 0; c < kw; c++)
-                a[i][c] = xr[c] * (hash32(h ^ c32[c]) >= thr ? scale : 0.0f);
+            float ks[DROPOUT_BLOCK];                       /* as above: vectorised, no branch */
+            for (int64_t c = 0; c < kw; c++) ks[c] = hash32(h ^ c32[c]) >= thr ? scale : 0.0f;
+            for (int64_t c = 0; c < kw; c++) a[i][c] = xr[c] * ks[c];
         }
     }
 }
