@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")        # import Triton without a GPU driver
 
@@ -23,6 +24,9 @@ import torch  # noqa: E402
 from hpcgnn.codecs import fused  # noqa: E402
 from hpcgnn.codecs.base import WireCodec  # noqa: E402
 from hpcgnn.codecs.rng import Blocks  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_meter import streamed_time  # noqa: E402
 
 CODECS = {"quant(2)": WireCodec(bits=2), "quant(8)": WireCodec(bits=8),
           "sample(0.5)+quant(2)": WireCodec(keep=0.5, bits=2),
@@ -34,16 +38,6 @@ class _NoLaunch:
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: None
-
-
-def _best_mean_us(call, repeat: int, rounds: int = 5) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            call()
-        best = min(best, (time.perf_counter() - t0) / repeat * 1e6)
-    return best
 
 
 def main(argv=None) -> None:
@@ -66,8 +60,8 @@ def main(argv=None) -> None:
         wire = fused.encode(codec, x, blocks, keys, 3)
         for _ in range(200):                                   # warm: caches, allocator
             fused.decode(codec, fused.encode(codec, x, blocks, keys, 3), blocks, args.width, keys)
-        enc = _best_mean_us(lambda: fused.encode(codec, x, blocks, keys, 3), args.repeat)
-        dec = _best_mean_us(lambda: fused.decode(codec, wire, blocks, args.width, keys), args.repeat)
+        enc = 1e6 * streamed_time(lambda: fused.encode(codec, x, blocks, keys, 3), "cpu", args.repeat)
+        dec = 1e6 * streamed_time(lambda: fused.decode(codec, wire, blocks, args.width, keys), "cpu", args.repeat)
         print(f"{name:24s} encode {enc:6.1f} µs   decode {dec:6.1f} µs")
 
 

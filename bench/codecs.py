@@ -52,7 +52,8 @@ def measure(codec, x, blocks, keys, repeat: int) -> dict:
     enc = best_time(lambda: codec.encode(x, blocks, keys, 12345), dev, repeat)
     dec = best_time(lambda: codec.decode(buf, blocks, width, keys), dev, repeat)
     fp32, wire = x.numel() * 4, buf.numel()
-    pair = streamed_time(lambda: codec.decode(codec.encode(x, blocks, keys, 12345), blocks, width, keys), dev)
+    pair = streamed_time(lambda: codec.decode(codec.encode(x, blocks, keys, 12345), blocks, width, keys), dev,
+                         calls=repeat, rounds=3)
     n_enc = launches(lambda: codec.encode(x, blocks, keys, 12345), dev)
     n_dec = launches(lambda: codec.decode(buf, blocks, width, keys), dev)
     g_enc = device_seconds(lambda: codec.encode(x, blocks, keys, 12345), dev)
