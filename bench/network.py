@@ -146,12 +146,22 @@ def part_count(name: str, ranks: int) -> int | None:
 
 PROGRESS_ENV = {"ompi": {"OMPI_MCA_btl_tcp_progress_thread": "1"},   # Open MPI's TCP thread
                 "sysmalloc": {"HPCGNN_MALLOC": "system"},     # allocation defaults (hpcgnn.memory)
-                "heapmalloc": {"HPCGNN_MALLOC": "heap"}}      # every freed block kept
+                "heapmalloc": {"HPCGNN_MALLOC": "heap"},      # every freed block kept
+                # Open MPI's TCP path: more fragments of a large message in flight between two
+                # progress calls (default 3 sent, 4 received, of btl_tcp_max_send_size each) ...
+                "deep": {"OMPI_MCA_pml_ob1_send_pipeline_depth": "64",
+                         "OMPI_MCA_pml_ob1_recv_pipeline_depth": "64"},
+                # ... or messages up to 4 MiB sent eagerly (no rendezvous: no reply to wait for)
+                "eager": {"OMPI_MCA_btl_tcp_eager_limit": "8388608",
+                          "OMPI_MCA_btl_tcp_max_send_size": "8388608"},
+                # ... and socket buffers of 4 MiB (net.core.[rw]mem_max here) instead of the
+                # kernel's autotuning, which grows a receive buffer only as the rank reads it
+                "sockbuf": {"OMPI_MCA_btl_tcp_sndbuf": "4194304", "OMPI_MCA_btl_tcp_rcvbuf": "4194304"}}
 
 
 def progress_variant(variant: str) -> tuple[list[str], dict]:
-    """``test`` | ``fine`` | ``thread`` | ``ompi`` | ``sysmalloc`` | ``heapmalloc``,
-    ``+``-joined -> (--set list, environment)."""
+    """``test`` | ``fine`` | ``thread`` | ``ompi`` | ``deep`` | ``eager`` | ``sockbuf`` |
+    ``sysmalloc`` | ``heapmalloc``, ``+``-joined -> (--set list, environment)."""
     sets, env = [], {}
     for part in filter(None, variant.split("+")):
         if part in PROGRESS_ENV:
@@ -160,7 +170,7 @@ def progress_variant(variant: str) -> tuple[list[str], dict]:
             sets += ["--set", f"comm.progress={part}"]
         else:
             raise SystemExit(f"bench/network.py: variant {part!r}: use test, fine, thread, "
-                             f"ompi, sysmalloc or heapmalloc (joined with +)")
+                             f"ompi, deep, eager, sockbuf, sysmalloc or heapmalloc (joined with +)")
     return sets, env
 
 
@@ -453,16 +463,16 @@ def main() -> None:
         args.schedules.insert(0, "full")
     out = Path(args.out)
     if args.replot:
-        plot(json.loads(out.with_suffix(".json").read_text())["results"], out)
+        plot(json.loads(out.with_name(out.name + ".json").read_text())["results"], out)
         return
     results = run_all(args)
-    if args.append and out.with_suffix(".json").is_file():      # merge with an earlier sweep
-        results = {**json.loads(out.with_suffix(".json").read_text())["results"], **results}
+    if args.append and out.with_name(out.name + ".json").is_file():      # merge with an earlier sweep
+        results = {**json.loads(out.with_name(out.name + ".json").read_text())["results"], **results}
     add_time_to_accuracy(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = to_markdown(results, args)
-    out.with_suffix(".md").write_text(table)
-    out.with_suffix(".json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
+    out.with_name(out.name + ".md").write_text(table)
+    out.with_name(out.name + ".json").write_text(json.dumps({"dataset": args.dataset, "epochs": args.epochs,
                                                    "device": args.device, "burst": args.burst,
                                                    "eval_every": args.eval_every,
                                                    "load_average": os.getloadavg()[0],

@@ -98,8 +98,25 @@ def run_rounds(args) -> list[dict]:
             for res in got.values():
                 res["tta_s"] = network.time_to(res["curve"], target)
                 res["tta_wall_s"] = network.time_to(res["curve"], target, wall=True)
+        add_vs_max(got, args.rate)
         rounds.append(got)
     return rounds
+
+
+def add_vs_max(got: dict, rate: str) -> None:
+    """Per run of one round that sends over a rated link: its step against ``max(compute,
+    wire)`` (``bench/network.py``'s ``vs_max``), compute being the round's synchronous floor
+    (``floor``) plus the run's own codec, and for a stale schedule also its stale floor
+    (``floor@sN``, ``vs_max_stale``), where those ran in the round."""
+    for sched, res in got.items():
+        wire = None if network.is_floor(sched) else network.wire_s(res, rate)
+        if wire is None:
+            continue
+        res["wire_s"] = wire
+        for key, floor in (("vs_max", "floor"), ("vs_max_stale", network.stale_floor(sched))):
+            if floor in got:
+                compute = got[floor]["epoch_s"] + res.get("codec_s", 0.0)
+                res[key] = res["epoch_s"] / max(compute, wire)
 
 
 def compare(rounds: list[dict], schedules: list[str], base: str | None = None) -> dict:
@@ -142,6 +159,16 @@ def to_markdown(rounds: list[dict], stats: dict[str, dict], args) -> str:
     for i, rnd in enumerate(rounds):
         cells = [f"{1e3 * rnd[s]['epoch_s']:.1f} / {1e3 * rnd[s]['epoch_wall_s']:.1f}" for s in sch]
         lines.append(f"| {i} | {rnd[sch[0]]['seed']} | " + " | ".join(cells) + " |")
+    for key, what in (("vs_max", "the synchronous floor"), ("vs_max_stale", "the stale floor")):
+        runs = [s for s in sch if any(key in rnd[s] for rnd in rounds)]
+        if runs:
+            lines += ["", f"Step against max(compute, wire), compute = {what} of the round plus "
+                      "the run's codec: geometric mean over rounds [95 % CI]; median, range, rounds "
+                      "below 1.", "", "| schedule | wire (ms, mean) | step / max |", "|---|---:|---|"]
+            for s in runs:
+                wire = statistics.fmean(rnd[s]["wire_s"] for rnd in rounds)
+                lines.append(f"| {s} | {1e3 * wire:.1f} | "
+                             f"{_cell(ratio_stats([rnd[s].get(key) for rnd in rounds]))} |")
     for base, against in stats.items():
         lines += ["", f"Against `{base}`: geometric mean of the per-round ratios [95 % CI]; "
                   "median, range, rounds in which it was below 1 (faster, or smaller).", "",
@@ -190,9 +217,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = to_markdown(rounds, stats, args)
-    out.with_suffix(".md").write_text(table)
+    out.with_name(out.name + ".md").write_text(table)
     slim = [{s: {k: v for k, v in r.items() if k != "curve"} for s, r in rnd.items()} for rnd in rounds]
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rounds": slim, "stats": stats,
+    out.with_name(out.name + ".json").write_text(json.dumps({"args": vars(args), "rounds": slim, "stats": stats,
                                                    "load_average": os.getloadavg()[0]}, indent=1))
     print(table)
 

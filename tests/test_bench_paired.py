@@ -60,3 +60,33 @@ def test_any_schedule_as_baseline_and_one_table_each():
                             args)
     assert "Against `a`" in md and "Against `b`" in md
     assert "| c | step | 1.414" in md and "| a | step | 0.500" in md
+
+
+def test_step_against_max_of_compute_and_wire_per_round():
+    # 1 Gbit/s: 12.5 MB an epoch is 0.1 s on the wire; 2.5 MB is 0.02 s
+    def run(step, mb, codec=0.0):
+        return {"epoch_s": step, "epoch_wall_s": step, "bytes_per_epoch": mb * 1e6,
+                "codec_s": codec, "seed": 0}
+    got = {"floor": run(0.05, 12.5), "floor@s1": run(0.08, 12.5),
+           "full@s1": run(0.12, 12.5), "quant4-all": run(0.06, 2.5, codec=0.005)}
+    paired.add_vs_max(got, "1")
+    assert "wire_s" not in got["floor"] and "vs_max" not in got["floor@s1"]   # floors send nothing
+    assert got["full@s1"]["wire_s"] == pytest.approx(0.1)
+    assert got["full@s1"]["vs_max"] == pytest.approx(0.12 / 0.1)               # wire-bound
+    assert got["full@s1"]["vs_max_stale"] == pytest.approx(0.12 / 0.1)
+    assert got["quant4-all"]["vs_max"] == pytest.approx(0.06 / 0.055)          # compute-bound
+    assert "vs_max_stale" not in got["quant4-all"]                             # not stale
+    got = {"full": run(0.2, 12.5)}
+    paired.add_vs_max(got, "shm")                                               # no rate: no wire
+    assert "wire_s" not in got["full"]
+    args = type("Args", (), dict(schedules=["floor", "floor@s1", "full@s1"], dataset="d",
+                                 partitioner="random", ranks=2, rate="1", epochs=10, eval_every=2,
+                                 seeds_vary=False, seed=0))
+    rounds = []
+    for stale_step in (0.11, 0.13):
+        rnd = {"floor": run(0.05, 12.5), "floor@s1": run(0.08, 12.5), "full@s1": run(stale_step, 12.5)}
+        paired.add_vs_max(rnd, "1")
+        rounds.append(rnd)
+    md = paired.to_markdown(rounds, {}, args)
+    assert "the stale floor" in md
+    assert f"| full@s1 | 100.0 | {math.sqrt(1.1 * 1.3):.3f}" in md

@@ -54,6 +54,25 @@ def test_fine_points_test_inside_the_layers_both_ways(shards, tmp_path):
         assert fine_loss == loss                                      # repr of the float
 
 
+@pytest.mark.mpi
+def test_halo_gradients_are_posted_after_the_gradient_allreduce(shards, tmp_path):
+    """2 ranks, training steps 0-3 of a 3-layer stale GCN through the trainer. A link delivers
+    in order, so the halo gradients posted ahead of the step's gradient Allreduce would delay
+    it by their wire time (``hpcgnn.comm.stale``). At the Allreduce of every step after the
+    warm-up both stale layers hold their halo gradients unposted; after the step they are on
+    the wire (the entry of that epoch), and nothing is kept."""
+    shard_dir = shards(CSBM, 2, "random")
+    proc = run_mpi(2, [__file__, str(shard_dir), str(tmp_path / "order"), "order"], timeout=180)
+    check_ok(proc)
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("order ")]
+    assert len(rows) == 2 * 4                                         # 2 ranks x 4 steps
+    for _, rank, epoch, kept, posted, left in rows:
+        if int(epoch) == 0:                                           # warm-up: synchronous
+            assert (kept, posted, left) == ("0", "0", "0"), (rank, epoch)
+        else:
+            assert (kept, posted, left) == ("2", "2", "0"), (rank, epoch)
+
+
 # -- the worker (runs on every rank) --------------------------------------------------------
 
 def _worker(shard_dir: str, out: str, mode: str) -> None:
@@ -85,5 +104,41 @@ def _worker(shard_dir: str, out: str, mode: str) -> None:
     model.stale_state()                                   # nothing left in flight
 
 
+def _order_worker(shard_dir: str, out: str) -> None:
+    """Steps 0-3 of a 3-layer stale GCN through ``Trainer.train_step``; prints per step the
+    halo gradients kept unposted at the Allreduce, the stale layers with that epoch's
+    gradients on the wire after the step, and the gradients still kept after it."""
+    from hpcgnn.codecs.base import FULL_PRECISION
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.config import load_config
+    from hpcgnn.train import trainer as trainer_module
+    from hpcgnn.train.build import prepare_trainer
+    ctx = CommContext.from_world("cpu")
+    cfg = load_config(None, ["model.layers=3", "model.hidden=64", "model.dropout=0.5",
+                             "train.staleness=1"])
+    trainer = prepare_trainer(ctx, cfg, shard_dir, Path(out), FULL_PRECISION)
+    trainer.start()
+    stales = [layer.prop.stale for layer in trainer.model.layers if hasattr(layer.prop, "stale")]
+    assert len(stales) == 2
+    seen = []
+    allreduce = trainer_module.allreduce_sum_
+
+    def watched(*args, **kwargs):
+        seen.append(sum(len(s.late) for s in stales))
+        return allreduce(*args, **kwargs)
+
+    trainer_module.allreduce_sum_ = watched
+    for epoch in range(4):
+        trainer.train_step(epoch)
+        posted = sum(epoch in s.bwd for s in stales)
+        left = sum(len(s.late) for s in stales)
+        sys.stdout.write(f"order {ctx.rank} {epoch} {seen[-1]} {posted} {left}\n")
+        sys.stdout.flush()
+    trainer.model.stale_state()                           # nothing left in flight
+
+
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2], sys.argv[3])
+    if sys.argv[3] == "order":
+        _order_worker(sys.argv[1], sys.argv[2])
+    else:
+        _worker(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -50,6 +50,14 @@ class GNN(nn.Module):
         for layer, state in zip(self.layers, states):
             layer.prop.load_state_dict(state)
 
+    def post_late_gradients(self) -> None:
+        """After the step's gradient Allreduce: the stale layers post the halo gradients their
+        backward kept (``hpcgnn.comm.stale``), in the order the backward made them."""
+        for layer in reversed(self.layers):
+            stale = getattr(layer.prop, "stale", None)
+            if stale is not None:
+                stale.post_late_gradients()
+
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):

@@ -56,6 +56,9 @@ class RetexoGNN(nn.Module):
         """No stale exchange (the checkpoint asks)."""
         return None
 
+    def post_late_gradients(self) -> None:
+        """No stale exchange: nothing kept for after the Allreduce (the trainer asks)."""
+
     def stage_forward(self, stage: int, x: torch.Tensor, halo: torch.Tensor | None = None,
                       agg: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits ``(n_owned, C)``, embedding ``(n_owned, hidden)`` or None for the last

@@ -306,6 +306,7 @@ class Trainer:
         t1 = time.perf_counter()
         nbytes = allreduce_sum_(self.ctx, grads + [loss_buf])  # one Allreduce: grads + loss
         t2 = time.perf_counter()
+        self.model.post_late_gradients()             # stale layers: behind the Allreduce, not ahead
         self.opt.step()
         if self.ctx.device.type == "cuda":           # the step's kernels are part of its time
             torch.cuda.synchronize(self.ctx.device)
