@@ -151,7 +151,7 @@ PROGRESS_ENV = {"ompi": {"OMPI_MCA_btl_tcp_progress_thread": "1"},   # Open MPI'
                 # progress calls (default 3 sent, 4 received, of btl_tcp_max_send_size each) ...
                 "deep": {"OMPI_MCA_pml_ob1_send_pipeline_depth": "64",
                          "OMPI_MCA_pml_ob1_recv_pipeline_depth": "64"},
-                # ... or messages up to 4 MiB sent eagerly (no rendezvous: no reply to wait for)
+                # ... or messages up to 8 MiB sent eagerly (no rendezvous: no reply to wait for)
                 "eager": {"OMPI_MCA_btl_tcp_eager_limit": "8388608",
                           "OMPI_MCA_btl_tcp_max_send_size": "8388608"},
                 # ... and socket buffers of 4 MiB (net.core.[rw]mem_max here) instead of the
@@ -182,6 +182,15 @@ def link_variant(variant: str, burst: str) -> tuple[str, str]:
     return "+".join(p for p in parts if not p.startswith("burst")), (sizes[-1] if sizes else burst)
 
 
+def behind_link(cmd: list[str], rate: str, burst: str = BURST) -> list[str]:
+    """``cmd`` in a new network namespace whose loopback is a token bucket of ``rate`` Gbit/s
+    (``none``: unlimited); its MPI must use TCP on ``lo`` (``TCP_ENV``). Needs root."""
+    shape = "" if rate == "none" else (f"tc qdisc add dev lo root tbf rate {rate}gbit "
+                                       f"burst {burst} latency 100ms && ")
+    return ["unshare", "-n", "bash", "-c",
+            f"ip link set lo up && {shape}exec {' '.join(shlex.quote(a) for a in cmd)}"]
+
+
 def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config: Path,
            timeout: float, epochs: int = 100, device: str = "cpu", burst: str = BURST) -> None:
     """One training run on ``ranks`` ranks behind link ``rate`` (Gbit/s, 'none' or 'shm');
@@ -203,10 +212,7 @@ def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config
         cmd = train
     else:
         env.update(TCP_ENV)
-        shape = "" if rate == "none" else (f"tc qdisc add dev lo root tbf rate {rate}gbit "
-                                           f"burst {burst} latency 100ms && ")
-        cmd = ["unshare", "-n", "bash", "-c",
-               f"ip link set lo up && {shape}exec {' '.join(shlex.quote(a) for a in train)}"]
+        cmd = behind_link(train, rate, burst)
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
     if proc.returncode != 0:

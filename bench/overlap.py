@@ -16,20 +16,21 @@ no rendezvous), ``deep`` (64 fragments in flight instead of 3 sent and 4 receive
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-VARIANTS = {"default": {},
-            "eager": {"OMPI_MCA_btl_tcp_eager_limit": "8388608",
-                      "OMPI_MCA_btl_tcp_max_send_size": "8388608"},
-            "deep": {"OMPI_MCA_pml_ob1_send_pipeline_depth": "64",
-                     "OMPI_MCA_pml_ob1_recv_pipeline_depth": "64"}}
+# bench/network.py as a module, without putting bench/ on sys.path (as bench/paired.py does)
+_SPEC = importlib.util.spec_from_file_location("bench_network", Path(__file__).resolve().parent / "network.py")
+network = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(network)
+
+VARIANTS = {"default": {}, "eager": network.PROGRESS_ENV["eager"], "deep": network.PROGRESS_ENV["deep"]}
 
 
 def rank_main(mb: float, chunks: int, every: int, reps: int) -> None:
@@ -84,15 +85,11 @@ def rank_main(mb: float, chunks: int, every: int, reps: int) -> None:
 
 
 def launch(args, every: int, variant: str) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from network import MPI_ENV, TCP_ENV
     mpiexec = Path(sys.executable).parent / "mpiexec"
     inner = [str(mpiexec), "-n", str(args.ranks), "--oversubscribe", sys.executable, __file__,
              "--rank", str(args.mb), str(args.chunks), str(every), str(args.reps)]
-    cmd = ["unshare", "-n", "bash", "-c",
-           f"ip link set lo up && tc qdisc add dev lo root tbf rate {args.rate}gbit burst 1mb "
-           f"latency 100ms && exec {' '.join(shlex.quote(a) for a in inner)}"]
-    env = {**os.environ, **MPI_ENV, **TCP_ENV, **VARIANTS[variant]}
+    cmd = network.behind_link(inner, args.rate)
+    env = {**os.environ, **network.MPI_ENV, **network.TCP_ENV, **VARIANTS[variant]}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"bench/overlap.py: {variant}, every {every}: failed\n{proc.stderr[-2000:]}")
