@@ -377,7 +377,7 @@ MULTIARCH void hpcgnn_dropout_matmul_backward(const float *x, const int64_t *row
                                               int64_t m, const float *gy, float *dx, float *dwt) {
     const uint32_t thr = (uint32_t)threshold;
     uint32_t c32[DROPOUT_BLOCK];
-    float a[DM_ROWS][DROPOUT_BLOCK], ks[DM_ROWS][DROPOUT_BLOCK], acc[DROPOUT_BLOCK];
+    float a[DM_ROWS][DROPOUT_BLOCK], ks[DM_ROWS][DROPOUT_BLOCK], acc[32];
     const float zero[DM_MAXW] = {0};
     for (int64_t c0 = 0; c0 < k; c0 += DROPOUT_BLOCK) {
         const int64_t kw = k - c0 < DROPOUT_BLOCK ? k - c0 : DROPOUT_BLOCK;
@@ -386,17 +386,48 @@ MULTIARCH void hpcgnn_dropout_matmul_backward(const float *x, const int64_t *row
             const int64_t nr = n - r0 < DM_ROWS ? n - r0 : DM_ROWS;
             dm_mask_rows(x, rows, c32, r0, nr, k, c0, kw, thr, scale, a, ks);
             if (dx) {
+                /* dx row by row, 32 channels at a time held in four registers over the m
+                 * outputs (the sums stay out of memory), then 8, then one at a time: each
+                 * element's sum over j in order, whatever the split */
                 for (int64_t i = 0; i < nr; i++) {
                     const int64_t r = r0 + i;
                     const float *restrict g = gy + r * m;
                     float *restrict dxr = dx + r * k + c0;
-                    for (int64_t c = 0; c < kw; c++) acc[c] = 0.0f;
-                    for (int64_t j = 0; j < m; j++) {
-                        const float gj = g[j];
-                        const float *restrict wj = wt + j * k + c0;
-                        for (int64_t c = 0; c < kw; c++) acc[c] = acc[c] + gj * wj[c];
+                    int64_t c = 0;
+                    for (; c + 32 <= kw; c += 32) {
+                        vf8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, w0, w1, w2, w3;
+                        for (int64_t j = 0; j < m; j++) {
+                            const vf8 gj = (vf8){0} + g[j];
+                            const float *wj = wt + j * k + c0 + c;
+                            memcpy(&w0, wj, 32);
+                            memcpy(&w1, wj + 8, 32);
+                            memcpy(&w2, wj + 16, 32);
+                            memcpy(&w3, wj + 24, 32);
+                            s0 = s0 + gj * w0;
+                            s1 = s1 + gj * w1;
+                            s2 = s2 + gj * w2;
+                            s3 = s3 + gj * w3;
+                        }
+                        memcpy(acc, &s0, 32);
+                        memcpy(acc + 8, &s1, 32);
+                        memcpy(acc + 16, &s2, 32);
+                        memcpy(acc + 24, &s3, 32);
+                        for (int64_t e = 0; e < 32; e++) dxr[c + e] = acc[e] * ks[i][c + e];
                     }
-                    for (int64_t c = 0; c < kw; c++) dxr[c] = acc[c] * ks[i][c];
+                    for (; c + 8 <= kw; c += 8) {
+                        vf8 s0 = {0}, w0;
+                        for (int64_t j = 0; j < m; j++) {
+                            memcpy(&w0, wt + j * k + c0 + c, 32);
+                            s0 = s0 + ((vf8){0} + g[j]) * w0;
+                        }
+                        memcpy(acc, &s0, 32);
+                        for (int64_t e = 0; e < 8; e++) dxr[c + e] = acc[e] * ks[i][c + e];
+                    }
+                    for (; c < kw; c++) {
+                        float s0 = 0.0f;
+                        for (int64_t j = 0; j < m; j++) s0 = s0 + g[j] * wt[j * k + c0 + c];
+                        dxr[c] = s0 * ks[i][c];
+                    }
                 }
             }
             /* rows past n (the last block) add a zero row: d + 0 * 0 = d */
