@@ -90,6 +90,31 @@ def test_cora_4_ranks_reaches_published_accuracy(shards, tmp_path):
     assert summary["thp"] is True               # set before torch was imported
 
 
+def test_an_epochs_time_counts_the_ranks_agreement_at_its_end(shards, tmp_path, monkeypatch):
+    """``epoch_s`` runs until the ranks have agreed on the step (the epoch-end ``Allreduce``
+    that a stale run's halo gradients, posted just before it, can hold back on an in-order
+    link), and ``wall_s`` is that plus the evaluation: here that reduction is made to take
+    40 ms (1 rank, 4 epochs, evaluation at the last only)."""
+    import time
+
+    from hpcgnn.train import trainer as trainer_module
+    agree = trainer_module.sum_float64
+
+    def slow(ctx, values):
+        time.sleep(0.04)
+        return agree(ctx, values)
+
+    monkeypatch.setattr(trainer_module, "sum_float64", slow)
+    rows = train_here(shards("cora", 1), tmp_path / "run", "train.epochs=4", "train.eval_every=100")
+    assert len(rows) == 4
+    for r in rows:
+        assert r["epoch_s"] >= 0.04, r
+        assert r["wall_s"] == r["epoch_s"] + r["eval_s"]
+    assert rows[-1]["eval_s"] >= 0.04 > max(r["eval_s"] for r in rows[:-1])   # its own reduction
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["train_time_s"] == pytest.approx(sum(r["epoch_s"] for r in rows))
+
+
 def _worker(shard_dir: str, out: str, dataset: str, variants: list[str]) -> None:
     """Run on every rank: train each variant in turn into OUT/<variant>."""
     from hpcgnn.comm.context import CommContext

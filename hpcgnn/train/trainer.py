@@ -234,17 +234,21 @@ class Trainer:
         t_eval = time.perf_counter()
         accs = self.evaluate(epoch) if self._eval_due(epoch) else {}
         eval_s = time.perf_counter() - t_eval
+        t_agree = time.perf_counter()
         flag, sent, full, comm_s, codec_s, step_s = sum_float64(self.ctx, local)   # epoch-end agreement
+        # the step ends when the ranks agree on it: this small Allreduce can wait behind the
+        # halo gradients a stale step posted after its gradient Allreduce, so it counts
+        epoch_s = step["epoch_s"] + (time.perf_counter() - t_agree)
         if ran is not None:                            # the ranks' mean: the same on every rank
             self.policy.observe_step(ran, step_s / self.ctx.size)
         p = self.progress
         p.bytes_sent, p.bytes_full = p.bytes_sent + int(sent), p.bytes_full + int(full)
         p.allreduce_bytes += step["allreduce_bytes"] * self.ctx.size
-        p.epoch_times.append(step["epoch_s"])
+        p.epoch_times.append(epoch_s)
         p.eval_times.append(eval_s)
         record = {"epoch": epoch, "loss": step["loss"], "ratio": step["ratio"],
-                  "bytes_sent": int(sent), "bytes_full": int(full), "epoch_s": step["epoch_s"],
-                  "eval_s": eval_s, "wall_s": step["epoch_s"] + eval_s,
+                  "bytes_sent": int(sent), "bytes_full": int(full), "epoch_s": epoch_s,
+                  "eval_s": eval_s, "wall_s": epoch_s + eval_s,
                   "comm_s": comm_s / self.ctx.size, "codec_s": codec_s / self.ctx.size, **accs}
         if auto is not None:
             record["auto"] = auto
