@@ -19,7 +19,8 @@ way of progressing its exchanges in flight (``[comm] progress``: ``test``, ``fin
 ``thread``; ``ompi``: Open MPI's own TCP progress thread, ``OMPI_MCA_btl_tcp_progress_thread=1``,
 with ``test``; ``+`` combines), keyed ``SCHEDULE~VARIANT``; without it they run with the
 config's default. ``SCHEDULE~burst128kb`` runs behind a token bucket of that size (``--burst``
-for every run). A run named ``SCHEDULE~sysmalloc`` (any schedule; ``bench/paired.py`` takes
+for every run), ``SCHEDULE~unlimited`` on the same TCP loopback with no rate limit (its step:
+the compute and the sockets' CPU, without the wait for the rate). A run named ``SCHEDULE~sysmalloc`` (any schedule; ``bench/paired.py`` takes
 such names) runs with glibc's and torch's allocation defaults (``HPCGNN_MALLOC=system``,
 ``hpcgnn.memory``), ``SCHEDULE~heapmalloc`` with every block kept (``HPCGNN_MALLOC=heap``).
 
@@ -182,6 +183,25 @@ def link_variant(variant: str, burst: str) -> tuple[str, str]:
     return "+".join(p for p in parts if not p.startswith("burst")), (sizes[-1] if sizes else burst)
 
 
+def unlimited_variant(variant: str, rate: str) -> tuple[str, str]:
+    """An ``unlimited`` part of a run's variant (``full@s1~unlimited``) runs it on the same
+    TCP loopback without the rate limit (``none``): its bytes cross at memory speed, so its
+    step is the compute plus all the CPU the sockets take, and nothing of the rate's wait
+    (``bench/paired.py`` takes it as the compute of ``max(compute, wire)``) -> (the other
+    parts, the rate)."""
+    parts = [p for p in variant.split("+") if p]
+    if "unlimited" not in parts:
+        return variant, rate
+    if rate == "shm":
+        raise SystemExit("bench/network.py: ~unlimited needs a TCP link (a rate or none), not shm")
+    return "+".join(p for p in parts if p != "unlimited"), "none"
+
+
+def unlimited_of(name: str) -> str:
+    """The run name of ``name`` (``SCHEDULE[@opts][~VARIANT]``) without the rate limit."""
+    return f"{name}+unlimited" if "~" in name else f"{name}~unlimited"
+
+
 def behind_link(cmd: list[str], rate: str, burst: str = BURST) -> list[str]:
     """``cmd`` in a new network namespace whose loopback is a token bucket of ``rate`` Gbit/s
     (``none``: unlimited); its MPI must use TCP on ``lo`` (``TCP_ENV``). Needs root."""
@@ -198,6 +218,7 @@ def launch(ranks: int, shards: Path, name: str, rate: str, run_dir: Path, config
     mpiexec = Path(sys.executable).parent / "mpiexec"
     name, _, variant = name.partition("~")
     variant, burst = link_variant(variant, burst)
+    variant, rate = unlimited_variant(variant, rate)
     schedule, sets, _ = method(name, epochs)
     progress_sets, progress_env = progress_variant(variant)
     sets += progress_sets

@@ -106,10 +106,13 @@ def run_rounds(args) -> list[dict]:
 def add_vs_max(got: dict, rate: str) -> None:
     """Per run of one round that sends over a rated link: its step against ``max(compute,
     wire)`` (``bench/network.py``'s ``vs_max``), compute being the round's synchronous floor
-    (``floor``) plus the run's own codec, and for a stale schedule also its stale floor
-    (``floor@sN``, ``vs_max_stale``), where those ran in the round."""
+    (``floor``) plus the run's own codec, for a stale schedule also its stale floor
+    (``floor@sN``, ``vs_max_stale``), and the same schedule's step without the rate limit
+    (``SCHEDULE~unlimited``: its bytes cross the loopback at memory speed, so the CPU the sockets
+    take on the ranks' cores is in it; ``vs_max_tcp``), where those ran in the round."""
     for sched, res in got.items():
-        wire = None if network.is_floor(sched) else network.wire_s(res, rate)
+        unlimited = "unlimited" in sched.partition("~")[2].split("+")
+        wire = None if network.is_floor(sched) or unlimited else network.wire_s(res, rate)
         if wire is None:
             continue
         res["wire_s"] = wire
@@ -117,6 +120,8 @@ def add_vs_max(got: dict, rate: str) -> None:
             if floor in got:
                 compute = got[floor]["epoch_s"] + res.get("codec_s", 0.0)
                 res[key] = res["epoch_s"] / max(compute, wire)
+        if network.unlimited_of(sched) in got:
+            res["vs_max_tcp"] = res["epoch_s"] / max(got[network.unlimited_of(sched)]["epoch_s"], wire)
 
 
 def compare(rounds: list[dict], schedules: list[str], base: str | None = None) -> dict:
@@ -159,12 +164,15 @@ def to_markdown(rounds: list[dict], stats: dict[str, dict], args) -> str:
     for i, rnd in enumerate(rounds):
         cells = [f"{1e3 * rnd[s]['epoch_s']:.1f} / {1e3 * rnd[s]['epoch_wall_s']:.1f}" for s in sch]
         lines.append(f"| {i} | {rnd[sch[0]]['seed']} | " + " | ".join(cells) + " |")
-    for key, what in (("vs_max", "the synchronous floor"), ("vs_max_stale", "the stale floor")):
+    for key, what in (("vs_max", "the synchronous floor of the round plus the run's codec"),
+                      ("vs_max_stale", "the stale floor of the round plus the run's codec"),
+                      ("vs_max_tcp", "the same schedule's step without the rate limit "
+                                     "(`~unlimited`: the compute, the codec and the sockets' CPU)")):
         runs = [s for s in sch if any(key in rnd[s] for rnd in rounds)]
         if runs:
-            lines += ["", f"Step against max(compute, wire), compute = {what} of the round plus "
-                      "the run's codec: geometric mean over rounds [95 % CI]; median, range, rounds "
-                      "below 1.", "", "| schedule | wire (ms, mean) | step / max |", "|---|---:|---|"]
+            lines += ["", f"Step against max(compute, wire), compute = {what}: geometric mean "
+                      "over rounds [95 % CI]; median, range, rounds below 1.", "",
+                      "| schedule | wire (ms, mean) | step / max |", "|---|---:|---|"]
             for s in runs:
                 wire = statistics.fmean(rnd[s]["wire_s"] for rnd in rounds)
                 lines.append(f"| {s} | {1e3 * wire:.1f} | "

@@ -44,6 +44,22 @@ def test_a_schedule_without_auto_is_its_steps_alone(tmp_path):
     assert res["train_s"] == pytest.approx(3.0) and network.time_to(res["curve"], 0.7) == 3.0
 
 
+@pytest.mark.parametrize("variant, rate, want", [
+    ("unlimited", "5", ("", "none")),
+    ("eager+unlimited", "2", ("eager", "none")),
+    ("eager", "2", ("eager", "2")),
+    ("", "shm", ("", "shm")),
+])
+def test_an_unlimited_run_is_the_same_tcp_loopback_without_the_rate(variant, rate, want):
+    """``SCHEDULE~unlimited``: no token bucket (``behind_link`` with ``none``), the other parts
+    of the variant kept; it needs the TCP loopback, so on shared memory it is refused."""
+    assert network.unlimited_variant(variant, rate) == want
+    assert network.unlimited_of("full@s1") == "full@s1~unlimited"
+    assert network.unlimited_of("full@s1~eager") == "full@s1~eager+unlimited"
+    with pytest.raises(SystemExit, match="unlimited needs a TCP link"):
+        network.unlimited_variant("unlimited", "shm")
+
+
 @pytest.mark.parametrize("variant, burst, want", [
     ("", "1mb", ("", "1mb")),
     ("burst128kb", "1mb", ("", "128kb")),

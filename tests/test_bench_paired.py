@@ -69,8 +69,15 @@ def test_step_against_max_of_compute_and_wire_per_round():
                 "codec_s": codec, "seed": 0}
     got = {"floor": run(0.05, 12.5), "floor@s1": run(0.08, 12.5),
            "full@s1": run(0.12, 12.5), "quant4-all": run(0.06, 2.5, codec=0.005)}
+    got["full@s1~unlimited"] = run(0.09, 12.5)        # the same bytes, no rate: compute + sockets
     paired.add_vs_max(got, "1")
     assert "wire_s" not in got["floor"] and "vs_max" not in got["floor@s1"]   # floors send nothing
+    assert "wire_s" not in got["full@s1~unlimited"]                           # nor is it rated
+    assert got["full@s1"]["vs_max_tcp"] == pytest.approx(0.12 / 0.1)
+    got["full@s1~unlimited"]["epoch_s"] = 0.11                                # compute-bound
+    paired.add_vs_max(got, "1")
+    assert got["full@s1"]["vs_max_tcp"] == pytest.approx(0.12 / 0.11)
+    assert "vs_max_tcp" not in got["quant4-all"]                              # none ran for it
     assert got["full@s1"]["wire_s"] == pytest.approx(0.1)
     assert got["full@s1"]["vs_max"] == pytest.approx(0.12 / 0.1)               # wire-bound
     assert got["full@s1"]["vs_max_stale"] == pytest.approx(0.12 / 0.1)
