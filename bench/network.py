@@ -197,6 +197,11 @@ def unlimited_variant(variant: str, rate: str) -> tuple[str, str]:
     return "+".join(p for p in parts if p != "unlimited"), "none"
 
 
+def is_unlimited(name: str) -> bool:
+    """Whether run ``name`` (``SCHEDULE[@opts][~VARIANT]``) runs without the rate limit."""
+    return "unlimited" in name.partition("~")[2].split("+")
+
+
 def unlimited_of(name: str) -> str:
     """The run name of ``name`` (``SCHEDULE[@opts][~VARIANT]``) without the rate limit."""
     return f"{name}+unlimited" if "~" in name else f"{name}~unlimited"

@@ -111,8 +111,8 @@ def add_vs_max(got: dict, rate: str) -> None:
     (``SCHEDULE~unlimited``: its bytes cross the loopback at memory speed, so the CPU the sockets
     take on the ranks' cores is in it; ``vs_max_tcp``), where those ran in the round."""
     for sched, res in got.items():
-        unlimited = "unlimited" in sched.partition("~")[2].split("+")
-        wire = None if network.is_floor(sched) or unlimited else network.wire_s(res, rate)
+        unrated = network.is_floor(sched) or network.is_unlimited(sched)
+        wire = None if unrated else network.wire_s(res, rate)
         if wire is None:
             continue
         res["wire_s"] = wire
@@ -120,8 +120,9 @@ def add_vs_max(got: dict, rate: str) -> None:
             if floor in got:
                 compute = got[floor]["epoch_s"] + res.get("codec_s", 0.0)
                 res[key] = res["epoch_s"] / max(compute, wire)
-        if network.unlimited_of(sched) in got:
-            res["vs_max_tcp"] = res["epoch_s"] / max(got[network.unlimited_of(sched)]["epoch_s"], wire)
+        reference = got.get(network.unlimited_of(sched))
+        if reference is not None:
+            res["vs_max_tcp"] = res["epoch_s"] / max(reference["epoch_s"], wire)
 
 
 def compare(rounds: list[dict], schedules: list[str], base: str | None = None) -> dict:

@@ -56,6 +56,7 @@ def test_an_unlimited_run_is_the_same_tcp_loopback_without_the_rate(variant, rat
     assert network.unlimited_variant(variant, rate) == want
     assert network.unlimited_of("full@s1") == "full@s1~unlimited"
     assert network.unlimited_of("full@s1~eager") == "full@s1~eager+unlimited"
+    assert network.is_unlimited("full@s1~eager+unlimited") and not network.is_unlimited("full@s1")
     with pytest.raises(SystemExit, match="unlimited needs a TCP link"):
         network.unlimited_variant("unlimited", "shm")
 
