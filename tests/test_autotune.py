@@ -114,14 +114,14 @@ def _figures(scale: float = 1.0) -> Figures:
                    {"forward": [(256000.0, 0.26), (70000.0, 0.075)], "backward": []})
 
 
-def _run(losses, probe_at, settings=AutoSettings(objective="bytes")):
+def _run(losses, probe_at, settings=AutoSettings(objective="bytes"), figures=_figures):
     """Drive ``decide`` as the trainer does: checks every ``every`` epochs, figures at probes."""
     state, out = AutoState(), []
     for epoch, loss in enumerate(losses):
         probing = epoch % settings.every == 0 and epoch >= state.next_probe and not state.settled
         state.window.append(loss)
         if epoch % settings.every == 0:
-            state, record = decide(state, settings, _figures() if probing else None, epoch)
+            state, record = decide(state, settings, figures() if probing else None, epoch)
             probe_at.append(epoch) if probing else None
             out.append(record)
     return state, out
@@ -157,6 +157,35 @@ def test_probe_interval_doubles_while_nothing_changes():
     held = AutoState(bits={"0/forward": 2}, interval=20, probes=3)
     assert _probe_interval(held, {"0/forward": 2}, 5) == 40      # unchanged: doubles
     assert _probe_interval(held, {"0/forward": 4}, 5) == 5       # changed: back to every
+
+
+@pytest.mark.parametrize("codec_s,want", [
+    # the link's 1 ms a exchange plus 1 ns a byte: fp32 costs 1.256 ms; every candidate's codec
+    # (4-6 ms) more than that: fp32 is predicted cheaper outright, so the second probe that
+    # finds it so goes to the longest interval at once (5 + 8 x 5 = 45)
+    (1.0, [0, 5, 45, 85]),
+    # codecs 20x faster (0.2-0.3 ms): 2 bits 1.222 ms, under fp32's 1.256 but within the 10 %
+    # tie that fp32 wins: fp32 is sent, but not clearly cheaper, so the interval only doubles
+    (0.05, [0, 5, 15, 35, 75]),
+])
+def test_probes_back_off_at_once_where_fp32_is_clearly_cheaper(codec_s, want):
+    fig = ExchangeFigures(FIG.norm2, FIG.error2, {b: v * codec_s for b, v in FIG.codec_s.items()},
+                          FIG.bytes)
+    link = [(256000.0, 0.001256), (70000.0, 0.00107)]            # 1 ms + 1 ns a byte
+    figures = lambda: Figures({(0, "forward"): fig, (0, "backward"): fig},  # noqa: E731
+                              {"forward": link, "backward": link})
+    losses = [2.0 * 0.9 ** t for t in range(100)]   # steady: the budget stays above 2 bits'
+    probes = []
+    state, records = _run(losses, probes, AutoSettings(objective="time"), figures)
+    assert probes == want
+    assert all(e["bits"] == 32 for r in records for e in r["exchanges"])
+    assert _probe_interval(AutoState(bits={"0/forward": 32}, interval=5, probes=1),
+                           {"0/forward": 32}, 5, fp32_clear=True) == MAX_BACKOFF * 5
+    # a decision that changed, or one that compresses, never takes the shortcut
+    assert _probe_interval(AutoState(bits={"0/forward": 4}, interval=5, probes=1),
+                           {"0/forward": 32}, 5, fp32_clear=True) == 5
+    assert _probe_interval(AutoState(bits={"0/forward": 4}, interval=5, probes=1),
+                           {"0/forward": 4}, 5, fp32_clear=True) == 10
 
 
 def test_state_round_trips_through_a_checkpoint():
