@@ -453,3 +453,16 @@ def test_auto_refusals_name_the_keys_and_the_fix(tmp_path, sets, match):
     with pytest.raises(ConfigError, match=match) as err:
         check_combination(load_config(None, sets), load_schedule(path))
     assert str(path) in str(err.value) and "kind = 'auto'" in str(err.value)
+
+
+def test_start_times_a_codec_once_per_size():
+    """Before epoch 0 a codec is timed once per (rows timed, width, bits): a layer's forward and
+    backward exchanges, both over ``probe_rows``, share the timing, scaled by their rows."""
+    from hpcgnn.train.autotuning import _codec_seconds
+    timed = {}
+    fwd = _codec_seconds(5000, 64, 4, 2048, torch.device("cpu"), timed)
+    bwd = _codec_seconds(3000, 64, 4, 2048, torch.device("cpu"), timed)
+    assert list(timed) == [(2048, 64, 4)] and fwd > 0
+    assert bwd == pytest.approx(fwd * 3000 / 5000)
+    small = _codec_seconds(100, 64, 4, 2048, torch.device("cpu"), timed)   # under the cap
+    assert (100, 64, 4) in timed and small == pytest.approx(timed[(100, 64, 4)])

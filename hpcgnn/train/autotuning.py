@@ -128,13 +128,24 @@ def _counts(exchanger, direction: str) -> tuple[int, ...]:
     return plan.send_counts if direction == "forward" else plan.recv_counts
 
 
-def _codec_seconds(rows: int, width: int, bits: int, cap: int, device: torch.device) -> float:
+def _codec_seconds(rows: int, width: int, bits: int, cap: int, device: torch.device,
+                   timed: dict | None = None) -> float:
     """Seconds of an encode + decode of ``rows`` rows of ``width`` through the codec a send uses
     (``quant_codec``, one block, as a probe times it), timed on at most ``cap`` random rows and
-    scaled; the better of two tries."""
+    scaled; the better of two tries. ``timed``: what earlier calls of this start timed, by
+    ``(rows timed, width, bits)``; a size timed already is not timed again (a layer's forward
+    and backward exchanges both send more than ``cap`` rows wherever the cap matters)."""
     n = min(rows, cap) if cap > 0 else rows
     if n == 0 or width == 0:
         return 0.0
+    timed = {} if timed is None else timed
+    if (n, width, bits) not in timed:
+        timed[(n, width, bits)] = _time_codec(n, width, bits, device)
+    return timed[(n, width, bits)] * rows / n
+
+
+def _time_codec(n: int, width: int, bits: int, device: torch.device) -> float:
+    """The better of two encode + decode passes of ``n`` random rows of ``width``."""
     gen = torch.Generator(device=device).manual_seed(n)  # not the global generator: the run's
     x = torch.randn(n, width, generator=gen, device=device)  # random state stays as it was
     codec, blocks = quant_codec(bits), Blocks.of((n,), device)
@@ -145,7 +156,7 @@ def _codec_seconds(rows: int, width: int, bits: int, cap: int, device: torch.dev
         y = codec.decode(codec.encode(x, blocks, keys, 1), blocks, width, keys)
         float(y[0, 0])                                   # syncs the device
         best = min(best, time.perf_counter() - t0)
-    return best * rows / n
+    return best
 
 
 def _time_link(ctx: CommContext, exchanger, width: int) -> list[tuple[float, float]]:
@@ -187,13 +198,13 @@ def start_run(ctx: CommContext, policy, layers) -> dict | None:
     else:                       # a width the prior bound rules out (above MAX_ERROR) is not timed
         timed = {i: [b for b in policy.settings.bits if prior_error(widths[i], b) <= MAX_ERROR]
                  for i in range(n)}
-        local = []
+        local, codec_timed = [], {}
         for i, d in keys:
             counts, w = _counts(layers[i].prop.exchanger, d), widths[i]
             local += [float(sum(quant_codec(b).byte_counts(counts, w)))
                       for b in (*timed[i], FP32)]
-            local += [_codec_seconds(sum(counts), w, b, policy.settings.probe_rows, ctx.device)
-                      for b in timed[i]]
+            local += [_codec_seconds(sum(counts), w, b, policy.settings.probe_rows, ctx.device,
+                                     codec_timed) for b in timed[i]]
         reduced, figs, k = max_float64(ctx, local), {}, 0
         for i, d in keys:
             nbytes = dict(zip((*timed[i], FP32), reduced[k:k + len(timed[i]) + 1]))
