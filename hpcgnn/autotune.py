@@ -28,7 +28,8 @@ applies, and it starts at ``MAX_ERROR = 1``: no codec may ever send more noise t
 **Measuring** (a *probe epoch*; epoch 0 is one): the trainer asks every sender to measure, on
 the rows it actually sends in that epoch's exchanges (``ExchangeSettings.probe``), for each
 candidate ``b`` the squared error ``||x - x^b||^2`` of its encode + decode of those rows (the
-real send's noise key) beside ``||x||^2``, its seconds and bytes — on every ``k``-th sent row
+real send's noise key) beside ``||x||^2``, its seconds (on the CPU the lesser of wall-clock and
+process CPU time, ``hpcgnn.comm.exchange.busy_seconds``) and bytes — on every ``k``-th sent row
 where an exchange sends more than ``probe_rows`` (``k = ceil(R / probe_rows)``; sums and seconds
 scaled by ``R / sampled``, bytes exact), so that a probe costs a few per cent of an epoch rather
 than ``|bits|`` codec passes over every boundary row — and every exchange's

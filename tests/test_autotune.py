@@ -466,3 +466,18 @@ def test_start_times_a_codec_once_per_size():
     assert bwd == pytest.approx(fwd * 3000 / 5000)
     small = _codec_seconds(100, 64, 4, 2048, torch.device("cpu"), timed)   # under the cap
     assert (100, 64, 4) in timed and small == pytest.approx(timed[(100, 64, 4)])
+
+
+def test_a_codec_is_timed_by_its_work_not_by_a_wait():
+    """``busy_seconds`` on the CPU: a rank descheduled mid-timing (here: asleep) does not pass
+    the wait for the codec's cost; work does count."""
+    import time
+    from hpcgnn.comm.exchange import busy_seconds
+    cpu = torch.device("cpu")
+    t0, c0 = time.perf_counter(), time.process_time()
+    time.sleep(0.2)
+    assert busy_seconds(t0, c0, cpu) < 0.1
+    t0, c0 = time.perf_counter(), time.process_time()
+    while time.process_time() - c0 < 0.05:
+        pass
+    assert 0.05 <= busy_seconds(t0, c0, cpu) <= time.perf_counter() - t0

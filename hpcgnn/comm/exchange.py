@@ -46,6 +46,18 @@ NO_EXCHANGE_ENV = "HPCGNN_BENCH_NO_EXCHANGE"
 send nothing and the halo rows are zeros — the same compute without the wire. Wrong results."""
 
 
+def busy_seconds(wall0: float, cpu0: float, device: torch.device) -> float:
+    """Seconds of work since ``time.perf_counter() == wall0`` and ``time.process_time() ==
+    cpu0``: on a GPU the wall-clock (the caller synchronised the device); on the CPU the lesser
+    of the wall-clock and the process's CPU time, so that a rank descheduled in the middle (ranks
+    sharing cores) does not pass its wait for work, nor do idle spinning threads count where
+    several threads share the work. A codec's cost, timed for ``kind = "auto"``."""
+    wall = time.perf_counter() - wall0
+    if device.type != "cpu":
+        return wall
+    return min(wall, time.process_time() - cpu0)
+
+
 @dataclass(frozen=True)
 class ExchangeSettings:
     """What one layer's exchange does in one step, passed per call: the epoch its block keys
@@ -281,11 +293,13 @@ class HaloExchanger:
         scale = total / max(int(x.shape[0]), 1)
         fig.norm2 += scale * float(x.double().pow(2).sum())
         for codec in candidates:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             y = codec.decode(codec.encode(x, blocks, keys, noise), blocks, width, keys)
-            err = float((y.reshape(x.shape) - x).double().pow(2).sum())   # syncs the device
-            fig.add(codec, scale * err, scale * (time.perf_counter() - t0),
-                    sum(codec.byte_counts(counts, width)))
+            if y.is_cuda:
+                torch.cuda.synchronize(y.device)
+            seconds = busy_seconds(t0, c0, y.device)      # the codec's, not the error's sum
+            err = float((y.reshape(x.shape) - x).double().pow(2).sum())
+            fig.add(codec, scale * err, scale * seconds, sum(codec.byte_counts(counts, width)))
 
     def _layout(self, codec: WireCodec, width: int, fwd: bool) -> tuple[Layout, int]:
         """(byte layout of the exchange, fp32 bytes of the same rows), cached per (codec, width,
