@@ -94,8 +94,8 @@ leaves every decision as it was doubles the interval (up to ``MAX_BACKOFF * ever
 changes a decision resets it. One that leaves every exchange on fp32 with fp32 predicted cheaper
 than every allowed candidate (not only by the tie rule: ``fp32_clear``) goes to the longest
 interval at once: the budget only falls, so only a cheaper link or codec could change that (on
-8 ranks over shared memory a probe epoch cost some 70 ms more than a 90 ms step). Probing costs an encode + decode of at most ``probe_rows`` rows
-per exchange and candidate, and after the first probe a candidate is left out whose last
+8 ranks over shared memory a probe epoch cost some 70 ms more than a 90 ms step). Probing costs
+an encode + decode of at most ``probe_rows`` rows per exchange and candidate, and after the first probe a candidate is left out whose last
 measured error is above ``SKIP_ABOVE`` (2) times the budget, and once left out it stays out:
 the budget only falls, so it could pass again only if its error halved, which is not watched
 for (1-bit rows measure 4-9 against budgets below 1); the most precise candidate is always
