@@ -258,6 +258,11 @@ def predicted_cost(fig: ExchangeFigures, bits: int, wire: tuple[float, float],
     return fig.codec_s.get(bits, 0.0) + seconds
 
 
+def allowed(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float) -> list[int]:
+    """The candidates measured on this exchange whose error is within ``budget``, and fp32."""
+    return [FP32] + [b for b in candidates if b in fig.error2 and fig.error(b) <= budget]
+
+
 def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
            wire: tuple[float, float], objective: str = "time", current: int | None = None
            ) -> int:
@@ -267,9 +272,8 @@ def choose(fig: ExchangeFigures, candidates: tuple[int, ...], budget: float,
     clearly: what it may cost in convergence is not in the prediction), then for ``current``
     (the setting in use, while allowed: timing noise alone does not flip a decision, and so does
     not reset the probe interval)."""
-    allowed = [FP32] + [b for b in candidates if b in fig.error2 and fig.error(b) <= budget]
-    cost = {b: predicted_cost(fig, b, wire, objective) for b in allowed}
-    best = min(allowed, key=lambda b: (cost[b], -b))
+    cost = {b: predicted_cost(fig, b, wire, objective) for b in allowed(fig, candidates, budget)}
+    best = min(cost, key=lambda b: (cost[b], -b))
     if objective == "time":
         for keep in (FP32, current):
             if keep in cost and cost[keep] <= (1.0 + HYSTERESIS) * cost[best]:
@@ -350,8 +354,8 @@ def fp32_clear(figs: dict[str, ExchangeFigures], candidates: tuple[int, ...], bu
     for key, fig in figs.items():
         fit = fits[key.partition("/")[2]]
         fp32 = predicted_cost(fig, FP32, fit, "time")
-        if any(predicted_cost(fig, b, fit, "time") <= fp32 for b in candidates
-               if b in fig.error2 and fig.error(b) <= budget):
+        if any(predicted_cost(fig, b, fit, "time") <= fp32
+               for b in allowed(fig, candidates, budget) if b != FP32):
             return False
     return True
 
