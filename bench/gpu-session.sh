@@ -13,7 +13,8 @@
 # pymetis and pytest-xdist wheels for the machine's python, PYVER) and .src/ (Open MPI's source).
 # The machine's own torch and triton are used. Everything goes to runs/gpu-session-PART and is
 # archived as OUT/gpu-session-PART.tgz, with its summary log beside it (OUT/gpu-session-PART.log).
-# NET_RANKS, NET_RATES, NET_EPOCHS (part 2) and JOBS_BUILD (part 1) override the defaults below.
+# NET_RANKS, NET_RATES, NET_EPOCHS, NET_TIMEOUT, QUICK (part 2; bench/gpu.sh) and JOBS_BUILD
+# (part 1) override the defaults below.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ ${1:-} == fetch ]]; then
@@ -79,8 +80,9 @@ case $part in
     venv .venv || exit 2
     SECTIONS=info,bench bash bench/gpu.sh "$work/bench"
     say "gpu.sh info,bench: exit $?"
+    # NET_TIMEOUT=S stops the network runs after S seconds, so the archive is still made
     NET_RANKS=${NET_RANKS:-4} NET_RATES=${NET_RATES:-10 100 shm} NET_EPOCHS=${NET_EPOCHS:-30} \
-        SECTIONS=network bash bench/gpu.sh "$work/network"
+        SECTIONS=network timeout "${NET_TIMEOUT:-0}" bash bench/gpu.sh "$work/network"
     say "gpu.sh network: exit $?"
     ;;
 *) say "part $part: one of 1, 2"; exit 2 ;;

@@ -97,15 +97,21 @@ sys.exit(0 if worst < 1e-4 else 1)
 EOF
 fi
 if want bench; then
-step "codec throughput, cuda (Triton kernels and torch path)" $PY bench/codecs.py --device cuda \
-    --paths triton,torch --repeat 50 --out "$out/codecs-cuda"
+# QUICK=1 (a short lease): the Triton codec path only, and the SAGE epoch on 1 rank only (no
+# torch path, no 2-rank schedules); GAT on both of its paths; GCN as always
+if [[ ${QUICK:-0} == 1 ]]; then codec_paths=triton; sage_args=(--ranks 1)
+else codec_paths=triton,torch; sage_args=(--torch-path --schedules quant2-all,full); fi
+step "codec throughput, cuda ($codec_paths)" $PY bench/codecs.py --device cuda \
+    --paths "$codec_paths" --repeat 50 --out "$out/codecs-cuda"
 step "dropout, cuda (fused counter kernel, torch hash path, F.dropout)" $PY bench/dropout.py \
     --device cuda --repeat 50 --out "$out/dropout-cuda"
-[[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda (hpcgnn 1 and 2 ranks, PyG)" $PY bench/epoch.py --device cuda --dataset "$spec" \
-    --epochs 10 --results "$out" --shards-root shards/gpu-epoch --profile --torch-path \
-    --schedules quant2-all,full
+[[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda (hpcgnn, PyG)" $PY bench/epoch.py --device cuda --dataset "$spec" \
+    --epochs 10 --results "$out" --shards-root shards/gpu-epoch --profile "${sage_args[@]}"
 [[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda, GAT (hpcgnn 1 rank, PyG GATConv)" $PY bench/epoch.py --device cuda \
     --arch gat --dataset "$spec" --ranks 1 --epochs 10 --results "$out/gat" --shards-root shards/gpu-epoch --profile
+[[ ${EPOCH:-1} == 0 ]] || HPCGNN_GAT_SPMM=0 step "epoch benchmark, cuda, GAT on its per-edge messages path (HPCGNN_GAT_SPMM=0)" \
+    $PY bench/epoch.py --device cuda --arch gat --dataset "$spec" --ranks 1 --epochs 10 --skip-pyg \
+    --results "$out/gat-messages" --shards-root shards/gpu-epoch
 [[ ${EPOCH:-1} == 0 ]] || step "epoch benchmark, cuda, GCN (hpcgnn 1 rank, PyG GCNConv)" $PY bench/epoch.py --device cuda \
     --arch gcn --dataset "$spec" --ranks 1 --epochs 10 --results "$out/gcn" --shards-root shards/gpu-epoch --profile
 fi

@@ -1,9 +1,10 @@
 """GAT (``model.arch = "gat"``): the layer against a dense attention matrix written here (and
-PyG's ``GATConv`` when installed); training on 2, 3 and 4 ranks (uneven METIS parts, dropout
-and attention dropout on) against 1 rank; a ``truncate``-compressed run and a staleness-1 run
-against whole-graph computations written here (each part sees its halo rows truncated; or,
-with staleness 1, the other parts' layer inputs as posted the epoch before: ``_pipegcn.py``); ``hpcgnn predict`` of a GAT run against the dense GAT. This file is
-also the MPI worker (several variants per launch).
+PyG's ``GATConv`` when installed), on both paths of the attention sums; training on 2, 3 and 4
+ranks (uneven METIS parts, dropout and attention dropout on) against 1 rank; a
+``truncate``-compressed run against a whole-graph computation written here (each part sees its
+halo rows truncated); ``hpcgnn predict`` of a GAT run against the dense GAT. Staleness with
+GAT is tested in ``test_methods_exact.py`` (against ``_pipegcn.py``). This file is also the MPI
+worker (several variants per launch).
 """
 from __future__ import annotations
 
@@ -30,12 +31,8 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
     # layer 0: 24 -> 2 x 4 (exchanges h, width 8: k = 4); layer 1: 8 -> 4 (h, width 4: k = 2)
     "truncate": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4"),
                  'codec = "truncate"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'),
-    # PipeGCN: layer 0's constant input crosses once; layer 1 exchanges its input (16 wide)
-    # before dropout; dropout and attention dropout on
-    "stale": (("model.arch=gat", "model.dropout=0.5", "model.attn_dropout=0.3", "model.heads=2",
-               "model.hidden=8", "train.staleness=1", f"train.epochs={EPOCHS}"), None),
 }
-LAUNCHES = [(2, ("gat", "truncate", "stale", "predict:gat")), (3, ("gat", "gat-deep")), (4, ("gat",))]
+LAUNCHES = [(2, ("gat", "truncate", "predict:gat")), (3, ("gat", "gat-deep")), (4, ("gat",))]
 
 
 # -- an independent GAT: dense attention over the whole graph --------------------------------
@@ -94,13 +91,17 @@ def grads_of(out, tensors):
     return torch.autograd.grad((out * torch.randn_like(out)).sum(), tensors)
 
 
+@pytest.mark.parametrize("path", ["messages", "spmm"])
 @pytest.mark.parametrize("heads,concat,p", [(3, True, 0.0), (2, False, 0.0), (3, True, 0.5)])
-def test_layer_equals_dense_attention(small, heads, concat, p):
+def test_layer_equals_dense_attention(small, heads, concat, p, path, monkeypatch):
     """Forward and every gradient; with attention dropout the kept coefficients are those of
-    the documented hash of (seed, epoch, layer, dst id, src id, head), scaled by 1/(1-p)."""
+    the documented hash of (seed, epoch, layer, dst id, src id, head), scaled by 1/(1-p). Both
+    paths of the attention sums: per-edge messages (CPU's) and sparse products (CUDA's)."""
     from hpcgnn.nn.dropout import edge_keep_mask
+    monkeypatch.setenv("HPCGNN_GAT_SPMM", "1" if path == "spmm" else "0")
     g, adj, shard = small
     layer = one_rank_layer(shard, g.feature_dim, 5, heads, concat, attn_dropout=p, epoch=3)
+    assert (layer.pattern is not None) == (path == "spmm")
     x = torch.from_numpy(g.dense_features()).double().requires_grad_(True)
     params = [x, layer.weight, layer.att_src, layer.att_dst, layer.bias]
     got = layer(x, layer.step)
@@ -140,6 +141,37 @@ def test_layer_equals_pyg_gatconv(small, heads, concat):
     theirs = grads_of(want, [x, conv.lin.weight, conv.att_src, conv.att_dst, conv.bias])
     for a, b in zip(ours, [theirs[0], theirs[1].T, theirs[2][0], theirs[3][0], theirs[4]]):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_attention_sums_on_cuda_equal_the_messages(dtype):
+    """``AttentionSum`` on CUDA (cuSPARSE SpMM and SDDMM) against ``sum_j alpha_ij h_j`` over
+    materialised messages, written here, forward and both gradients; a random graph with rows
+    of no in-edge but their self-loop, more source rows than destinations (halo columns)."""
+    from hpcgnn.nn.gat import AttentionPattern, AttentionSum
+    gen = torch.Generator().manual_seed(5)
+    n, m, heads, c = 600, 900, 3, 5
+    a = sp.random(n, m, density=0.01, format="csr", random_state=5) + sp.eye(n, m, format="csr")
+    a = a.tocoo()
+    key = np.lexsort((a.col, a.row))                         # CSR order: by dst, then src
+    dst, src = (torch.from_numpy(v[key].astype(np.int64)) for v in (a.row, a.col))
+    alpha = torch.rand(dst.shape[0], heads, generator=gen, dtype=torch.float64)
+    h = torch.randn(m, heads, c, generator=gen, dtype=torch.float64)
+    g = torch.randn(n, heads, c, generator=gen, dtype=torch.float64)
+    want_alpha, want_h = alpha.clone().requires_grad_(True), h.clone().requires_grad_(True)
+    want = torch.zeros(n, heads, c, dtype=torch.float64).index_add_(
+        0, dst, want_alpha[:, :, None] * want_h[src])
+    want.backward(g)
+    cuda = torch.device("cuda")
+    got_alpha = alpha.to(cuda, dtype).requires_grad_(True)
+    got_h = h.to(cuda, dtype).requires_grad_(True)
+    got = AttentionSum.apply(got_alpha, got_h, AttentionPattern(dst.to(cuda), src.to(cuda), n, m))
+    got.backward(g.to(cuda, dtype))
+    tol = {"rtol": 1e-10, "atol": 1e-10} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
+    for a_, b_ in ((got, want), (got_alpha.grad, want_alpha.grad), (got_h.grad, want_h.grad)):
+        torch.testing.assert_close(a_.cpu().double(), b_.detach(), **tol)
 
 
 def test_edge_mask_depends_only_on_ids():
@@ -266,6 +298,35 @@ class Truncated:
 
     def after(self, t):
         pass
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,variants", LAUNCHES, ids=[f"{r}-ranks" for r, _ in LAUNCHES])
+def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
+    """Uneven METIS parts: uncompressed training equals 1 rank; ``truncate`` equals the
+    whole-graph computation with truncated halo rows; ``hpcgnn predict`` equals the dense GAT.
+    (Staleness with GAT: ``tests/test_methods_exact.py``, against ``_pipegcn.py``.)"""
+    shard_dir = shards(CSBM, ranks, "metis")
+    check_ok(run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path), *variants], timeout=240))
+    parts = part_of(shard_dir, ranks)
+    assert len(set(torch.bincount(parts).tolist())) > 1                 # uneven parts
+    for variant in variants:
+        if variant.startswith("predict:"):
+            check_predictions(tmp_path / variant, tmp_path / variant.split(":")[1])
+            continue
+        got = read_metrics(tmp_path / variant)
+        want, init = one_rank(variant)
+        losses = [r["loss"] for r in got]
+        assert len(losses) == EPOCHS and losses[-1] < losses[0], variant
+        if variant == "truncate":
+            assert losses == pytest.approx(whole_graph_losses(init, parts, 2, 4, Truncated(parts)),
+                                           rel=2e-5)
+            assert all(r["bytes_sent"] * 2 == r["bytes_full"] > 0 for r in got)
+            assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
+        else:
+            assert losses == pytest.approx([r["loss"] for r in want], rel=1e-5), variant
+            assert [r["val_acc"] for r in got] == pytest.approx([r["val_acc"] for r in want], abs=2e-3)
+            assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
 
 
 def check_predictions(pred_dir: Path, run_dir: Path) -> None:

@@ -10,8 +10,13 @@ PyG's ``GATConv`` (v1) semantics, heads ``H``, ``C`` channels per head.
 
 Shapes: input ``x`` ``(n_owned, F_in)`` -> ``(n_owned, H*C)`` (concat) or ``(n_owned, C)`` (mean).
 The edges are the shard's (no self-loops, no duplicates) plus one self-loop per owned node,
-as ``GATConv(add_self_loops=True)``. The messages ``alpha_ij h_j`` are materialised per edge,
-``(E + n_owned, H, C)`` floats, as PyG's ``GATConv`` does.
+as ``GATConv(add_self_loops=True)``, kept in CSR order (by destination, then source). The sum
+``sum_j alpha_ij h_j`` is, per head, a sparse product with the attention as the matrix's values
+(``AttentionSum``): on CUDA torch's CSR products (cuSPARSE SpMM forward, SpMM with the
+transpose and a sampled product, SDDMM, backward), so the messages ``alpha_ij h_j`` are never
+materialised; on CPU ranks the messages ``(E + n_owned, H, C)`` are, as PyG's ``GATConv`` does
+(``HPCGNN_GAT_SPMM=1`` or ``0`` asks for one path or the other on any device; same results to
+rounding).
 
 **What is exchanged.** The attention of a halo source ``j`` needs ``h_j`` and ``s_j``. We send
 ``h_j`` only (width ``H*C``) and the receiver recomputes ``s_j = <a_src, h_j>`` from the rows it
@@ -40,6 +45,9 @@ the same size (through the exchanger's autograd functions, as for GCN and SAGE).
 """
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,15 +62,85 @@ NEGATIVE_SLOPE = 0.2
 
 
 def edges_with_self_loops(graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dst, src) int64 ``(E + n_owned,)``: the in-edges of the owned rows, ``src`` indexing
-    ``[owned; halo]`` rows, then one self-loop per owned row. On the graph's device."""
+    """(dst, src) int64 ``(E + n_owned,)``: the in-edges of the owned rows and one self-loop per
+    owned row, ``src`` indexing ``[owned; halo]`` rows, sorted by ``dst`` then ``src`` (CSR
+    order). On the graph's device."""
     def coo(mat: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
         counts = mat.crow_indices().diff()
         rows = torch.arange(counts.shape[0], device=counts.device).repeat_interleave(counts)
         return rows, mat.col_indices() + offset
     (d_own, s_own), (d_halo, s_halo) = coo(graph.owned.mat, 0), coo(graph.halo.mat, graph.n_owned)
     loop = torch.arange(graph.n_owned, device=d_own.device)
-    return torch.cat([d_own, d_halo, loop]), torch.cat([s_own, s_halo, loop])
+    dst, src = torch.cat([d_own, d_halo, loop]), torch.cat([s_own, s_halo, loop])
+    order = torch.argsort(dst * (graph.n_owned + graph.n_halo) + src)
+    return dst[order], src[order]
+
+
+def use_spmm(device: torch.device) -> bool:
+    """Whether the attention sums run as sparse products (``AttentionSum``): on CUDA unless
+    ``HPCGNN_GAT_SPMM=0``; on CPU only with ``HPCGNN_GAT_SPMM=1``."""
+    env = os.environ.get("HPCGNN_GAT_SPMM", "")
+    return env == "1" if env in ("0", "1") else device.type == "cuda"
+
+
+class AttentionPattern:
+    """The CSR structure of the attention ``(n_owned, n_owned + n_halo)`` and of its transpose,
+    for edges in CSR order (``edges_with_self_loops``): built once per layer."""
+
+    def __init__(self, dst: torch.Tensor, src: torch.Tensor, n: int, m: int):
+        # 32-bit indices where they fit (cuSPARSE's common case), else 64-bit
+        small = max(n, m, dst.shape[0]) < 2 ** 31
+        index = (lambda t: t.to(torch.int32)) if small else (lambda t: t)  # noqa: E731
+        order_t = torch.argsort(src * n + dst)          # the transpose's CSR order
+        self.shape, self.perm_t = (n, m), order_t
+        self.crow, self.col = index(_crow(dst, n)), index(src)
+        self.crow_t, self.col_t = index(_crow(src[order_t], m)), index(dst[order_t])
+
+    def matrix(self, values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+        """``(n, m)`` CSR with ``values`` ``(E,)`` in CSR order (or its transpose ``(m, n)``)."""
+        with warnings.catch_warnings():        # "sparse CSR support is in beta": we rely on it
+            warnings.simplefilter("ignore", UserWarning)
+            if transpose:
+                return torch.sparse_csr_tensor(self.crow_t, self.col_t, values[self.perm_t],
+                                               size=self.shape[::-1], check_invariants=False)
+            return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape,
+                                           check_invariants=False)
+
+
+def _crow(rows: torch.Tensor, n: int) -> torch.Tensor:
+    counts = torch.bincount(rows, minlength=n)
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+
+class AttentionSum(torch.autograd.Function):
+    """``out[i, k] = sum_j alpha[ij, k] h[j, k]`` ``(n, H, C)`` from ``alpha`` ``(E, H)`` (CSR
+    order) and ``h`` ``(m, H, C)``: per head one SpMM forward; backward ``dh[:, k] = A_k^T
+    g[:, k]`` (SpMM) and ``dalpha[ij, k] = <g[i, k], h[j, k]>`` (SDDMM, ``sampled_addmm``)."""
+
+    @staticmethod
+    def forward(ctx, alpha, h, pattern: AttentionPattern):
+        ctx.pattern = pattern
+        ctx.save_for_backward(alpha, h)
+        vals = alpha.t().contiguous()                     # (H, E)
+        return torch.stack([pattern.matrix(vals[k]) @ h[:, k].contiguous()
+                            for k in range(h.shape[1])], dim=1)
+
+    @staticmethod
+    def backward(ctx, g):
+        alpha, h = ctx.saved_tensors
+        pattern = ctx.pattern
+        g = g.contiguous()
+        d_alpha = d_h = None
+        if ctx.needs_input_grad[0]:
+            zeros = pattern.matrix(alpha.new_zeros(alpha.shape[0]))
+            d_alpha = torch.stack([torch.sparse.sampled_addmm(zeros, g[:, k].contiguous(),
+                                                              h[:, k].contiguous().t(), beta=0.0).values()
+                                   for k in range(h.shape[1])], dim=1)
+        if ctx.needs_input_grad[1]:
+            vals = alpha.t().contiguous()
+            d_h = torch.stack([pattern.matrix(vals[k], transpose=True) @ g[:, k].contiguous()
+                               for k in range(h.shape[1])], dim=1)
+        return d_alpha, d_h, None
 
 
 def edge_softmax(e: torch.Tensor, dst: torch.Tensor, n: int) -> torch.Tensor:
@@ -95,6 +173,8 @@ class GATLayer(HaloLayer):
         dst, src = edges_with_self_loops(graph)
         self.register_buffer("dst", dst, persistent=False)
         self.register_buffer("src", src, persistent=False)
+        self.pattern = (AttentionPattern(dst, src, graph.n_owned, graph.n_owned + graph.n_halo)
+                        if use_spmm(dst.device) else None)
 
     @classmethod
     def stack(cls, cfg: ModelConfig, in_dim: int, num_classes: int) -> list[tuple[int, int, dict]]:
@@ -142,5 +222,7 @@ class GATLayer(HaloLayer):
             ids = self.graph.node_ids
             alpha = edge_dropout(alpha, ids[self.dst], ids[self.src], self.attn_dropout, step.seed,
                                  step.epoch, step.layer, step.training)
+        if self.pattern is not None:
+            return AttentionSum.apply(alpha, h, self.pattern)
         return h.new_zeros(n, self.heads, self.out_dim).index_add_(
             0, self.dst, alpha.unsqueeze(-1) * h.index_select(0, self.src))
