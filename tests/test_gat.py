@@ -96,7 +96,7 @@ def grads_of(out, tensors):
 def test_layer_equals_dense_attention(small, heads, concat, p, path, monkeypatch):
     """Forward and every gradient; with attention dropout the kept coefficients are those of
     the documented hash of (seed, epoch, layer, dst id, src id, head), scaled by 1/(1-p). Both
-    paths of the attention sums: per-edge messages (CPU's) and sparse products (CUDA's)."""
+    paths of the attention sums: sparse products (the default) and per-edge messages."""
     from hpcgnn.nn.dropout import edge_keep_mask
     monkeypatch.setenv("HPCGNN_GAT_SPMM", "1" if path == "spmm" else "0")
     g, adj, shard = small
