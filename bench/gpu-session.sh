@@ -4,6 +4,9 @@
 # when idle, so each part makes what it needs and leaves its results in one archive.
 #
 #   bash bench/gpu-session.sh fetch    # here, with PyPI: .whl/ and .src/ to carry (PYVER=3.12)
+#   bash bench/gpu-session.sh prebuild # here, no GPU needed (20-30 min on 2 cores): the
+#                                      # CUDA-aware Open MPI built against CUDA's headers from
+#                                      # PyPI (.cuda-headers/) into .openmpi-cuda/, to carry too
 #   bash bench/gpu-session.sh 1 OUT    # venvs; the GPU tests beside the CUDA-aware Open MPI
 #                                      # build; then the CUDA-aware checks (section 'aware')
 #   bash bench/gpu-session.sh 2 OUT    # idle machine: codec, dropout and epoch benchmarks; then
@@ -11,6 +14,9 @@
 #
 # Needs, carried with the checkout (run: carry [".whl", ".src"]): .whl/ (the openmpi, mpi4py,
 # pymetis and pytest-xdist wheels for the machine's python, PYVER) and .src/ (Open MPI's source).
+# With ".openmpi-cuda" and ".cuda-headers" carried as well (from 'prebuild'; the checkout at the
+# same path there, as the device machine's is), part 1 keeps that build instead of spending six
+# minutes of the lease on it (env/cuda-aware-openmpi.sh keeps a build whose stamp matches).
 # The machine's own torch and triton are used. Everything goes to runs/gpu-session-PART and is
 # archived as OUT/gpu-session-PART.tgz, with its summary log beside it (OUT/gpu-session-PART.log).
 # NET_RANKS, NET_RATES, NET_EPOCHS, NET_TIMEOUT, QUICK (part 2; bench/gpu.sh) and JOBS_BUILD
@@ -27,6 +33,20 @@ if [[ ${1:-} == fetch ]]; then
     "$py" -m pip download --quiet --no-deps --only-binary=:all: -d .whl pytest-xdist execnet || exit 2
     bash env/cuda-aware-openmpi.sh fetch .src || exit 2
     ls -l .whl .src
+    exit 0
+fi
+if [[ ${1:-} == prebuild ]]; then   # CUDA's headers (cuda.h: Open MPI dlopens libcuda at run time)
+    py=.venv/bin/python; [[ -x $py ]] || py=python3
+    if [[ ! -f .cuda-headers/include/cuda.h ]]; then
+        tmp=$(mktemp -d)
+        "$py" -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" nvidia-cuda-runtime-cu12 || exit 2
+        "$py" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [z.extract(n, sys.argv[2]) for n in z.namelist() if "/include/" in n]' \
+            "$tmp"/nvidia_cuda_runtime_cu12-*.whl "$tmp" || exit 2
+        mkdir -p .cuda-headers && cp -r "$tmp"/nvidia/cuda_runtime/include .cuda-headers/ && rm -rf "$tmp"
+    fi
+    bash env/cuda-aware-openmpi.sh build --src .src --cuda .cuda-headers --stop-after install || exit 2
+    rm -rf .openmpi-cuda.build
+    du -sh .openmpi-cuda .cuda-headers
     exit 0
 fi
 part=${1:?usage: bash bench/gpu-session.sh 1|2 OUT}
@@ -60,8 +80,9 @@ case $part in
     # venv's binary mpi4py loads the built library: nothing but Open MPI is compiled.
     build=""
     if venv .venv-cuda; then
-        say "env/cuda-aware-openmpi.sh build with ${JOBS_BUILD:=$(( $(nproc) / 2 ))} jobs, in the background"
-        bash env/cuda-aware-openmpi.sh build --src .src --venv .venv-cuda --jobs "$JOBS_BUILD" \
+        cuda=(); [[ -f .cuda-headers/include/cuda.h && -f .openmpi-cuda/.hpcgnn-build ]] && cuda=(--cuda .cuda-headers)
+        say "env/cuda-aware-openmpi.sh build ${cuda[*]} with ${JOBS_BUILD:=$(( $(nproc) / 2 ))} jobs, in the background"
+        bash env/cuda-aware-openmpi.sh build --src .src --venv .venv-cuda --jobs "$JOBS_BUILD" "${cuda[@]}" \
             > "$work/ompi-build.log" 2>&1 &
         build=$!
     fi
@@ -78,11 +99,11 @@ case $part in
     ;;
 2)
     venv .venv || exit 2
-    SECTIONS=info,bench bash bench/gpu.sh "$work/bench"
+    QUICK=${QUICK:-1} SECTIONS=info,bench bash bench/gpu.sh "$work/bench"   # QUICK=0: all of it
     say "gpu.sh info,bench: exit $?"
-    # NET_TIMEOUT=S stops the network runs after S seconds, so the archive is still made
+    # NET_TIMEOUT=S (150; 0: none) stops the network runs after S seconds, so the archive is made
     NET_RANKS=${NET_RANKS:-4} NET_RATES=${NET_RATES:-10 100 shm} NET_EPOCHS=${NET_EPOCHS:-30} \
-        SECTIONS=network timeout "${NET_TIMEOUT:-0}" bash bench/gpu.sh "$work/network"
+        SECTIONS=network timeout "${NET_TIMEOUT:-150}" bash bench/gpu.sh "$work/network"
     say "gpu.sh network: exit $?"
     ;;
 *) say "part $part: one of 1, 2"; exit 2 ;;
