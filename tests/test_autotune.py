@@ -2,6 +2,7 @@
 the probe cadence on hand-made figures, and the schedule keys (checked, with clear errors).
 The measurement on real ranks is ``tests/test_autotune_probe.py``, whole runs
 ``tests/test_autotune_run.py``."""
+import copy
 import io
 import math
 
@@ -157,6 +158,27 @@ def test_probe_interval_doubles_while_nothing_changes():
     held = AutoState(bits={"0/forward": 2}, interval=20, probes=3)
     assert _probe_interval(held, {"0/forward": 2}, 5) == 40      # unchanged: doubles
     assert _probe_interval(held, {"0/forward": 4}, 5) == 5       # changed: back to every
+
+
+def test_a_decision_the_budget_changes_is_not_a_probes_news():
+    """A probe whose measurements decide as the figures before it would have at the same
+    budget changed nothing, even where the falling budget moves the bits at that check: the
+    interval doubles. Measurements that decide otherwise reset it."""
+    fig = {"0/forward": FIG.to_dict(), "0/backward": FIG.to_dict()}
+    # the last window improved the loss by 0.05 against a peak of 0.5: budget 1 -> 0.1, under
+    # 2 bits' error (0.15), over 4 bits' (0.006)
+    held = AutoState(bits={"0/forward": 2, "0/backward": 2}, budget=1.0, peak=0.5,
+                     window=[0.95] * 5, means=[1.0], measured=fig,
+                     wire={"forward": [[256000.0, 0.26], [70000.0, 0.075]], "backward": []},
+                     interval=10, next_probe=15, probes=2)
+    settings = AutoSettings(objective="bytes")
+    same, _ = decide(copy.deepcopy(held), settings, _figures(), 15)
+    assert same.budget == pytest.approx(0.1)
+    assert same.bits == {"0/forward": 4, "0/backward": 4}       # moved by the budget
+    assert (same.interval, same.next_probe) == (20, 35)         # not news: doubles
+    news, _ = decide(copy.deepcopy(held), settings, _figures(scale=0.5), 15)
+    assert news.bits == {"0/forward": 2, "0/backward": 2}       # 2 bits now measure 0.075
+    assert (news.interval, news.next_probe) == (5, 20)          # news: back to every
 
 
 @pytest.mark.parametrize("codec_s,want", [
