@@ -94,8 +94,8 @@ leaves every decision as it was doubles the interval (up to ``MAX_BACKOFF * ever
 changes a decision resets it. A decision the falling budget changes is not the probe's news:
 a probe changed something only where its measurements decide otherwise than the figures
 before it would have at the same budget (``_baseline``; on 8 ranks at 1 Gbit/s the budget
-moving layer after layer to 4 bits had reset the interval at six probes between epochs 35 and
-80). One that leaves every exchange on fp32 with fp32 predicted cheaper
+moving layer after layer to 4 bits had reset the interval at epochs 35, 50 and 65, and seven
+probes ran from epoch 35 to 80). One that leaves every exchange on fp32 with fp32 predicted cheaper
 than every allowed candidate (not only by the tie rule: ``fp32_clear``) goes to the longest
 interval at once: the budget only falls, so only a cheaper link or codec could change that (on
 8 ranks over shared memory a probe epoch cost some 70 ms more than a 90 ms step). Probing costs
