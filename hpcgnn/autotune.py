@@ -432,7 +432,8 @@ def decide(state: AutoState, settings: AutoSettings, figures: Figures | None, ep
 def _baseline(state: AutoState, settings: AutoSettings, budget: float) -> dict[str, int] | None:
     """The bits a check at ``budget`` decides from the figures measured before this probe (and
     the wire history before it): what the falling budget alone changes, which is not news
-    that a probe found. None where an exchange has no earlier figures."""
+    that a probe found. None before the first figures; an exchange without earlier figures is
+    missing from it, so a probe that first measures one counts as a change."""
     fits = {d: fit_wire([tuple(s) for s in state.wire.get(d, [])]) for d in DIRECTIONS}
     if not state.measured:
         return None

@@ -66,6 +66,20 @@ def small(shards):
     return g, adj, read_shard(shards(spec, 1) / "part-00000.h5")
 
 
+@pytest.fixture(scope="module")
+def directed(shards, tmp_path_factory):
+    """(npz spec, graph, dense adjacency with self-loops, a 1-part shard) of a directed graph:
+    the one-way lattice of ``test_directed.py`` (row ``j`` receives from ``j-1 .. j-3``)."""
+    from hpcgnn.data.shard import read_shard
+    from test_directed import lattice_arrays
+    path = tmp_path_factory.mktemp("directed") / "lattice.npz"
+    np.savez(path, **lattice_arrays())
+    spec = f"npz:{path}"
+    g, adj = graph_of(spec)
+    assert not torch.equal(adj, adj.T)
+    return spec, g, adj, read_shard(shards(spec, 1) / "part-00000.h5")
+
+
 def one_rank_layer(shard, in_dim, out_dim, heads, concat, attn_dropout=0.0, epoch=0):
     from hpcgnn.comm.context import CommContext
     from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
@@ -91,15 +105,18 @@ def grads_of(out, tensors):
     return torch.autograd.grad((out * torch.randn_like(out)).sum(), tensors)
 
 
+@pytest.mark.parametrize("graph", ["csbm", "directed"])
 @pytest.mark.parametrize("path", ["messages", "spmm"])
 @pytest.mark.parametrize("heads,concat,p", [(3, True, 0.0), (2, False, 0.0), (3, True, 0.5)])
-def test_layer_equals_dense_attention(small, heads, concat, p, path, monkeypatch):
+def test_layer_equals_dense_attention(graph, heads, concat, p, path, monkeypatch, request):
     """Forward and every gradient; with attention dropout the kept coefficients are those of
     the documented hash of (seed, epoch, layer, dst id, src id, head), scaled by 1/(1-p). Both
-    paths of the attention sums: sparse products (the default) and per-edge messages."""
+    paths of the attention sums: sparse products (the default) and per-edge messages; a
+    symmetric graph and a directed one."""
     from hpcgnn.nn.dropout import edge_keep_mask
     monkeypatch.setenv("HPCGNN_GAT_SPMM", "1" if path == "spmm" else "0")
-    g, adj, shard = small
+    g, adj, shard = (request.getfixturevalue("small") if graph == "csbm"
+                     else request.getfixturevalue("directed")[1:])
     layer = one_rank_layer(shard, g.feature_dim, 5, heads, concat, attn_dropout=p, epoch=3)
     assert (layer.pattern is not None) == (path == "spmm")
     x = torch.from_numpy(g.dense_features()).double().requires_grad_(True)
@@ -327,6 +344,18 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
             assert losses == pytest.approx([r["loss"] for r in want], rel=1e-5), variant
             assert [r["val_acc"] for r in got] == pytest.approx([r["val_acc"] for r in want], abs=2e-3)
             assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
+
+
+@pytest.mark.mpi
+def test_gat_on_a_directed_graph_equals_one_rank(directed, shards, tmp_path):
+    """The one-way lattice on 3 ranks (METIS parts, not symmetrised: a part receives halo rows
+    from a peer it sends nothing to) gives the 1-rank losses, dropout and attention dropout on."""
+    spec = directed[0]
+    check_ok(run_mpi(3, [__file__, str(shards(spec, 3)), str(tmp_path), "gat"], timeout=240))
+    want = train_here(shards(spec, 1), tmp_path / "one", *VARIANTS["gat"][0], config=None)
+    got = read_metrics(tmp_path / "gat")
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-5)
+    assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
 
 
 def check_predictions(pred_dir: Path, run_dir: Path) -> None:
