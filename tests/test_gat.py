@@ -350,7 +350,9 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
 def test_gat_on_a_directed_graph_equals_one_rank(directed, shards, tmp_path):
     """The one-way lattice on 3 ranks (METIS parts, not symmetrised: a part receives halo rows
     from a peer it sends nothing to) gives the 1-rank losses, dropout and attention dropout on."""
+    from test_directed import assert_one_way, lattice_arrays, owners
     spec = directed[0]
+    assert_one_way(lattice_arrays(), owners(shards(spec, 3), 3, directed[1].num_nodes), 3)
     check_ok(run_mpi(3, [__file__, str(shards(spec, 3)), str(tmp_path), "gat"], timeout=240))
     want = train_here(shards(spec, 1), tmp_path / "one", *VARIANTS["gat"][0], config=None)
     got = read_metrics(tmp_path / "gat")
