@@ -101,6 +101,8 @@ if want bench; then
 # torch path, no 2-rank schedules); GAT on both of its paths; GCN as always
 if [[ ${QUICK:-0} == 1 ]]; then codec_paths=triton; sage_args=(--ranks 1)
 else codec_paths=triton,torch; sage_args=(--torch-path --schedules quant2-all,full); fi
+step "a codec call's cost layer by layer, cuda (launcher, compiled handle, allocation)" $PY bench/launch_cost.py \
+    --out "$out/launch-cost"
 step "codec throughput, cuda ($codec_paths)" $PY bench/codecs.py --device cuda \
     --paths "$codec_paths" --repeat 50 --out "$out/codecs-cuda"
 step "dropout, cuda (fused counter kernel, torch hash path, F.dropout)" $PY bench/dropout.py \
