@@ -24,12 +24,22 @@ What is refused, and why:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
 from hpcgnn.errors import ConfigError
 
+if TYPE_CHECKING:       # not at run time: loading a config (hpcgnn summary, plot) needs no torch
+    from hpcgnn.codecs.base import CompressionPolicy
+
 RETEXO_ARCHS = ("gcn", "sage")
+
+
+def _full(policy) -> bool:
+    """No schedule, or the full-precision one (a policy exists only where its module is loaded)."""
+    if policy is None:
+        return True
+    from hpcgnn.codecs.base import FULL_PRECISION  # noqa: PLC0415  (torch: only with a policy)
+    return policy is FULL_PRECISION
 
 
 def _need(ok: bool, where: str, key: str, value: Any, fix: str) -> None:
@@ -44,7 +54,7 @@ def check_combination(cfg, policy: CompressionPolicy | None = None,
     check the config alone)."""
     _check_method(cfg, where)
     _check_algorithm(cfg, policy, where)
-    if policy is None or policy is FULL_PRECISION:
+    if _full(policy):
         return
     bound = policy.bind(cfg.train.epochs, cfg.model.layers)
     sched = f"schedule {getattr(policy, 'path', '<schedule>')}"
@@ -106,7 +116,7 @@ def _check_algorithm(cfg, policy: CompressionPolicy | None, where: str) -> None:
     _need(not cfg.train.staleness, where, "train.staleness", cfg.train.staleness,
           f"parallel.algorithm = '{algo}' runs uncompressed and synchronous: drop "
           f"train.staleness, or use parallel.algorithm = 'halo'")
-    _need(policy is None or policy is FULL_PRECISION, where, "--schedule",
+    _need(_full(policy), where, "--schedule",
           getattr(policy, "path", "given"),
           f"parallel.algorithm = '{algo}' runs uncompressed and synchronous: drop --schedule, "
           f"or use parallel.algorithm = 'halo'")

@@ -43,6 +43,16 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
     assert missing.returncode == 2 and "summary.json: not found" in missing.stderr
 
 
+def test_reading_a_config_needs_no_torch():
+    """``hpcgnn summary`` and ``plot`` read run configs: a second, not a torch import (3-5 s on a
+    login node or a 2-core runner)."""
+    code = ("import sys; from hpcgnn.config import load_config; load_config('configs/cora.toml'); "
+            "print(sorted(m for m in ('torch', 'triton', 'mpi4py') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
 def test_config_defaults_file_and_overrides(tmp_path):
     cfg = load_config(None)
     assert (cfg.model.arch, cfg.model.hidden, cfg.train.epochs, cfg.run.checkpoint_every) == \
