@@ -13,6 +13,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from _pipegcn import torch_sparse
 from conftest import CSBM, check_ok, read_metrics, train, train_here
 from test_codecs import np_hash32, ref_channels, ref_kept_rows
 
@@ -169,10 +170,11 @@ def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
     g = load_dataset(CSBM)
     shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
     part_of = _parts(shard_dir, ranks)
-    a = torch.from_numpy(_gcn_operator(g)).float()
-    same = torch.from_numpy(part_of[:, None] == part_of[None, :])
-    a_loc = a * same
-    a_halo = [a * ~same * torch.from_numpy(part_of == q)[:, None] for q in range(ranks)]
+    a = sp.coo_matrix(_gcn_operator(g))
+    same = part_of[a.row] == part_of[a.col]
+    a_loc = torch_sparse(sp.coo_matrix((a.data * same, (a.row, a.col)), shape=a.shape))
+    a_halo = [torch_sparse(sp.coo_matrix((a.data * (~same & (part_of[a.row] == q)),
+                                          (a.row, a.col)), shape=a.shape)) for q in range(ranks)]
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
     train_idx = torch.from_numpy(g.train_idx)
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
@@ -195,7 +197,8 @@ def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
 
     def propagate(e: torch.Tensor, layer: int, epoch: int) -> torch.Tensor:
         ms = masks(layer, e.shape[1], epoch)
-        return a_loc @ e + sum(a_halo[q] @ (ms[q] * e) for q in range(ranks))
+        return torch.sparse.mm(a_loc, e) + sum(torch.sparse.mm(a_halo[q], ms[q] * e)
+                                               for q in range(ranks))
 
     losses = []
     for t in range(EPOCHS):
