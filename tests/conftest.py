@@ -20,6 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _mpi import run_mpi  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import _triton_interp  # noqa: E402
+    _triton_interp.install()        # the interpreter without its re-patch per helper call
+
 CSBM = "csbm:nodes=3000,classes=4,degree=8,features=24,seed=3"
 
 
