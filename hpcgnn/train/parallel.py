@@ -11,24 +11,32 @@ operator's ``connect()`` (the grid's communicators, collective) is called by
 """
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 import numpy as np
 
-from hpcgnn.comm.cagnet import plan_15d
-from hpcgnn.comm.cagnet2d import plan_2d
-from hpcgnn.comm.cagnet3d import plan_3d
-from hpcgnn.comm.cagnet_wire import message_limit
 from hpcgnn.comm.context import CommContext
 from hpcgnn.config import Config
-from hpcgnn.data.blocks import adjacency_blocks
 from hpcgnn.data.shardset import ShardSet
 from hpcgnn.nn.graph import gcn_values, mean_values
+
+
+def _plan(module: str, name: str) -> Callable:
+    """``module.name``, imported when first called: the CAGNET modules need scipy, which a
+    halo run never imports (0.2-0.4 s of every rank's start)."""
+    def plan(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    plan.__name__ = plan.__qualname__ = name
+    return plan
+
 
 # parallel.algorithm -> plan(shards path, num_parts, rank, size, cfg.parallel) -> grid; a grid
 # has ``dense_group`` (the (rank, ranks) whose part ``ShardSet.load`` gives it),
 # ``block_groups()`` (which blocks of A it holds) and ``operator(ctx, blocks, meta)``
-PLANS: dict[str, Callable] = {"1.5d": plan_15d, "2d": plan_2d, "3d": plan_3d}
+PLANS: dict[str, Callable] = {"1.5d": _plan("hpcgnn.comm.cagnet", "plan_15d"),
+                              "2d": _plan("hpcgnn.comm.cagnet2d", "plan_2d"),
+                              "3d": _plan("hpcgnn.comm.cagnet3d", "plan_3d")}
 
 
 def edge_values(arch: str) -> Callable:
@@ -44,6 +52,8 @@ def load_partitioned(ctx: CommContext, cfg: Config, shards: ShardSet):
     staleness are refused by ``hpcgnn.combinations``). This rank reads its dense rows' parts
     and the graph datasets of the blocks of ``A`` its grid position holds; the operator gets
     the blocks (``hpcgnn.comm`` reads no files)."""
+    from hpcgnn.comm.cagnet_wire import message_limit
+    from hpcgnn.data.blocks import adjacency_blocks
     grid = PLANS[cfg.parallel.algorithm](shards.path, shards.num_parts, ctx.rank, ctx.size,
                                          cfg.parallel)
     shard = shards.load(*grid.dense_group)
