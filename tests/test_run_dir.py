@@ -49,6 +49,32 @@ def test_a_stopped_run_is_refused_then_resumed_then_replaced(shards, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("case,ranks,want", [
+    ("finished run", 2, "holds a finished run (3 epochs; summary.json)"),
+    ("config", 2, "did you mean 'model.hidden'?"),
+    ("rank count", 3, "the shard set has 2 parts but the job has 3 ranks")])
+def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards, tmp_path):
+    """An --out holding a run, a bad run-config key and a rank count that does not divide the
+    parts are refused on every rank before any rank imports torch (``hpcgnn.train.early``):
+    Python's import log of every rank (``PYTHONPROFILEIMPORTTIME``) names mpi4py, no torch."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"epochs": 3}))
+    sets = ("model.hiden=8",) if case == "config" else SETS
+    extra = () if case == "finished run" else ("--force",)
+    proc = train(ranks, shards("cora", 2), run, *sets, extra=extra,
+                 env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if " ERROR " in ln]
+    head = f"[rank 0/{ranks}] ERROR ranks 0-{ranks - 1}: "
+    assert len(errors) == 1 and errors[0].startswith(head) and want in errors[0], proc.stderr[-3000:]
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines()
+                if ln.startswith("import time:") and "|" in ln}
+    assert "mpi4py.MPI" in imported and "torch" not in imported and "scipy" not in imported
+    assert (run / "summary.json").read_text() == json.dumps({"epochs": 3})    # untouched
+
+
+@pytest.mark.mpi
 def test_an_empty_or_foreign_directory_is_a_fine_out(shards, tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-CHECKPOINT_NAME = "checkpoint.pt"
+from hpcgnn.train.rundir import CHECKPOINT_NAME
 CHECKPOINT_VERSION = 2          # 2: rank count and per-rank stale state (1: stale gathered, read 1)
 RANK_FILE = re.compile(r"checkpoint\.rank-(\d{5,})\.([0-9a-f]+)\.pt")
 

@@ -1,7 +1,8 @@
 """Start-up of a training job: every rank builds its trainer from local files only, then all
 ranks agree (one tiny Allreduce) whether anyone failed, so a bad config or shard ends the job
 with no rank left waiting in a collective; rank 0 then prints each distinct message once, with
-the ranks that hit it (one gather, only on failure).
+the ranks that hit it (one gather, only on failure; ``hpcgnn.train.early``, which also checks
+the config and ``--out`` before torch is imported).
 """
 from __future__ import annotations
 
@@ -12,14 +13,10 @@ from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
 from hpcgnn.comm.collectives import any_true
 from hpcgnn.comm.context import CommContext
 from hpcgnn.config import ConfigError, load_config
-from hpcgnn.log import get_logger
 from hpcgnn.train.build import prepare_trainer
+from hpcgnn.train.early import USER_ERRORS, report_failures
 from hpcgnn.train.rundir import check_run_dir
 from hpcgnn.train.trainer import Trainer
-
-# Errors a user can cause and fix (bad file, bad key, bad value); anything else is a bug and
-# aborts the job with a traceback (python -m mpi4py).
-USER_ERRORS = (ValueError, OSError)
 
 
 def load_policy(path: str | None) -> CompressionPolicy:
@@ -57,7 +54,7 @@ def prepare_or_report(ctx: CommContext, args, build=build_trainer):
         error = str(exc)
     if not any_true(ctx, error is not None):       # one tiny Allreduce on the good path
         return trainer
-    report_failures(ctx, gather_errors(ctx, error))
+    report_failures(gather_errors(ctx, error))
     return None
 
 
@@ -67,37 +64,3 @@ def gather_errors(ctx: CommContext, error: str | None) -> list[str | None] | Non
     if ctx.size == 1:
         return [error]
     return ctx.comm.gather(error, root=0)
-
-
-def report_failures(ctx: CommContext, errors: list[str | None] | None) -> None:
-    """Rank 0: one ERROR line per distinct message, naming the ranks that hit it, and which
-    ranks stop only because of the others."""
-    if errors is None:
-        return
-    log = get_logger()
-    for message, ranks in group_errors(errors):
-        log.error("%s: %s", rank_list(ranks), message)
-    fine = [r for r, e in enumerate(errors) if e is None]
-    if fine:
-        log.error("%s: no error; stopping with the others", rank_list(fine))
-
-
-def group_errors(errors: list[str | None]) -> list[tuple[str, list[int]]]:
-    """(message, ranks) per distinct message, in order of the lowest rank that hit it."""
-    groups: dict[str, list[int]] = {}
-    for rank, message in enumerate(errors):
-        if message is not None:
-            groups.setdefault(message, []).append(rank)
-    return list(groups.items())
-
-
-def rank_list(ranks: list[int]) -> str:
-    """[0, 1, 2, 3, 5] -> 'ranks 0-3, 5'; [2] -> 'rank 2'."""
-    spans: list[list[int]] = []
-    for r in ranks:
-        if spans and spans[-1][1] == r - 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-    return ("rank " if len(ranks) == 1 else "ranks ") + text

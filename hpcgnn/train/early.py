@@ -1,0 +1,83 @@
+"""``hpcgnn train``'s first check, before torch is imported, and how ranks report start-up
+errors (``hpcgnn.train.launch`` uses the same).
+
+Importing torch costs every rank seconds (about 3 s of CPU on the development machine). The
+mistakes a user makes most often need none of it: a bad key or value in the run config, an
+``--out`` that holds a run without ``--resume`` or ``--force``, a missing or damaged
+``meta.json``, a rank count that does not divide the part count. So every rank first checks
+those with mpi4py (and h5py) alone, the ranks agree with one small ``Allreduce`` whether any
+failed, and on failure rank 0 prints each distinct message once, with the ranks that hit it,
+and the job ends with exit code 2. The full start-up (the part files, schedule, device) runs
+after torch, as before, and checks these again.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcgnn.config import load_config
+from hpcgnn.data.shardset import ShardSet
+from hpcgnn.log import get_logger, setup_logging
+from hpcgnn.train.rundir import check_run_dir
+
+# Errors a user can cause and fix (bad file, bad key, bad value); anything else is a bug and
+# aborts the job with a traceback (python -m mpi4py).
+USER_ERRORS = (ValueError, OSError)
+
+
+def check_before_torch(args) -> bool:
+    """Every rank of ``hpcgnn train``: the run config (``--config``, ``--set``), ``--out``
+    against ``--resume``/``--force``, the shard set's ``meta.json`` and, for the halo
+    algorithm, the rank count against its parts (CAGNET's grids check theirs later). True
+    where every rank passed; otherwise rank 0 has said why (``report_failures``) and every
+    rank returns False."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    setup_logging(comm.rank, comm.size)
+    error = None
+    try:
+        cfg = load_config(args.config, args.set)
+        check_run_dir(Path(args.out or cfg.run.out), args.resume, getattr(args, "force", False))
+        shards = ShardSet.open(args.shards)
+        if cfg.parallel.algorithm == "halo":
+            shards.check_ranks(comm.size)
+    except USER_ERRORS as exc:
+        error = str(exc)
+    if not comm.allreduce(error is not None, op=MPI.LOR):
+        return True
+    report_failures([error] if comm.size == 1 else comm.gather(error, root=0))
+    return False
+
+
+def report_failures(errors: list[str | None] | None) -> None:
+    """Rank 0 (``errors``: every rank's start-up error, None where it had none; None on the
+    other ranks): one ERROR line per distinct message, naming the ranks that hit it, and which
+    ranks stop only because of the others."""
+    if errors is None:
+        return
+    log = get_logger()
+    for message, ranks in group_errors(errors):
+        log.error("%s: %s", rank_list(ranks), message)
+    fine = [r for r, e in enumerate(errors) if e is None]
+    if fine:
+        log.error("%s: no error; stopping with the others", rank_list(fine))
+
+
+def group_errors(errors: list[str | None]) -> list[tuple[str, list[int]]]:
+    """(message, ranks) per distinct message, in order of the lowest rank that hit it."""
+    groups: dict[str, list[int]] = {}
+    for rank, message in enumerate(errors):
+        if message is not None:
+            groups.setdefault(message, []).append(rank)
+    return list(groups.items())
+
+
+def rank_list(ranks: list[int]) -> str:
+    """[0, 1, 2, 3, 5] -> 'ranks 0-3, 5'; [2] -> 'rank 2'."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and spans[-1][1] == r - 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
