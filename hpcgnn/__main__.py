@@ -102,7 +102,7 @@ def cmd_predict(args) -> int:
 
 def cmd_train(args) -> int:
     from hpcgnn.train.early import check_before_torch
-    if not check_before_torch(args):           # the config and --out, before torch's import
+    if not check_before_torch(args):     # config, --out, meta.json, rank count: before torch
         _finalize_and_exit(EXIT_USER_ERROR)
     trainer = _start(args)
     if args.force and not args.resume and trainer.ctx.is_root:   # all ranks agreed to start

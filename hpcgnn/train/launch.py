@@ -2,7 +2,7 @@
 ranks agree (one tiny Allreduce) whether anyone failed, so a bad config or shard ends the job
 with no rank left waiting in a collective; rank 0 then prints each distinct message once, with
 the ranks that hit it (one gather, only on failure; ``hpcgnn.train.early``, which also checks
-the config and ``--out`` before torch is imported).
+the config, ``--out``, ``meta.json`` and the rank count before torch is imported).
 """
 from __future__ import annotations
 
