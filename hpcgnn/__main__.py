@@ -94,6 +94,9 @@ def _start(args, build=None):
 
 
 def cmd_predict(args) -> int:
+    from hpcgnn.train.early import check_before_torch, predict_checks
+    if not check_before_torch(args, predict_checks):   # --run's config, meta.json, rank count
+        _finalize_and_exit(EXIT_USER_ERROR)
     from hpcgnn.predict import build_predictor
     out = _start(args, build_predictor).run()
     get_logger().info("predictions in %s (read with hpcgnn.predict.read_predictions)", out)

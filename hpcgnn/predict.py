@@ -32,12 +32,13 @@ import torch
 
 from hpcgnn.codecs.base import FULL_PRECISION
 from hpcgnn.comm.context import CommContext
-from hpcgnn.config import ConfigError, ParallelConfig, load_config
+from hpcgnn.config import ParallelConfig
 from hpcgnn.data.shard import part_name
 from hpcgnn.log import get_logger
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.records import CONFIG_NAME, SCHEDULE_NAME
 from hpcgnn.train.build import prepare_trainer
+from hpcgnn.train.early import read_run_config
 from hpcgnn.train.trainer import Trainer
 
 PRED_VERSION = 1
@@ -137,11 +138,7 @@ def build_predictor(ctx: CommContext, args) -> Predictor:
 def run_config(run_dir: Path):
     """The run's resolved config, set up for an uncompressed, synchronous halo forward on
     R = part-count ranks (a 1.5D or stale run's weights are the same GNN's)."""
-    path = run_dir / CONFIG_NAME
-    if not path.is_file():
-        raise ConfigError(f"{path}: not found; --run must be a run directory written by "
-                          f"`hpcgnn train` (it records the resolved config there at start)")
-    cfg = load_config(path)
+    cfg = read_run_config(run_dir)
     return replace(cfg, parallel=ParallelConfig(), train=replace(cfg.train, staleness=0, smoothing=0.0))
 
 

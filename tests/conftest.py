@@ -65,6 +65,19 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
+def refused_before_torch(proc, ranks: int, want: str) -> None:
+    """A job run with ``PYTHONPROFILEIMPORTTIME=1`` ended with exit code 2 and one ERROR line
+    from rank 0 for all ``ranks``, holding ``want``, and no rank imported torch or scipy (every
+    rank's import log is on stderr)."""
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if " ERROR " in ln]
+    head = f"[rank 0/{ranks}] ERROR ranks 0-{ranks - 1}: "
+    assert len(errors) == 1 and errors[0].startswith(head) and want in errors[0], proc.stderr[-3000:]
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines()
+                if ln.startswith("import time:") and "|" in ln}
+    assert "mpi4py.MPI" in imported and "torch" not in imported and "scipy" not in imported
+
+
 def check_ok(proc) -> None:
     assert proc.returncode == 0, f"rc {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 

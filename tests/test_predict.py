@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from _graphs import dense_gcn, partly_labelled_npz
-from conftest import check_ok, run_mpi, train
+from conftest import check_ok, refused_before_torch, run_mpi, train
 
 pytestmark = pytest.mark.mpi
 
 
-def predict(nranks, run_dir, shard_dir, out):
+def predict(nranks, run_dir, shard_dir, out, env=None):
     return run_mpi(nranks, ["-m", "hpcgnn", "predict", "--run", str(run_dir), "--shards",
-                            str(shard_dir), "--out", str(out)], timeout=120)
+                            str(shard_dir), "--out", str(out)], timeout=120, env=env)
 
 
 def _accuracy(pred, labels, idx):
@@ -86,3 +86,20 @@ def test_predict_errors_end_the_job_on_every_rank(shards, tmp_path):
     assert "[rank 0/2] ERROR ranks 0-1: " in proc.stderr
     with pytest.raises(PredictError, match="meta.json: not found"):
         read_predictions(tmp_path / "pred")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case,ranks,want", [
+    ("no run", 2, "config.toml: not found; --run must be a run directory"),
+    ("rank count", 3, "the shard set has 2 parts but the job has 3 ranks")])
+def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards, tmp_path):
+    """predict's --run without a recorded config, and a rank count that does not divide the
+    parts, end every rank before any imports torch (``hpcgnn.train.early``)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    if case == "rank count":
+        shutil.copy("configs/cora.toml", run / "config.toml")
+    proc = predict(ranks, run, shards("cora", 2), tmp_path / "pred",
+                   env={"PYTHONPROFILEIMPORTTIME": "1"})
+    refused_before_torch(proc, ranks, want)
+    assert not (tmp_path / "pred").exists()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import check_ok, read_metrics, train
+from conftest import check_ok, read_metrics, refused_before_torch, train
 
 SETS = ("train.epochs=3", "model.hidden=8")
 
@@ -64,13 +64,7 @@ def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards,
     extra = () if case == "finished run" else ("--force",)
     proc = train(ranks, shards("cora", 2), run, *sets, extra=extra,
                  env={"PYTHONPROFILEIMPORTTIME": "1"})
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [ln for ln in proc.stderr.splitlines() if " ERROR " in ln]
-    head = f"[rank 0/{ranks}] ERROR ranks 0-{ranks - 1}: "
-    assert len(errors) == 1 and errors[0].startswith(head) and want in errors[0], proc.stderr[-3000:]
-    imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines()
-                if ln.startswith("import time:") and "|" in ln}
-    assert "mpi4py.MPI" in imported and "torch" not in imported and "scipy" not in imported
+    refused_before_torch(proc, ranks, want)
     assert (run / "summary.json").read_text() == json.dumps({"epochs": 3})    # untouched
 
 

@@ -1,5 +1,5 @@
-"""``hpcgnn train``'s first check, before torch is imported, and how ranks report start-up
-errors (``hpcgnn.train.launch`` uses the same).
+"""``hpcgnn train``'s and ``predict``'s first check, before torch is imported, and how ranks
+report start-up errors (``hpcgnn.train.launch`` uses the same).
 
 Importing torch costs every rank seconds (about 3 s of CPU on the development machine). The
 mistakes a user makes most often need none of it: a bad key or value in the run config, an
@@ -7,39 +7,62 @@ mistakes a user makes most often need none of it: a bad key or value in the run 
 ``meta.json``, a rank count that does not divide the part count. So every rank first checks
 those with mpi4py (and h5py) alone, the ranks agree with one small ``Allreduce`` whether any
 failed, and on failure rank 0 prints each distinct message once, with the ranks that hit it,
-and the job ends with exit code 2. The full start-up (the part files, schedule, device) runs
-after torch, as before, and checks these again.
+and the job ends with exit code 2. ``predict`` checks its ``--run`` directory's config, the
+shard set and the rank count the same way. The full start-up (the part files, schedule,
+checkpoint, device) runs after torch, as before, and checks these again.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from hpcgnn.config import load_config
+from typing import Callable
+
+from hpcgnn.config import Config, ConfigError, load_config
 from hpcgnn.data.shardset import ShardSet
 from hpcgnn.log import get_logger, setup_logging
-from hpcgnn.train.rundir import check_run_dir
+from hpcgnn.train.rundir import CONFIG_NAME, check_run_dir
 
 # Errors a user can cause and fix (bad file, bad key, bad value); anything else is a bug and
 # aborts the job with a traceback (python -m mpi4py).
 USER_ERRORS = (ValueError, OSError)
 
 
-def check_before_torch(args) -> bool:
-    """Every rank of ``hpcgnn train``: the run config (``--config``, ``--set``), ``--out``
-    against ``--resume``/``--force``, the shard set's ``meta.json`` and, for the halo
-    algorithm, the rank count against its parts (CAGNET's grids check theirs later). True
-    where every rank passed; otherwise rank 0 has said why (``report_failures``) and every
-    rank returns False."""
+def train_checks(args, size: int) -> None:
+    """``hpcgnn train``: the run config (``--config``, ``--set``), ``--out`` against
+    ``--resume``/``--force``, the shard set's ``meta.json`` and, for the halo algorithm, the
+    rank count against its parts (CAGNET's grids check theirs later)."""
+    cfg = load_config(args.config, args.set)
+    check_run_dir(Path(args.out or cfg.run.out), args.resume, getattr(args, "force", False))
+    shards = ShardSet.open(args.shards)
+    if cfg.parallel.algorithm == "halo":
+        shards.check_ranks(size)
+
+
+def predict_checks(args, size: int) -> None:
+    """``hpcgnn predict``: the ``--run`` directory's config, the shard set's ``meta.json`` and
+    the rank count against its parts (predict runs the halo algorithm)."""
+    read_run_config(Path(args.run))
+    ShardSet.open(args.shards).check_ranks(size)
+
+
+def read_run_config(run_dir: Path) -> Config:
+    """The resolved config ``hpcgnn train`` recorded in ``run_dir``."""
+    path = run_dir / CONFIG_NAME
+    if not path.is_file():
+        raise ConfigError(f"{path}: not found; --run must be a run directory written by "
+                          f"`hpcgnn train` (it records the resolved config there at start)")
+    return load_config(path)
+
+
+def check_before_torch(args, checks: Callable = train_checks) -> bool:
+    """Every rank: ``checks(args, ranks)``. True where every rank passed; otherwise rank 0
+    has said why (``report_failures``) and every rank returns False."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     setup_logging(comm.rank, comm.size)
     error = None
     try:
-        cfg = load_config(args.config, args.set)
-        check_run_dir(Path(args.out or cfg.run.out), args.resume, getattr(args, "force", False))
-        shards = ShardSet.open(args.shards)
-        if cfg.parallel.algorithm == "halo":
-            shards.check_ranks(comm.size)
+        checks(args, comm.size)
     except USER_ERRORS as exc:
         error = str(exc)
     if not comm.allreduce(error is not None, op=MPI.LOR):

@@ -31,14 +31,14 @@ from hpcgnn.comm.settings import CommSettings, hpcgnn_environment
 from hpcgnn.config import Config
 from hpcgnn.data.shardset import ShardSet
 from hpcgnn.train.checkpoint import CheckpointError
-from hpcgnn.train.rundir import RUN_NAME
+from hpcgnn.train.rundir import CONFIG_NAME, RUN_NAME
 
 try:
     import tomllib
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-CONFIG_NAME, SCHEDULE_NAME = "config.toml", "schedule.toml"
+SCHEDULE_NAME = "schedule.toml"
 HARMLESS_KEYS = ("run.out", "run.checkpoint_every", "train.eval_every", "comm.transport",
                  "comm.max_message", "comm.progress", "comm.cuda_aware")
 """Config keys a resume may change: none of them changes a loss, a weight or a byte sent."""
