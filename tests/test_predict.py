@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from _graphs import dense_gcn, partly_labelled_npz
+from _mpi import REPO
 from conftest import check_ok, refused_before_torch, run_mpi, train
 
 pytestmark = pytest.mark.mpi
@@ -88,7 +89,6 @@ def test_predict_errors_end_the_job_on_every_rank(shards, tmp_path):
         read_predictions(tmp_path / "pred")
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize("case,ranks,want", [
     ("no run", 2, "config.toml: not found; --run must be a run directory"),
     ("rank count", 3, "the shard set has 2 parts but the job has 3 ranks")])
@@ -98,7 +98,7 @@ def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards,
     run = tmp_path / "run"
     run.mkdir()
     if case == "rank count":
-        shutil.copy("configs/cora.toml", run / "config.toml")
+        shutil.copy(REPO / "configs" / "cora.toml", run / "config.toml")
     proc = predict(ranks, run, shards("cora", 2), tmp_path / "pred",
                    env={"PYTHONPROFILEIMPORTTIME": "1"})
     refused_before_torch(proc, ranks, want)

@@ -14,7 +14,6 @@ checkpoint, device) runs after torch, as before, and checks these again.
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Callable
 
 from hpcgnn.config import Config, ConfigError, load_config
@@ -67,8 +66,16 @@ def check_before_torch(args, checks: Callable = train_checks) -> bool:
         error = str(exc)
     if not comm.allreduce(error is not None, op=MPI.LOR):
         return True
-    report_failures([error] if comm.size == 1 else comm.gather(error, root=0))
+    report_failures(gather_errors(comm, error))
     return False
+
+
+def gather_errors(comm, error: str | None) -> list[str | None] | None:
+    """Every rank's start-up error (None where it had none), on rank 0 of the mpi4py
+    communicator ``comm``; None elsewhere. One gather of short strings, only on failure."""
+    if comm.size == 1:
+        return [error]
+    return comm.gather(error, root=0)
 
 
 def report_failures(errors: list[str | None] | None) -> None:

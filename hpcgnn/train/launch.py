@@ -14,7 +14,7 @@ from hpcgnn.comm.collectives import any_true
 from hpcgnn.comm.context import CommContext
 from hpcgnn.config import ConfigError, load_config
 from hpcgnn.train.build import prepare_trainer
-from hpcgnn.train.early import USER_ERRORS, report_failures
+from hpcgnn.train.early import USER_ERRORS, gather_errors, report_failures
 from hpcgnn.train.rundir import check_run_dir
 from hpcgnn.train.trainer import Trainer
 
@@ -54,13 +54,5 @@ def prepare_or_report(ctx: CommContext, args, build=build_trainer):
         error = str(exc)
     if not any_true(ctx, error is not None):       # one tiny Allreduce on the good path
         return trainer
-    report_failures(gather_errors(ctx, error))
+    report_failures(gather_errors(ctx.comm, error))
     return None
-
-
-def gather_errors(ctx: CommContext, error: str | None) -> list[str | None] | None:
-    """Every rank's start-up error (None where it had none), on rank 0; None elsewhere.
-    One gather of short strings, only when some rank failed."""
-    if ctx.size == 1:
-        return [error]
-    return ctx.comm.gather(error, root=0)
