@@ -6,6 +6,7 @@ an exception on one rank into an abort of the whole job instead of a hang).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -81,6 +82,7 @@ def _start(args, build=None):
     a start-up failure on any rank ends the job cleanly with code 2."""
     from hpcgnn.comm.context import CommContext
     from hpcgnn.train.launch import build_trainer, prepare_or_report
+    freeze_imports()
     try:
         ctx = CommContext.from_world(args.device)
     except RuntimeError as exc:                 # e.g. --device cuda without a GPU: every rank
@@ -91,6 +93,15 @@ def _start(args, build=None):
     if job is None:                           # every rank knows: someone failed at start-up
         _finalize_and_exit(EXIT_USER_ERROR)
     return job
+
+
+def freeze_imports() -> None:
+    """Move every object made so far (torch's import alone makes about 170k) into the garbage
+    collector's permanent generation, so that no later full collection walks them again, and
+    neither does the interpreter's teardown at exit: a rank that imported torch spent about
+    0.7 s of CPU leaving otherwise (2-core machine, Python 3.11). Objects the run makes later
+    are collected as before; the frozen ones stay freed by reference counting."""
+    gc.freeze()
 
 
 def cmd_predict(args) -> int:
