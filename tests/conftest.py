@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -71,6 +72,51 @@ def train(nranks: int, shard_dir: Path, out: Path, *sets: str, config: str | Non
     for s in sets:
         args += ["--set", s]
     return run_mpi(nranks, args + list(extra), timeout=timeout, env=env)
+
+
+def train_together(nranks: int, runs: list[tuple], work: Path,
+                   timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """``hpcgnn train`` runs ``[(shard_dir, out, sets, env[, extra]), ...]`` (``extra``: more
+    arguments, e.g. ``("--stop-after", "3")``), all of ``nranks`` ranks, in ONE mpiexec job
+    (``tests/_batch.py``): each rank runs them in turn, in order, so the job pays a rank's start
+    (``import torch``) once. One result per run: rank 0's exit code and output (as ``stderr``);
+    where the job itself failed, its exit code and output."""
+    jobs = [{"argv": ["train", "--shards", str(run[0]), "--out", str(run[1]),
+                      *(a for s in run[2] for a in ("--set", s)), *(run[4] if len(run) > 4 else ())],
+             "env": dict(run[3] or {}), "log": str(work / f"log-{i}")}
+            for i, run in enumerate(runs)]
+    (work / "jobs.json").write_text(json.dumps(jobs))
+    job = run_mpi(nranks, [Path(__file__).with_name("_batch.py"), work / "jobs.json"], timeout=timeout)
+    results = []
+    for j in jobs:
+        log = Path(j["log"])
+        if (log / "rc-0").is_file():
+            results.append(subprocess.CompletedProcess(j["argv"], int((log / "rc-0").read_text()),
+                                                       "", (log / "rank-0.txt").read_text()))
+        else:                       # the job ended in or before this run: what every rank wrote
+            told = "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(log.glob("rank-*.txt")))
+            results.append(subprocess.CompletedProcess(j["argv"], job.returncode or 1, job.stdout,
+                                                       f"{job.stderr}\n{told}"))
+    return results
+
+
+def together(tmp_path_factory, plan: dict):
+    """``get(key) -> (CompletedProcess, run_dir)`` for ``plan = {key: (ranks, shard_dir, sets,
+    env)}``: the first ``get`` of a rank count trains every run of that count not yet done in
+    one job (``train_together``); later ones read what it left."""
+    done: dict = {}
+
+    def get(key):
+        if key not in done:
+            ranks = plan[key][0]
+            keys = [k for k, v in plan.items() if v[0] == ranks and k not in done]
+            work = tmp_path_factory.mktemp(f"together-{ranks}")
+            runs = [(plan[k][1], work / f"run-{i}", plan[k][2], plan[k][3]) for i, k in enumerate(keys)]
+            for k, run, proc in zip(keys, runs, train_together(ranks, runs, work)):
+                done[k] = (proc, run[1])
+        return done[key]
+
+    return get
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import CSBM, check_ok, read_metrics, train, train_here
+from conftest import CSBM, check_ok, read_metrics, together, train, train_here
 
 EPOCHS = 5
 N, F_IN, HIDDEN, CLASSES = 3000, 24, 16, 4
@@ -34,15 +34,26 @@ def one_rank(shards, tmp_path_factory):
     return get
 
 
+CASES = [(4, 1, "gcn"), (4, 2, "gcn"), (8, 2, "gcn"), (4, 2, "sage")]     # (ranks, c, arch)
+
+
+@pytest.fixture(scope="module")
+def case_runs(shards, tmp_path_factory):
+    """The runs of CASES, those of one rank count in one job (``conftest.together``)."""
+    return together(tmp_path_factory, {
+        (ranks, c, arch): (ranks, shards(CSBM, ranks // c, "random"),
+                           (f"model.arch={arch}", f"train.epochs={EPOCHS}",
+                            "parallel.algorithm=1.5d", f"parallel.replication={c}"), {})
+        for ranks, c, arch in CASES})
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks,c,arch", [(4, 1, "gcn"), (4, 2, "gcn"), (8, 2, "gcn"), (4, 2, "sage")])
-def test_15d_equals_one_rank_and_the_byte_formula(ranks, c, arch, shards, one_rank, tmp_path):
+@pytest.mark.parametrize("ranks,c,arch", CASES)
+def test_15d_equals_one_rank_and_the_byte_formula(ranks, c, arch, one_rank, case_runs):
     k = ranks // c
-    proc = train(ranks, shards(CSBM, k, "random"), tmp_path / "run", f"model.arch={arch}",
-                 f"train.epochs={EPOCHS}", "parallel.algorithm=1.5d", f"parallel.replication={c}",
-                 timeout=240)
+    proc, run = case_runs((ranks, c, arch))
     check_ok(proc)
-    got = read_metrics(tmp_path / "run")
+    got = read_metrics(run)
     want = one_rank(arch)
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-5)
     assert [r["test_acc"] for r in got] == [r["test_acc"] for r in want]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from conftest import CSBM, check_ok, read_metrics, run_mpi, train, train_here
+from conftest import CSBM, check_ok, read_metrics, run_mpi, together, train, train_here
 
 pytestmark = pytest.mark.mpi
 
@@ -95,29 +95,38 @@ CASES = [  # (algorithm, ranks, q, graph, partitioner, parts, arch, environment)
 ]
 
 
-@pytest.mark.parametrize("alg,ranks,q,spec,partitioner,parts,arch,env", CASES,
-                         ids=[f"{c[0]}-P{c[1]}-{c[3][:4]}-{c[4]}-K{c[5]}-{c[6]}"
-                              + ("-rounds" if c[7] else "") for c in CASES])
-def test_equals_one_rank_and_the_closed_form(alg, ranks, q, spec, partitioner, parts, arch, env,
-                                             shards, one_rank, tmp_path):
+@pytest.fixture(scope="module")
+def case_runs(shards, tmp_path_factory):
+    """The runs of CASES and the 1.5D run in rounds, those of one rank count in one job
+    (``conftest.together``)."""
+    plan = {i: (c[1], shards(c[3], c[5], c[4]),
+                (f"model.arch={c[6]}", f"train.epochs={EPOCHS}", f"parallel.algorithm={c[0]}"), c[7])
+            for i, c in enumerate(CASES)}
+    plan["1.5d-rounds"] = (4, shards(CSBM, 2, "metis"), (f"train.epochs={EPOCHS}",
+                           "parallel.algorithm=1.5d", "parallel.replication=2"), ROUNDS)
+    return together(tmp_path_factory, plan)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-P{c[1]}-{c[3][:4]}-{c[4]}-K{c[5]}-{c[6]}"
+                                             + ("-rounds" if c[7] else "") for c in CASES])
+def test_equals_one_rank_and_the_closed_form(case, shards, one_rank, case_runs):
+    alg, ranks, q, spec, partitioner, parts, arch, env = case
     d = shards(spec, parts, partitioner)
     assert uneven(d) or partitioner == "random"           # METIS parts of unequal sizes
-    proc = train(ranks, d, tmp_path / "run", f"model.arch={arch}", f"train.epochs={EPOCHS}",
-                 f"parallel.algorithm={alg}", timeout=600, env=env)
+    proc, run = case_runs(CASES.index(case))
     check_ok(proc)
-    got = read_metrics(tmp_path / "run")
+    got = read_metrics(run)
     same_run(got, one_rank(spec, arch))
     want = epoch_bytes(alg, q, spec, arch)
     assert [r["bytes_sent"] for r in got] == [want] * EPOCHS
     assert all(r["bytes_full"] == r["bytes_sent"] for r in got)
 
 
-def test_rounds_past_a_lowered_limit_give_the_same_losses(shards, one_rank, tmp_path):
+def test_rounds_past_a_lowered_limit_give_the_same_losses(one_rank, case_runs):
     """1.5D on 4 ranks (c = 2) in rounds of 900 bytes (2D and 3D: ``CASES``)."""
-    proc = train(4, shards(CSBM, 2, "metis"), tmp_path / "run", f"train.epochs={EPOCHS}",
-                 "parallel.algorithm=1.5d", "parallel.replication=2", timeout=600, env=ROUNDS)
+    proc, run = case_runs("1.5d-rounds")
     check_ok(proc)
-    same_run(read_metrics(tmp_path / "run"), one_rank(CSBM, "gcn"))
+    same_run(read_metrics(run), one_rank(CSBM, "gcn"))
 
 
 def test_resume_and_predict(shards, one_rank, tmp_path):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from _mpi import mpi_env
-from conftest import check_ok, read_metrics, run_mpi, train, train_here
+from conftest import check_ok, read_metrics, run_mpi, together, train_here
 
 NODES, REACH, FEATURES, WIDTH = 240, 3, 6, 5
 RANKS = (2, 3, 4, 8)
@@ -149,17 +149,28 @@ def test_every_transport_on_a_one_way_partition(lattice, ranks, tmp_path):
 TRAIN_TRANSPORTS = {"gcn": ("neighbor",), "sage": ("neighbor-rounds",)}
 
 
+def train_sets(arch: str) -> tuple[str, ...]:
+    return (f"model.arch={arch}", "train.epochs=6", "model.hidden=8")
+
+
+@pytest.fixture(scope="module")
+def runs_on_8(lattice, tmp_path_factory):
+    """The 8-rank runs of TRAIN_TRANSPORTS, in one job (``conftest.together``)."""
+    _, dirs = lattice
+    return together(tmp_path_factory, {
+        (arch, name): (8, dirs[8], train_sets(arch),
+                       {**TRANSPORTS[name], **({"HPCGNN_MAX_MESSAGE": "128"} if name.endswith("rounds") else {})})
+        for arch, names in TRAIN_TRANSPORTS.items() for name in names})
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("arch", list(TRAIN_TRANSPORTS))
-def test_training_on_8_ranks_equals_1_rank_across_the_transports(lattice, arch, tmp_path):
+def test_training_on_8_ranks_equals_1_rank_across_the_transports(lattice, arch, runs_on_8, tmp_path):
     _, dirs = lattice
-    sets = (f"model.arch={arch}", "train.epochs=6", "model.hidden=8")
-    want = [r["loss"] for r in train_here(dirs[1], tmp_path / "one", *sets, config=None)]
+    want = [r["loss"] for r in train_here(dirs[1], tmp_path / "one", *train_sets(arch), config=None)]
     for name in TRAIN_TRANSPORTS[arch]:
-        env = TRANSPORTS[name]
-        env = {**env, **({"HPCGNN_MAX_MESSAGE": "128"} if name.endswith("rounds") else {})}
-        out = tmp_path / name
-        check_ok(train(8, dirs[8], out, *sets, timeout=240, env=env))
+        proc, out = runs_on_8((arch, name))
+        check_ok(proc)
         got = [r["loss"] for r in read_metrics(out)]
         assert got == pytest.approx(want, rel=1e-5), (arch, name, got, want)
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from _pipegcn import torch_sparse
-from conftest import CSBM, check_ok, read_metrics, train, train_here
+from conftest import CSBM, check_ok, read_metrics, together, train, train_here, train_together
 from test_codecs import np_hash32, ref_channels, ref_kept_rows
 
 EPOCHS = 8
@@ -96,9 +96,24 @@ def init_of(shards, tmp_path_factory):
     return get
 
 
+def stale_sets(case: str) -> tuple[str, ...]:
+    _, _, _, model_sets, s, m, _ = STALE_CASES[case]
+    return (*model_sets, "model.dropout=0.5", f"train.epochs={EPOCHS}")
+
+
+@pytest.fixture(scope="module")
+def stale_runs(shards, tmp_path_factory):
+    """The runs of STALE_CASES, those of one rank count in one job (``conftest.together``)."""
+    return together(tmp_path_factory, {
+        case: (ranks, shards(spec, ranks, partitioner),
+               (*stale_sets(case), f"train.staleness={s}", f"train.smoothing={m}"),
+               {"HPCGNN_PROGRESS": progress})
+        for case, (spec, ranks, partitioner, _, s, m, progress) in STALE_CASES.items()})
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", list(STALE_CASES))
-def test_stale_training_equals_pipegcn(case, shards, init_of, tmp_path):
+def test_stale_training_equals_pipegcn(case, shards, init_of, stale_runs):
     """PipeGCN as its paper and code define it (``tests/_pipegcn.py``): each layer's input is
     exchanged before dropout, the receiver drops it out with the current epoch's mask and
     applies its current weights, and a halo gradient is added into its owner's boundary rows
@@ -106,12 +121,11 @@ def test_stale_training_equals_pipegcn(case, shards, init_of, tmp_path):
     progressing the exchange in flight (``[comm] progress``)."""
     from _pipegcn import pipegcn_losses
     from hpcgnn.data.datasets import load_dataset
-    spec, ranks, partitioner, model_sets, s, m, progress = STALE_CASES[case]
-    sets = (*model_sets, "model.dropout=0.5", f"train.epochs={EPOCHS}")
-    shard_dir = shards(spec, ranks, partitioner)
-    check_ok(train(ranks, shard_dir, tmp_path / "run", *sets, f"train.staleness={s}",
-                   f"train.smoothing={m}", timeout=240, env={"HPCGNN_PROGRESS": progress}))
-    got = [r["loss"] for r in read_metrics(tmp_path / "run")]
+    spec, ranks, partitioner, model_sets, s, m, _ = STALE_CASES[case]
+    sets, shard_dir = stale_sets(case), shards(spec, ranks, partitioner)
+    proc, run = stale_runs(case)
+    check_ok(proc)
+    got = [r["loss"] for r in read_metrics(run)]
     model = reference_model(model_sets)
     g, parts, init = load_dataset(spec), _parts(shard_dir, ranks), init_of(spec, sets)
     if partitioner == "metis":
@@ -128,14 +142,15 @@ def test_resume_with_staleness_is_exact(shards, tmp_path):
     sched = tmp_path / "q.toml"
     sched.write_text('codec = "sample+quant"\nbits = 2\nkind = "constant"\nratio = 2.0\n'
                      'compress_last_layer = true\n')
-    extra = ("--schedule", str(sched))
-    check_ok(train(2, shard_dir, tmp_path / "full", *sets, "train.epochs=8", extra=extra, timeout=180))
-    # 3 epochs (checkpoint and stop), then resume to 8 with the same config
-    check_ok(train(2, shard_dir, tmp_path / "part", *sets, "train.epochs=8",
-                   extra=(*extra, "--stop-after", "3"), timeout=180))
-    assert len(read_metrics(tmp_path / "part")) == 3
-    check_ok(train(2, shard_dir, tmp_path / "part", *sets, "train.epochs=8",
-                   extra=(*extra, "--resume"), timeout=180))
+    extra, sets = ("--schedule", str(sched)), (*sets, "train.epochs=8")
+    # 3 epochs (checkpoint and stop), then resume to 8 with the same config; one job
+    done = train_together(2, [(shard_dir, tmp_path / "full", sets, {}, extra),
+                              (shard_dir, tmp_path / "part", sets, {}, (*extra, "--stop-after", "3")),
+                              (shard_dir, tmp_path / "part", sets, {}, (*extra, "--resume"))],
+                          tmp_path)
+    for proc in done:
+        check_ok(proc)
+    assert "stopped after 3 epochs" in done[1].stderr, done[1].stderr
     full = [r["loss"] for r in read_metrics(tmp_path / "full")]
     part = [r["loss"] for r in read_metrics(tmp_path / "part")]
     assert part == full

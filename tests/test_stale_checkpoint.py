@@ -17,7 +17,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import CSBM, check_ok, read_metrics, train
+from conftest import CSBM, check_ok, read_metrics, train, train_together
 
 pytestmark = pytest.mark.mpi
 
@@ -36,9 +36,11 @@ def stale_runs(shards, tmp_path_factory):
     and 4 epochs, same config), all on 3 ranks."""
     root = tmp_path_factory.mktemp("stale-ckpt")
     shard_dir = shards(CSBM, PARTS, "random")
-    check_ok(_train(RANKS, shard_dir, root / "straight"))
-    check_ok(_train(RANKS, shard_dir, root / "split", "--stop-after", "3"))
-    check_ok(_train(RANKS, shard_dir, root / "other", "--stop-after", "4"))
+    for proc in train_together(RANKS, [(shard_dir, root / "straight", SETS, {}),
+                                       (shard_dir, root / "split", SETS, {}, ("--stop-after", "3")),
+                                       (shard_dir, root / "other", SETS, {}, ("--stop-after", "4"))],
+                               root):
+        check_ok(proc)
     return shard_dir, root
 
 
