@@ -78,13 +78,23 @@ def train_together(nranks: int, runs: list[tuple], work: Path,
                    timeout: float = 600) -> list[subprocess.CompletedProcess]:
     """``hpcgnn train`` runs ``[(shard_dir, out, sets, env[, extra]), ...]`` (``extra``: more
     arguments, e.g. ``("--stop-after", "3")``), all of ``nranks`` ranks, in ONE mpiexec job
-    (``tests/_batch.py``): each rank runs them in turn, in order, so the job pays a rank's start
-    (``import torch``) once. One result per run: rank 0's exit code and output (as ``stderr``);
-    where the job itself failed, its exit code and output."""
-    jobs = [{"argv": ["train", "--shards", str(run[0]), "--out", str(run[1]),
-                      *(a for s in run[2] for a in ("--set", s)), *(run[4] if len(run) > 4 else ())],
-             "env": dict(run[3] or {}), "log": str(work / f"log-{i}")}
-            for i, run in enumerate(runs)]
+    (``run_together``)."""
+    return run_together(nranks, [(["train", "--shards", str(run[0]), "--out", str(run[1]),
+                                   *(a for s in run[2] for a in ("--set", s)),
+                                   *(run[4] if len(run) > 4 else ())], run[3]) for run in runs],
+                        work, timeout)
+
+
+def run_together(nranks: int, commands: list[tuple[list[str], dict]], work: Path,
+                 timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """``hpcgnn`` commands ``[(argv after "hpcgnn", env), ...]`` in ONE mpiexec job of
+    ``nranks`` ranks (``tests/_batch.py``): each rank runs them in turn, in order, so the job
+    pays a rank's start (``import torch``) once. One result per command: rank 0's exit code and
+    output (as ``stderr``); where the job ended in or before it, the job's exit code and output
+    and what every rank wrote for it."""
+    jobs = [{"argv": [str(a) for a in argv], "env": dict(env or {}), "log": str(work / f"log-{i}")}
+            for i, (argv, env) in enumerate(commands)]
+    work.mkdir(parents=True, exist_ok=True)
     (work / "jobs.json").write_text(json.dumps(jobs))
     job = run_mpi(nranks, [Path(__file__).with_name("_batch.py"), work / "jobs.json"], timeout=timeout)
     results = []
@@ -93,7 +103,7 @@ def train_together(nranks: int, runs: list[tuple], work: Path,
         if (log / "rc-0").is_file():
             results.append(subprocess.CompletedProcess(j["argv"], int((log / "rc-0").read_text()),
                                                        "", (log / "rank-0.txt").read_text()))
-        else:                       # the job ended in or before this run: what every rank wrote
+        else:
             told = "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(log.glob("rank-*.txt")))
             results.append(subprocess.CompletedProcess(j["argv"], job.returncode or 1, job.stdout,
                                                        f"{job.stderr}\n{told}"))

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from conftest import CSBM, check_ok, read_metrics, run_mpi, together, train, train_here
+from conftest import (CSBM, check_ok, read_metrics, run_mpi, run_together, together, train,
+                      train_here, train_together)
 
 pytestmark = pytest.mark.mpi
 
@@ -135,14 +136,17 @@ def test_resume_and_predict(shards, one_rank, tmp_path):
     from hpcgnn.predict import read_predictions
     d, run = shards(CSBM, 4, "metis"), tmp_path / "run"
     base = ("train.epochs=4", "parallel.algorithm=2d")
-    check_ok(train(4, d, run, *base, extra=("--stop-after", "2"), timeout=600))
-    check_ok(train(4, d, run, *base, extra=("--resume",), timeout=600))
+    stop, resume = train_together(4, [(d, run, base, {}, ("--stop-after", "2")),
+                                      (d, run, base, {}, ("--resume",))], tmp_path)
+    check_ok(stop)
+    check_ok(resume)
+    assert "stopped after 2 epochs" in stop.stderr and "after epoch 1" in resume.stderr
     same_run(read_metrics(run), one_rank(CSBM, "gcn", 4))
     ref = tmp_path / "ref"
     train_here(shards(CSBM, 1), ref, "train.epochs=4", config=None)
-    for r, out in ((run, "p2d"), (ref, "p1")):
-        check_ok(run_mpi(1, ["-m", "hpcgnn", "predict", "--run", str(r), "--shards", str(d),
-                             "--out", str(tmp_path / out)], timeout=120))
+    for proc in run_together(1, [(["predict", "--run", r, "--shards", d, "--out", tmp_path / out], {})
+                                 for r, out in ((run, "p2d"), (ref, "p1"))], tmp_path / "predict"):
+        check_ok(proc)
     two, one = read_predictions(tmp_path / "p2d"), read_predictions(tmp_path / "p1")
     assert np.array_equal(two["pred"], one["pred"])
     np.testing.assert_allclose(two["logits"], one["logits"], rtol=1e-4, atol=1e-5)

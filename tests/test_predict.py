@@ -12,7 +12,7 @@ import torch
 
 from _graphs import dense_gcn, partly_labelled_npz
 from _mpi import REPO
-from conftest import check_ok, refused_before_torch, run_mpi, train
+from conftest import check_ok, refused_before_torch, run_mpi, run_together, train
 
 pytestmark = pytest.mark.mpi
 
@@ -31,8 +31,11 @@ def test_predictions_equal_the_trainers_evaluation(shards, tmp_path):
     from hpcgnn.data.datasets import load_dataset
     from hpcgnn.predict import read_predictions
     run = tmp_path / "run"
-    check_ok(train(2, shards("cora", 2), run, "train.epochs=15", config="configs/cora.toml"))
-    check_ok(predict(2, run, shards("cora", 2), tmp_path / "p2"))
+    for proc in run_together(2, [(["train", "--shards", shards("cora", 2), "--out", run, "--config",
+                                   "configs/cora.toml", "--set", "train.epochs=15"], {}),
+                                 (["predict", "--run", run, "--shards", shards("cora", 2),
+                                   "--out", tmp_path / "p2"], {})], tmp_path / "jobs"):
+        check_ok(proc)
     check_ok(predict(1, run, shards("cora", 1), tmp_path / "p1"))
     two, one = read_predictions(tmp_path / "p2"), read_predictions(tmp_path / "p1")
     graph, summary = load_dataset("cora"), json.loads((run / "summary.json").read_text())
@@ -61,9 +64,13 @@ def test_logits_and_embedding_equal_a_dense_gcn(tmp_path):
     graph = load_dataset(f"npz:{tmp_path / 'g.npz'}")
     write_shards(graph, partition_graph(graph, 2, "random", seed=0), tmp_path / "shards",
                  partitioner="random", seed=0, force=False, num_parts=2)
-    check_ok(train(2, tmp_path / "shards", tmp_path / "run", "train.epochs=4", "model.layers=3",
-                   "model.hidden=6"))
-    check_ok(predict(2, tmp_path / "run", tmp_path / "shards", tmp_path / "pred"))
+    for proc in run_together(2, [(["train", "--shards", tmp_path / "shards", "--out", tmp_path / "run",
+                                   "--set", "train.epochs=4", "--set", "model.layers=3",
+                                   "--set", "model.hidden=6"], {}),
+                                 (["predict", "--run", tmp_path / "run", "--shards",
+                                   tmp_path / "shards", "--out", tmp_path / "pred"], {})],
+                             tmp_path / "jobs"):
+        check_ok(proc)
     got = read_predictions(tmp_path / "pred")
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["model"]
     hidden, logits = dense_gcn(arrays, state)
