@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import CSBM, check_ok, read_metrics, train
+from conftest import CSBM, check_ok, read_metrics, train_together
 
 
 def test_environment_overrides_the_section():
@@ -35,9 +35,11 @@ def test_bad_keys_are_config_errors():
 def test_transport_keys_train_the_same_model_and_are_recorded(shards, tmp_path):
     shard_dir = shards(CSBM, 3, "random")
     sets = ("train.epochs=4",)
-    check_ok(train(3, shard_dir, tmp_path / "auto", *sets, timeout=180))
-    check_ok(train(3, shard_dir, tmp_path / "nbr", *sets, "comm.transport=neighbor",
-                   "comm.max_message=900", timeout=180, env={"HPCGNN_LOG_ALL_RANKS": "0"}))
+    for proc in train_together(3, [(shard_dir, tmp_path / "auto", sets, {}),
+                                   (shard_dir, tmp_path / "nbr", (*sets, "comm.transport=neighbor",
+                                    "comm.max_message=900"), {"HPCGNN_LOG_ALL_RANKS": "0"})],
+                               tmp_path, timeout=180):
+        check_ok(proc)
     want = [r["loss"] for r in read_metrics(tmp_path / "auto")]
     assert [r["loss"] for r in read_metrics(tmp_path / "nbr")] == want
     summary = json.loads((tmp_path / "nbr" / "summary.json").read_text())

@@ -2,13 +2,14 @@
 clear error for a missing run directory or a missing matplotlib."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import check_ok, train, train_here
+from conftest import check_ok, run_together, train_here
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -18,11 +19,25 @@ def _plot(*args):
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
+@pytest.fixture(scope="module")
+def runs_on_2(shards, tmp_path_factory):
+    """Two 12-epoch Cora runs on 2 ranks, in one job: ``varco`` (the shipped VARCO schedule)
+    and ``auto`` (``kind = "auto"``)."""
+    root = tmp_path_factory.mktemp("plot-runs")
+    (root / "auto.toml").write_text('kind = "auto"\nobjective = "bytes"\n')
+    for proc in run_together(2, [(["train", "--shards", shards("cora", 2), "--out", root / name,
+                                   "--config", "configs/cora.toml", "--set", "train.epochs=12",
+                                   "--schedule", schedule], {})
+                                 for name, schedule in (("varco", "configs/schedules/varco.toml"),
+                                                        ("auto", root / "auto.toml"))], root):
+        check_ok(proc)
+    return root
+
+
 @pytest.mark.mpi
-def test_plot_writes_a_png_of_overlaid_runs(shards, tmp_path):
+def test_plot_writes_a_png_of_overlaid_runs(shards, runs_on_2, tmp_path):
     mpl_image = pytest.importorskip("matplotlib.image")
-    check_ok(train(2, shards("cora", 2), tmp_path / "varco", "train.epochs=12", config="configs/cora.toml",
-                   extra=("--schedule", "configs/schedules/varco.toml")))
+    shutil.copytree(runs_on_2 / "varco", tmp_path / "varco")
     train_here(shards("cora", 1), tmp_path / "full", "train.epochs=12", "train.eval_every=3")
     out = tmp_path / "runs.png"
     proc = _plot(tmp_path / "varco", tmp_path / "full", "--out", out)
@@ -61,14 +76,13 @@ def test_series_of_a_run_without_val_loss():
     assert np.isfinite(_series(recs)["val_loss"]).tolist() == [False, True, False]
 
 
-def test_plot_draws_auto_decisions(shards, tmp_path):
+@pytest.mark.mpi
+def test_plot_draws_auto_decisions(shards, runs_on_2, tmp_path):
     """A ``kind = "auto"`` run fills the bottom-right panel (bits and budget); a run without
     it leaves that panel blank."""
     mpl_image = pytest.importorskip("matplotlib.image")
     from hpcgnn.plot import _auto_series, read_metrics
-    (tmp_path / "auto.toml").write_text('kind = "auto"\nobjective = "bytes"\n')
-    check_ok(train(2, shards("cora", 2), tmp_path / "auto", "train.epochs=12",
-                   config="configs/cora.toml", extra=("--schedule", tmp_path / "auto.toml")))
+    shutil.copytree(runs_on_2 / "auto", tmp_path / "auto")
     train_here(shards("cora", 1), tmp_path / "full", "train.epochs=12")
     records = read_metrics(tmp_path / "auto")
     series = _auto_series(records)
