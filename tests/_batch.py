@@ -1,7 +1,8 @@
-"""Several ``hpcgnn train`` runs in ONE MPI job: ``python -m mpi4py tests/_batch.py JOBS.json``.
+"""Several ``hpcgnn`` commands (``train``, ``predict``) in ONE MPI job: ``python -m mpi4py
+tests/_batch.py JOBS.json`` (``conftest.run_together`` writes it and reads what it leaves).
 
-A rank's start is mostly ``import torch`` (about 2.5 s of CPU here), so a test that trains the
-same rank count several times pays it once per rank instead of once per run. Every rank runs the
+A rank's start is mostly ``import torch`` (about 2.5 s of CPU here), so a test that runs the
+same rank count several times pays it once per rank instead of once per command. Every rank runs the
 jobs in turn, in its own process, through the same ``hpcgnn.__main__.main`` as the command line:
 for each, the job's environment variables are set (and put back after), ``sys.orig_argv`` is
 the command line that would have started it (``run.json`` records it), the rank's stdout and

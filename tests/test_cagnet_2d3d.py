@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from conftest import (CSBM, check_ok, read_metrics, run_mpi, run_together, together, train,
-                      train_here, train_together)
+from conftest import (CSBM, check_ok, read_metrics, run_together, together, train, train_here,
+                      train_together)
 
 pytestmark = pytest.mark.mpi
 

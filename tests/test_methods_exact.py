@@ -97,7 +97,7 @@ def init_of(shards, tmp_path_factory):
 
 
 def stale_sets(case: str) -> tuple[str, ...]:
-    _, _, _, model_sets, s, m, _ = STALE_CASES[case]
+    model_sets = STALE_CASES[case][3]
     return (*model_sets, "model.dropout=0.5", f"train.epochs={EPOCHS}")
 
 

@@ -2,7 +2,6 @@
 clear error for a missing run directory or a missing matplotlib."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
@@ -37,10 +36,9 @@ def runs_on_2(shards, tmp_path_factory):
 @pytest.mark.mpi
 def test_plot_writes_a_png_of_overlaid_runs(shards, runs_on_2, tmp_path):
     mpl_image = pytest.importorskip("matplotlib.image")
-    shutil.copytree(runs_on_2 / "varco", tmp_path / "varco")
     train_here(shards("cora", 1), tmp_path / "full", "train.epochs=12", "train.eval_every=3")
     out = tmp_path / "runs.png"
-    proc = _plot(tmp_path / "varco", tmp_path / "full", "--out", out)
+    proc = _plot(runs_on_2 / "varco", tmp_path / "full", "--out", out)
     assert proc.returncode == 0, proc.stderr
     data = out.read_bytes()
     assert data[:8] == PNG_SIGNATURE and len(data) > 30_000
@@ -82,9 +80,9 @@ def test_plot_draws_auto_decisions(shards, runs_on_2, tmp_path):
     it leaves that panel blank."""
     mpl_image = pytest.importorskip("matplotlib.image")
     from hpcgnn.plot import _auto_series, read_metrics
-    shutil.copytree(runs_on_2 / "auto", tmp_path / "auto")
     train_here(shards("cora", 1), tmp_path / "full", "train.epochs=12")
-    records = read_metrics(tmp_path / "auto")
+    dirs = {"auto": runs_on_2 / "auto", "full": tmp_path / "full"}
+    records = read_metrics(dirs["auto"])
     series = _auto_series(records)
     # a check after epoch e decides for e + 1 on; epoch 0 runs with the start's bits
     assert list(series["epoch"]) == [1, 6, 11] and set(series["bits"]) == {
@@ -99,7 +97,7 @@ def test_plot_draws_auto_decisions(shards, runs_on_2, tmp_path):
                                            for r in checks]
     corner = {}
     for name, runs in (("auto", ["full", "auto"]), ("plain", ["full"])):
-        proc = _plot(*(tmp_path / r for r in runs), "--out", tmp_path / f"{name}.png")
+        proc = _plot(*(dirs[r] for r in runs), "--out", tmp_path / f"{name}.png")
         assert proc.returncode == 0, proc.stderr
         corner[name] = mpl_image.imread(tmp_path / f"{name}.png")[500:850, 1150:1550, :3].std()
     assert corner["auto"] > 0.05 and corner["plain"] < 0.01

@@ -16,9 +16,9 @@ from pathlib import Path
 from hpcgnn.train.metrics import METRICS_NAME, SUMMARY_NAME
 from hpcgnn.train.preempt import PREEMPTED_NAME
 
-# The run's checkpoint, record and resolved config (``hpcgnn.train.checkpoint``,
-# ``hpcgnn.train.records`` take their names from here): this module imports no torch, so ``hpcgnn train`` checks ``--out``
-# before importing it (``hpcgnn.train.early``).
+# The run's checkpoint, record and resolved config (``hpcgnn.train.checkpoint`` and
+# ``hpcgnn.train.records`` take their names from here): this module imports no torch, so
+# ``hpcgnn train`` checks ``--out`` before importing it (``hpcgnn.train.early``).
 CHECKPOINT_NAME, RUN_NAME, CONFIG_NAME = "checkpoint.pt", "run.json", "config.toml"
 
 RUN_FILES = (CHECKPOINT_NAME, METRICS_NAME, RUN_NAME, PREEMPTED_NAME, SUMMARY_NAME)
