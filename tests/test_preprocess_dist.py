@@ -4,6 +4,8 @@
 * the set verifies and holds exactly the input: the edge set, rebuilt in this file with scipy
   from the raw (directed, self-looped, duplicated) input, features, labels and masks;
 * a sliced generator (``rmat-sliced:``) made by the ranks gives the one-process graph, any P;
+* a graph of fewer nodes than ranks (a rank whose slice holds no row) and more parts than nodes
+  (an empty part), both partitioners;
 * PT-Scotch's edge cut is within 1.3x of one-process METIS on the same graph;
 * training on a 2-part PT-Scotch set (made on 3 ranks) on 2 ranks gives the 1-rank losses of the one-process set;
 * every bad request ends on every rank with the file and the fix, and leaves no meta.json.
@@ -82,9 +84,23 @@ def messy_h5(path: Path) -> dict:
     return raw
 
 
+def tiny_h5(path: Path) -> dict:
+    """An h5 input of 3 nodes, fewer than the 4 ranks of the widest launch (rank 0's slice
+    ``0*3/4 .. 1*3/4`` holds no row): a duplicated edge, a self-loop, a one-way edge."""
+    raw = {"num_nodes": np.int64(3), "adj_indices": np.array([1, 1, 1, 0], dtype=np.int64),
+           "adj_indptr": np.array([0, 2, 3, 4], dtype=np.int64),
+           "features": np.arange(15, dtype=np.float32).reshape(3, 5) - 7,
+           "labels": np.array([0, 1, 0]), "train_idx": np.array([0]), "val_idx": np.array([1]),
+           "test_idx": np.array([2])}
+    with h5py.File(path, "w") as f:
+        for k, v in raw.items():
+            f[k] = v
+    return raw
+
+
 def expected_edges(raw: dict, symmetrize: bool) -> np.ndarray:
     """Sorted keys dst * N + src of the cleaned input, by scipy (independent of the code)."""
-    n = N_MESSY
+    n = int(raw["num_nodes"])
     a = sp.csr_matrix((np.ones(len(raw["adj_indices"])), raw["adj_indices"], raw["adj_indptr"]),
                       shape=(n, n))
     a = (a + a.T) if symmetrize else a
@@ -106,7 +122,8 @@ def check_set(directory: Path, raw: dict, symmetrize: bool) -> dict:
     np.testing.assert_array_equal(got["label"], raw["labels"])
     for name in ("train", "val", "test"):
         np.testing.assert_array_equal(np.flatnonzero(got[f"{name}_mask"]), raw[f"{name}_idx"])
-    deg = np.bincount(got["edges"] // N_MESSY, minlength=N_MESSY)
+    n = int(raw["num_nodes"])
+    deg = np.bincount(got["edges"] // n, minlength=n)
     np.testing.assert_array_equal(got["degree"], deg)
     return json.loads((directory / "meta.json").read_text())
 
@@ -119,6 +136,7 @@ LAUNCHES = [(1, 3, 2), (2, 2, 3), (3, 5, 4), (4, 3, 4)]
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist-in")
     raw = messy_h5(root / "messy.h5")
+    tiny_h5(root / "tiny.h5")
     res = subprocess.run([sys.executable, "-m", "preprocess", "convert", "--dataset", CSBM,
                           "--out", str(root / "csbm.h5")], capture_output=True, text=True,
                          timeout=120)
@@ -148,6 +166,15 @@ def test_distributed_sets_verify_and_reconstruct(ranks, k_scotch, k_random, ptsc
     assert 0 < cut <= 1.3 * metis, (cut, metis)
     # a sliced generator: each rank made its rows; the set is the one-process graph, for any P
     assert_reconstructs(tmp_path / "gen", load_dataset(GEN))
+    # 3 nodes: on 4 ranks rank 0 reads no row
+    tiny = tiny_h5(tmp_path / "tiny-raw.h5")
+    for name, symmetrize in (("tiny-scotch", True), ("tiny-random", False)):
+        meta = check_set(tmp_path / name, tiny, symmetrize)
+        assert meta["num_parts"] == 2 and all(p["num_owned"] > 0 for p in meta["parts"])
+    meta = check_set(tmp_path / "tiny-random3", tiny, symmetrize=False)
+    assert [p["num_owned"] for p in meta["parts"]] == [1, 1, 1]
+    meta = check_set(tmp_path / "tiny-scotch3", tiny, symmetrize=False)
+    assert meta["num_parts"] == 3 and sum(p["num_owned"] for p in meta["parts"]) == 3
 
 
 @pytest.mark.mpi
@@ -201,7 +228,11 @@ def _worker_run(root: str, out: str, k_scotch: str, k_random: str) -> None:
     jobs = [("scotch", "messy.h5", k_scotch, "ptscotch", ["--symmetrize"]),
             ("random", "messy.h5", k_random, "random", []),
             ("csbm", "csbm.h5", "4", "ptscotch", []),
-            ("gen", None, k_scotch, "ptscotch", [])]
+            ("gen", None, k_scotch, "ptscotch", []),
+            ("tiny-scotch", "tiny.h5", "2", "ptscotch", ["--symmetrize"]),
+            ("tiny-random", "tiny.h5", "2", "random", []),
+            ("tiny-random3", "tiny.h5", "3", "random", []),
+            ("tiny-scotch3", "tiny.h5", "3", "ptscotch", [])]
     for name, src, k, partitioner, extra in jobs:
         argv = ["--dataset", f"h5:{root / src}" if src else GEN, "--parts", k, "--partitioner", partitioner,
                 "--out", str(out / name), "--seed", "1", "-q", *extra]
