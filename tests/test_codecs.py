@@ -177,10 +177,11 @@ def test_random_channels_are_the_documented_draw_per_block(dev):
     assert ref_channels(int(keys[0]), 32, 4) != ref_channels(int(keys[2]), 32, 4)
 
 
-def test_sample_keeps_the_documented_rows_scaled(dev):
-    counts = [10, 3, 0, 7]
-    keys = _keys(4, base=3, device=dev)
-    x = torch.randn(20, 4, device=dev) + 5            # no zero rows
+@pytest.mark.parametrize("counts", ([10, 3, 0, 7], [3000, 0, 2500, 1, 1200]),
+                         ids=("small", "per-block"))   # blocks of >= SELECT_BLOCK_ROWS on average
+def test_sample_keeps_the_documented_rows_scaled(counts, dev):
+    keys = _keys(len(counts), base=3, device=dev)
+    x = torch.randn(sum(counts), 4, device=dev) + 5   # no zero rows
     y = _roundtrip(WireCodec(keep=0.3), x, counts, keys)
     start = 0
     for p, c in enumerate(counts):

@@ -172,15 +172,35 @@ def backward_codec(forward: WireCodec, backward: WireCodec) -> WireCodec:
     return replace(forward, bits=backward.bits, adjoint=True)
 
 
+SELECT_BLOCK_ROWS = 1024
+"""Mean rows per block from which ``_sample`` selects block by block (a linear-time k-th
+smallest per block) rather than with one sort of every row: the same rows either way."""
+
+
 def _sample(blocks: Blocks, keys: torch.Tensor, keep: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted indices of the kept rows, kept count per block): the ``kept_rows`` rows of
-    smallest score in each block."""
-    kept = torch.tensor([kept_rows(c, keep) for c in blocks.counts], dtype=torch.int64,
-                        device=blocks.device)
-    order = torch.sort((blocks.block_of_row << 32) | row_scores(blocks, keys), stable=True).indices
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.shape[0], device=order.device) - blocks.starts_t[blocks.block_of_row[order]]
-    return torch.nonzero(rank < kept[blocks.block_of_row]).reshape(-1), kept
+    smallest score in each block, ties to the lower row."""
+    counts = blocks.counts
+    kept_list = [kept_rows(c, keep) for c in counts]
+    kept = torch.tensor(kept_list, dtype=torch.int64, device=blocks.device)
+    if not counts or blocks.rows < SELECT_BLOCK_ROWS * len(counts):
+        order = torch.sort((blocks.block_of_row << 32) | row_scores(blocks, keys), stable=True).indices
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.shape[0], device=order.device) - blocks.starts_t[blocks.block_of_row[order]]
+        return torch.nonzero(rank < kept[blocks.block_of_row]).reshape(-1), kept
+    # (score, row in block) as one int64, unique within a block: a row is kept where its key is
+    # at most the block's k-th smallest (a block holds fewer than 2^31 rows)
+    key = (row_scores(blocks, keys) << 31) | blocks.row_in_block
+    keep_mask = torch.zeros(blocks.rows, dtype=torch.bool, device=key.device)
+    start = 0
+    for count, k in zip(counts, kept_list):
+        if k == count:
+            keep_mask[start:start + count] = True
+        elif k:
+            block = key[start:start + count]
+            keep_mask[start:start + count] = block <= torch.kthvalue(block, k).values
+        start += count
+    return torch.nonzero(keep_mask).reshape(-1), kept
 
 
 def _random_channels(keys: torch.Tensor, width: int, k: int) -> torch.Tensor:
