@@ -3,6 +3,8 @@
 the dataset (not the shards), so the 1-rank run the oracle compares with is itself right."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -134,16 +136,12 @@ def test_dropout_matmul_is_the_same_on_any_thread_count(threads):
     gid = torch.randint(0, 2**40, (n,))
     x0, w0, g = torch.randn(n, k), torch.randn(k, m), torch.randn(n, m)
     out = []
-    before = torch.get_num_threads()
-    try:
-        for t in (1, threads):
-            torch.set_num_threads(t)
+    for t in (1, threads):
+        with _torch_threads(t):
             x, w = x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
             y = dropout_matmul(x, gid, 0.5, 1, 2, 3, True, w)
             y.backward(g)
             out.append((y.detach(), x.grad, w.grad))
-    finally:
-        torch.set_num_threads(before)
     for one, many in zip(*out):
         assert torch.equal(one, many)
     dx = out[0][1].numpy()
@@ -170,6 +168,48 @@ def test_local_operator_matches_dense_formula(arch, shards):
     got = op.aggregate(x, torch.zeros(0, 6))
     assert torch.allclose(got, torch.from_numpy(_dense_operator(g, arch) @ x.double().numpy()).float(),
                           atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+@pytest.mark.parametrize("width", (1, 8, 37, 128))
+def test_aggregate_in_one_pass_equals_the_two_products_bit_for_bit(width, threads, shards,
+                                                                    monkeypatch):
+    """``LocalGraph.aggregate`` on CPU ranks (one C pass, ``native.spmm_sum2``) gives the bits of
+    ``owned @ x + halo @ x_halo`` (two products, then the add), forward and backward, on a
+    rank's part of 4 random parts of the cSBM (empty rows among the halo operator's); on 2
+    threads every product is split between them."""
+    from conftest import CSBM
+    from hpcgnn.codecs import native
+    monkeypatch.setattr(native, "_SPMM_SPLIT", 0)
+    from hpcgnn.data.shard import read_shard
+    from hpcgnn.nn.graph import LocalGraph, SpMMSum
+    shard = read_shard(shards(CSBM, 4, "random") / "part-00001.h5")
+    g = LocalGraph.from_shard(shard, "gcn")
+    assert (g.halo.mat.crow_indices().diff() == 0).any()
+    torch.manual_seed(width)
+    x0, h0 = torch.randn(g.n_owned, width), torch.randn(g.n_halo, width)
+    grad = torch.randn(g.n_owned, width)
+    got = []
+    with _torch_threads(threads):
+        for merged in (True, False):
+            x, h = x0.clone().requires_grad_(True), h0.clone().requires_grad_(True)
+            y = SpMMSum.apply(x, h, g.owned, g.halo) if merged else (g.owned @ x) + (g.halo @ h)
+            y.backward(grad)
+            got.append((y.detach(), x.grad, h.grad))
+    for one, two in zip(*got):
+        assert torch.equal(one, two)
+    assert torch.equal(g.aggregate(x0, h0), got[1][0])      # the path aggregate takes
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """torch's intra-op thread count set to ``n`` for the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _dense_operator(g, arch: str) -> np.ndarray:

@@ -242,41 +242,61 @@ MULTIARCH void hpcgnn_dropout_apply(const float *x, const int64_t *rows, const i
     }
 }
 
-/* Sparse times dense, rows r0 <= r < r1 of out (n, w) = A x with A in CSR (int64 indptr and
- * indices, float values) and x (m, w) row-major: each output row sums its non-zeros in CSR
- * order, ((v0 x0 + v1 x1) + v2 x2) + ..., whatever the unrolling, so the result is the same on
- * every instruction set and for any split of the rows between threads. Four non-zeros per pass
- * over the output row: a row of 64-256 channels stays in registers / L1 while the four source
- * rows stream in. */
+/* Sparse times dense, one output row o (w) = row r of A x with A in CSR (int64 indptr and
+ * indices, float values) and x (m, w) row-major: the row sums its non-zeros in CSR order,
+ * ((v0 x0 + v1 x1) + v2 x2) + ..., whatever the unrolling, so the result is the same on every
+ * instruction set and for any split of the rows between threads. Four non-zeros per pass over
+ * the output row: a row of 64-256 channels stays in registers / L1 while the four source rows
+ * stream in. */
+static inline __attribute__((always_inline)) void spmm_row(
+        const int64_t *indptr, const int64_t *indices, const float *values, int64_t r,
+        const float *restrict x, int64_t w, float *restrict o) {
+    int64_t e = indptr[r];
+    const int64_t end = indptr[r + 1];
+    if (e == end) {
+        memset(o, 0, (size_t)w * sizeof(float));
+        return;
+    }
+    {
+        const float v = values[e];
+        const float *restrict xr = x + indices[e] * w;
+        for (int64_t c = 0; c < w; c++) o[c] = v * xr[c];
+        e++;
+    }
+    for (; e + 3 < end; e += 4) {
+        const float v0 = values[e], v1 = values[e + 1], v2 = values[e + 2], v3 = values[e + 3];
+        const float *restrict x0 = x + indices[e] * w, *restrict x1 = x + indices[e + 1] * w;
+        const float *restrict x2 = x + indices[e + 2] * w, *restrict x3 = x + indices[e + 3] * w;
+        for (int64_t c = 0; c < w; c++)
+            o[c] = (((o[c] + v0 * x0[c]) + v1 * x1[c]) + v2 * x2[c]) + v3 * x3[c];
+    }
+    for (; e < end; e++) {
+        const float v = values[e];
+        const float *restrict xr = x + indices[e] * w;
+        for (int64_t c = 0; c < w; c++) o[c] += v * xr[c];
+    }
+}
+
+/* Rows r0 <= r < r1 of out (n, w) = A x (spmm_row). */
 MULTIARCH void hpcgnn_spmm(const int64_t *indptr, const int64_t *indices, const float *values,
                            int64_t r0, int64_t r1, const float *restrict x, int64_t w,
                            float *restrict out) {
+    for (int64_t r = r0; r < r1; r++) spmm_row(indptr, indices, values, r, x, w, out + r * w);
+}
+
+/* Rows r0 <= r < r1 of out (n, w) = A xa + B xb, two CSR operators with the same rows (a
+ * layer's owned and halo columns): each row is A's sum plus B's sum, each summed as spmm_row
+ * sums it, then added once, so the result is (A xa) + (B xb) of two hpcgnn_spmm calls bit for
+ * bit, without the second output and the pass that adds them. t: scratch of w floats. */
+MULTIARCH void hpcgnn_spmm_sum2(const int64_t *pa, const int64_t *ia, const float *va,
+                                const float *restrict xa, const int64_t *pb, const int64_t *ib,
+                                const float *vb, const float *restrict xb, int64_t r0, int64_t r1,
+                                int64_t w, float *restrict out, float *restrict t) {
     for (int64_t r = r0; r < r1; r++) {
         float *restrict o = out + r * w;
-        int64_t e = indptr[r];
-        const int64_t end = indptr[r + 1];
-        if (e == end) {
-            memset(o, 0, (size_t)w * sizeof(float));
-            continue;
-        }
-        {
-            const float v = values[e];
-            const float *restrict xr = x + indices[e] * w;
-            for (int64_t c = 0; c < w; c++) o[c] = v * xr[c];
-            e++;
-        }
-        for (; e + 3 < end; e += 4) {
-            const float v0 = values[e], v1 = values[e + 1], v2 = values[e + 2], v3 = values[e + 3];
-            const float *restrict x0 = x + indices[e] * w, *restrict x1 = x + indices[e + 1] * w;
-            const float *restrict x2 = x + indices[e + 2] * w, *restrict x3 = x + indices[e + 3] * w;
-            for (int64_t c = 0; c < w; c++)
-                o[c] = (((o[c] + v0 * x0[c]) + v1 * x1[c]) + v2 * x2[c]) + v3 * x3[c];
-        }
-        for (; e < end; e++) {
-            const float v = values[e];
-            const float *restrict xr = x + indices[e] * w;
-            for (int64_t c = 0; c < w; c++) o[c] += v * xr[c];
-        }
+        spmm_row(pa, ia, va, r, xa, w, o);
+        spmm_row(pb, ib, vb, r, xb, w, t);
+        for (int64_t c = 0; c < w; c++) o[c] = o[c] + t[c];
     }
 }
 

@@ -75,6 +75,7 @@ def _load() -> ctypes.CDLL | None:
         lib.hpcgnn_dropout_keep.argtypes = [p, p, i64, i64, ctypes.c_uint64, p]
         lib.hpcgnn_dropout_apply.argtypes = [p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_float, p]
         lib.hpcgnn_spmm.argtypes = [p, p, p, i64, i64, p, i64, p]
+        lib.hpcgnn_spmm_sum2.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, p, p]
         lib.hpcgnn_dropout_matmul.argtypes = [p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_float,
                                               p, i64, p]
         lib.hpcgnn_dropout_matmul_backward.argtypes = [p, p, p, i64, i64, ctypes.c_uint64,
@@ -237,23 +238,57 @@ def spmm_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, 
     split into blocks of about equal non-zeros, one per thread (ctypes releases the GIL during
     the call)."""
     x = x.contiguous()
+    a = _csr_args(indptr, indices, values)
+    out = x.new_empty((rows, x.shape[1]))
+    _row_blocks(lambda r0, r1, slot: lib().hpcgnn_spmm(*a[1:], r0, r1, x.data_ptr(), x.shape[1],
+                                                       out.data_ptr()),
+                rows, x.shape[1], values.numel(), lambda: a[0])
+    return out
+
+
+def spmm_sum2(mat_a: torch.Tensor, xa: torch.Tensor, mat_b: torch.Tensor,
+              xb: torch.Tensor) -> torch.Tensor:
+    """``spmm(mat_a, xa) + spmm(mat_b, xb)`` bit for bit, in one pass over the output: two CPU
+    CSR operators with the same rows (a layer's owned and halo columns) and float32 ``xa``,
+    ``xb`` of the same width."""
+    xa, xb = xa.contiguous(), xb.contiguous()
+    a = _csr_args(mat_a.crow_indices(), mat_a.col_indices(), mat_a.values())
+    b = _csr_args(mat_b.crow_indices(), mat_b.col_indices(), mat_b.values())
+    rows, w = mat_a.shape[0], xa.shape[1]
+    out = xa.new_empty((rows, w))
+    scratch = xa.new_empty((torch.get_num_threads(), w))   # one row of B's sums per thread
+
+    def block(r0: int, r1: int, slot: int) -> None:
+        lib().hpcgnn_spmm_sum2(*a[1:], xa.data_ptr(), *b[1:], xb.data_ptr(), r0, r1, w,
+                               out.data_ptr(), scratch[slot].data_ptr())
+    _row_blocks(block, rows, w, mat_a.values().numel() + mat_b.values().numel(),
+                lambda: a[0] + b[0])
+    return out
+
+
+def _csr_args(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> tuple:
+    """``(indptr int64, its pointer, indices' pointer, values' pointer)``, the arrays taken to
+    int64 and float32 where they are not."""
     indptr, indices = indptr.to(torch.int64).contiguous(), indices.to(torch.int64).contiguous()
     values = values.to(torch.float32).contiguous()
-    n, w = rows, x.shape[1]
-    out = x.new_empty((n, w))
-    args = (indptr.data_ptr(), indices.data_ptr(), values.data_ptr())
+    return indptr, indptr.data_ptr(), indices.data_ptr(), values.data_ptr()
+
+
+def _row_blocks(run, rows: int, w: int, nnz: int, indptr) -> None:
+    """``run(r0, r1, slot)`` over all ``rows``: at once on one thread or a small product
+    (``nnz * w`` multiply-adds), else in blocks of about equal non-zeros (``indptr()``: their
+    running count per row), one per thread (``slot``: the block's number, below
+    ``torch.get_num_threads()``)."""
     threads = torch.get_num_threads()
-    nnz = values.numel()
-    if threads == 1 or nnz * w < _SPMM_SPLIT or n < 2 * threads:
-        lib().hpcgnn_spmm(*args, 0, n, x.data_ptr(), w, out.data_ptr())
-        return out
-    cuts = torch.searchsorted(indptr, torch.linspace(0, nnz, threads + 1).to(torch.int64)).tolist()
-    cuts[0], cuts[-1] = 0, n
-    jobs = [_threads().submit(lib().hpcgnn_spmm, *args, a, b, x.data_ptr(), w, out.data_ptr())
-            for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    if threads == 1 or nnz * w < _SPMM_SPLIT or rows < 2 * threads:
+        run(0, rows, 0)
+        return
+    cuts = torch.searchsorted(indptr(), torch.linspace(0, nnz, threads + 1).to(torch.int64)).tolist()
+    cuts[0], cuts[-1] = 0, rows
+    jobs = [_threads().submit(run, r0, r1, i)
+            for i, (r0, r1) in enumerate(zip(cuts[:-1], cuts[1:])) if r1 > r0]
     for job in jobs:
         job.result()
-    return out
 
 
 def ensure_built() -> None:

@@ -21,7 +21,8 @@ Contract: ``aggregate(graph, src, settings, modules)`` returns ``A @ [src; src_h
 
 Progress points: a layer that computes on given halo rows (a stale step) marks the stages of
 its work with ``point(x)`` (``x`` unchanged) and sums ``A [x; x_halo]`` with
-``aggregate_halo(graph, x, x_halo)`` (a point after each sparse product). Where stale
+``aggregate_halo(graph, x, x_halo)`` (with ``fine`` progress a point after each sparse product;
+otherwise one C pass on CPU ranks). Where stale
 exchanges are in flight and ``[comm] progress = "fine"`` a point tests them, in the forward
 pass and again in the backward pass (``hpcgnn.comm.progress``); everywhere else it does nothing.
 
@@ -67,8 +68,11 @@ class HaloPropagation:
         return x if self.progress is None else self.progress.point(x)
 
     def aggregate_halo(self, graph, x: torch.Tensor, x_halo: torch.Tensor) -> torch.Tensor:
-        """``owned @ x + halo @ x_halo`` ``(n_owned, w)`` on given halo rows (no exchange), a
-        progress point after each sparse product."""
+        """``owned @ x + halo @ x_halo`` ``(n_owned, w)`` on given halo rows (no exchange): with
+        ``fine`` progress a point after each sparse product, else one pass
+        (``LocalGraph.aggregate``, the same bits)."""
+        if self.progress is None or self.progress.mode != "fine":
+            return graph.aggregate(x, x_halo)
         return self.point(graph.owned @ x) + self.point(graph.halo @ x_halo)
 
     def halo_rows(self, src: torch.Tensor, settings: ExchangeSettings, local: Callable[[], T],
