@@ -240,8 +240,8 @@ def spmm_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, 
     x = x.contiguous()
     a = _csr_args(indptr, indices, values)
     out = x.new_empty((rows, x.shape[1]))
-    _row_blocks(lambda r0, r1, slot: lib().hpcgnn_spmm(*a[1:], r0, r1, x.data_ptr(), x.shape[1],
-                                                       out.data_ptr()),
+    _row_blocks(lambda r0, r1, slot: lib().hpcgnn_spmm(*_ptrs(a), r0, r1, x.data_ptr(),
+                                                       x.shape[1], out.data_ptr()),
                 rows, x.shape[1], values.numel(), lambda: a[0])
     return out
 
@@ -259,7 +259,7 @@ def spmm_sum2(mat_a: torch.Tensor, xa: torch.Tensor, mat_b: torch.Tensor,
     scratch = xa.new_empty((torch.get_num_threads(), w))   # one row of B's sums per thread
 
     def block(r0: int, r1: int, slot: int) -> None:
-        lib().hpcgnn_spmm_sum2(*a[1:], xa.data_ptr(), *b[1:], xb.data_ptr(), r0, r1, w,
+        lib().hpcgnn_spmm_sum2(*_ptrs(a), xa.data_ptr(), *_ptrs(b), xb.data_ptr(), r0, r1, w,
                                out.data_ptr(), scratch[slot].data_ptr())
     _row_blocks(block, rows, w, mat_a.values().numel() + mat_b.values().numel(),
                 lambda: a[0] + b[0])
@@ -267,11 +267,15 @@ def spmm_sum2(mat_a: torch.Tensor, xa: torch.Tensor, mat_b: torch.Tensor,
 
 
 def _csr_args(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> tuple:
-    """``(indptr int64, its pointer, indices' pointer, values' pointer)``, the arrays taken to
-    int64 and float32 where they are not."""
-    indptr, indices = indptr.to(torch.int64).contiguous(), indices.to(torch.int64).contiguous()
-    values = values.to(torch.float32).contiguous()
-    return indptr, indptr.data_ptr(), indices.data_ptr(), values.data_ptr()
+    """``(indptr, indices, values)`` taken to int64, int64 and float32 where they are not. The
+    caller holds the tuple while C reads them (a converted array is a new tensor)."""
+    return (indptr.to(torch.int64).contiguous(), indices.to(torch.int64).contiguous(),
+            values.to(torch.float32).contiguous())
+
+
+def _ptrs(arrays: tuple) -> tuple[int, ...]:
+    """The arrays' addresses, for C."""
+    return tuple(t.data_ptr() for t in arrays)
 
 
 def _row_blocks(run, rows: int, w: int, nnz: int, indptr) -> None:
