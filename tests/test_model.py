@@ -201,6 +201,36 @@ def test_aggregate_in_one_pass_equals_the_two_products_bit_for_bit(width, thread
     assert torch.equal(g.aggregate(x0, h0), got[1][0])      # the path aggregate takes
 
 
+def test_aggregate_in_one_pass_is_the_operators_product_on_a_directed_graph(shards, tmp_path):
+    """The one-pass aggregation against scipy in float64 on a part of a one-way lattice
+    (``tests/test_directed.py``'s graph, no --symmetrize: the halo operator is not the
+    transpose of anything the forward uses): forward ``A x + B h``, backward ``A^T g``,
+    ``B^T g`` with the transposes taken here."""
+    from test_directed import lattice_arrays
+    from hpcgnn.data.shard import read_shard
+    from hpcgnn.nn.graph import LocalGraph
+    np.savez(tmp_path / "lattice.npz", **lattice_arrays())
+    parts = shards(f"npz:{tmp_path / 'lattice.npz'}", 3)
+    g = max((LocalGraph.from_shard(read_shard(parts / f"part-0000{k}.h5"), "gcn") for k in range(3)),
+            key=lambda op: op.n_halo)               # a part that receives halo rows
+    assert g.n_halo > 0
+
+    def scipy_op(op):
+        m = op.mat
+        return sp.csr_matrix((m.values().double().numpy(), m.col_indices().numpy(),
+                              m.crow_indices().numpy()), shape=op.shape)
+    a, b = scipy_op(g.owned), scipy_op(g.halo)
+    torch.manual_seed(0)
+    x, h = torch.randn(g.n_owned, 7, requires_grad=True), torch.randn(g.n_halo, 7, requires_grad=True)
+    grad = torch.randn(g.n_owned, 7)
+    y = g.aggregate(x, h)
+    y.backward(grad)
+    xd, hd, gd = (t.detach().double().numpy() for t in (x, h, grad))
+    np.testing.assert_allclose(y.detach().numpy(), a @ xd + b @ hd, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), a.T @ gd, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h.grad.numpy(), b.T @ gd, rtol=1e-5, atol=1e-6)
+
+
 @contextlib.contextmanager
 def _torch_threads(n: int):
     """torch's intra-op thread count set to ``n`` for the block, restored after."""
