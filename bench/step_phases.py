@@ -2,9 +2,10 @@
 
     mpiexec -n R python -m mpi4py bench/step_phases.py OUT.json -- train --shards DIR [...]
 
-Runs ``hpcgnn train`` with the arguments after ``--`` and times each training step's phases in
-the calling thread's CPU time (``time.thread_time``): the forward pass, the backward pass, the
-gradient Allreduce, and the rest (stale layers' late gradients, Adam). On the development
+Runs ``hpcgnn train`` with the arguments after ``--`` and times each training step
+(``Trainer.train_step``) in the calling thread's CPU time (``time.thread_time``), split by
+wrapping what the step calls: the model's forward pass, ``loss.backward()``, the gradient
+Allreduce, and the rest (the loss, stale layers' late gradients, Adam). On the development
 machine 4 or 8 ranks share 2 cores and the host's load moves wall-clock times by 15-30 % between
 runs; a rank's CPU time leaves out the time it waited for a core or for a peer (the Allreduce
 still counts MPI's busy polling over shared memory). With ``HPCGNN_BENCH_NO_EXCHANGE=1`` (the
@@ -30,10 +31,8 @@ from hpcgnn import memory
 memory.configure()                   # as `hpcgnn train` does, before torch is imported
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from hpcgnn.comm.collectives import allreduce_sum_  # noqa: E402
-from hpcgnn.nn import graph, layers, propagation  # noqa: E402
+from hpcgnn.nn import graph, layers, model, propagation  # noqa: E402
 from hpcgnn.train import trainer  # noqa: E402
 
 PHASES = ("forward", "backward", "allreduce", "rest")
@@ -43,50 +42,40 @@ PARTS = ((layers.HaloLayer, "dropped"), (layers.HaloLayer, "dropped_matmul"),
          (propagation.StalePropagation, "input_halo"), (graph.SparseOp, "__matmul__"))
 SKIP = 5
 STEPS: list[dict] = []
-_parts: dict[str, float] = defaultdict(float)
+_in_step = False
+_spent: dict[str, float] = defaultdict(float)     # this step's CPU seconds per wrapped function
 
 
-def _timed(owner, name: str) -> None:
-    fn, label = getattr(owner, name), f"{owner.__name__}.{name}"
+def _timed(owner, name: str, label: str) -> None:
+    """Wrap ``owner.name`` so that its CPU time inside a training step adds to ``label``."""
+    fn = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
+        if not _in_step:
+            return fn(*args, **kwargs)
         c = time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            _parts[label] += time.thread_time() - c
+            _spent[label] += time.thread_time() - c
     setattr(owner, name, wrapper)
 
 
-def train_step(self, epoch: int) -> dict:
-    """``Trainer.train_step`` and ``finish_step`` in one, with the phases timed."""
-    step = self.make_step(epoch, training=True)
-    self.model.stats.reset()
-    _parts.clear()
-    cpu, t0 = [time.thread_time()], time.perf_counter()
-    self.model.train()
-    self.opt.zero_grad(set_to_none=False)
-    logits = self.model(self.data.x, step)
-    cpu.append(time.thread_time())
-    mask = self.data.train
-    loss = F.cross_entropy(logits[mask], self.data.y[mask], reduction="sum") / self.n_train
-    loss.backward()
-    for p in self.params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    loss_buf = loss.detach().reshape(1).clone()
-    cpu.append(time.thread_time())
-    t1 = time.perf_counter()
-    nbytes = allreduce_sum_(self.ctx, [p.grad for p in self.params] + [loss_buf])
-    t2 = time.perf_counter()
-    cpu.append(time.thread_time())
-    self.model.post_late_gradients()
-    self.opt.step()
-    cpu.append(time.thread_time())
-    STEPS.append({"epoch": epoch, **{k: b - a for k, a, b in zip(PHASES, cpu, cpu[1:])},
-                  "parts": dict(_parts)})
-    return {"loss": float(loss_buf.item()), "ratio": self.ratios(epoch), "allreduce_bytes": nbytes,
-            "allreduce_s": t2 - t1, "epoch_s": time.perf_counter() - t0}
+def _timed_step(step):
+    def train_step(self, epoch: int) -> dict:
+        global _in_step
+        _spent.clear()
+        _in_step, c = True, time.thread_time()
+        try:
+            out = step(self, epoch)
+        finally:
+            _in_step = False
+        total = time.thread_time() - c
+        phases = {k: _spent.pop(k, 0.0) for k in PHASES[:3]}
+        STEPS.append({"epoch": epoch, **phases, "rest": total - sum(phases.values()),
+                      "parts": dict(_spent)})
+        return out
+    return train_step
 
 
 def report(rank_steps: list[list[dict]]) -> None:
@@ -107,9 +96,12 @@ def main() -> None:
     if len(sys.argv) < 4 or sys.argv[2] != "--":
         raise SystemExit(__doc__.split("\n\n")[1])
     out, argv = sys.argv[1], sys.argv[3:]
+    _timed(model.GNN, "forward", "forward")
+    _timed(torch.Tensor, "backward", "backward")
+    _timed(trainer, "allreduce_sum_", "allreduce")       # the name finish_step calls
     for owner, name in PARTS:
-        _timed(owner, name)
-    trainer.Trainer.train_step = train_step
+        _timed(owner, name, f"{owner.__name__}.{name}")
+    trainer.Trainer.train_step = _timed_step(trainer.Trainer.train_step)
     from hpcgnn.__main__ import main as hpcgnn_main
     rc = hpcgnn_main(argv)
     if rc:

@@ -1,6 +1,6 @@
-"""``bench/step_phases.py`` times a copy of the trainer's step: on real ranks it must train what
-``hpcgnn train`` trains (the same per-epoch losses, a stale run so that the late gradients are
-in it) and record every phase of every step on every rank."""
+"""``bench/step_phases.py`` wraps the trainer's step and what it calls: on real ranks the timed
+run must train what ``hpcgnn train`` trains (the same per-epoch losses, a stale run so that the
+late gradients are in it) and record every phase of every step on every rank."""
 from __future__ import annotations
 
 import json
