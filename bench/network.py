@@ -104,11 +104,15 @@ def shard_set(spec: str, parts: int, root: Path, partitioner: str = "random") ->
 def method(name: str, epochs: int = 100) -> tuple[str, list[str], int]:
     """``SCHEDULE[@opt,...]`` -> (schedule, --set overrides, replication c). Options: ``sN``
     (staleness N), ``sNm`` (and PipeGCN's smoothing 0.95), ``1.5d-cN`` (CAGNET 1.5D, c = N),
-    ``2d`` / ``3d`` (CAGNET 2D / 3D), ``retexo`` (RETEXO, ``epochs / LAYERS`` rounds per layer)."""
+    ``2d`` / ``3d`` (CAGNET 2D / 3D), ``retexo`` (RETEXO, ``epochs / LAYERS`` rounds per layer),
+    ``ev-exchange`` / ``ev-kept`` (``train.eval_features``: how evaluation's first layer gets
+    its halo rows)."""
     sched, _, opts = name.partition("@")
     sets, c = [], 1
     for opt in filter(None, opts.split(",")):
-        if opt in ("2d", "3d"):
+        if opt in ("ev-exchange", "ev-kept"):
+            sets += ["--set", f"train.eval_features={opt[3:]}"]
+        elif opt in ("2d", "3d"):
             sets += ["--set", f"parallel.algorithm={opt}"]
         elif opt == "retexo":
             if epochs % LAYERS:

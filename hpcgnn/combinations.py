@@ -18,6 +18,9 @@ What is refused, and why:
 - a closed-loop schedule (``kind = "auto"``) with ``train.method = 'retexo'`` (each layer's rows
   cross the wire once: there is no loop to close) or with ``train.staleness >= 1`` (the stale
   exchange hides the wire time the controller weighs, and its rows are of another epoch).
+- ``train.eval_features = 'kept'`` with an algorithm other than ``halo`` (no halo rows), with
+  ``train.method = 'retexo'``, or with ``train.eval_codec = 'train'`` in a synchronous run (its
+  first layer's rows go through the training codecs; kept rows would be exact).
 - ``model.arch = 'gat'`` with a schedule whose ``sample`` stage is on at any epoch of any layer,
   forward or backward: a dropped halo row would enter the softmax as a zero row, not as a
   missing edge.
@@ -54,6 +57,7 @@ def check_combination(cfg, policy: CompressionPolicy | None = None,
     check the config alone)."""
     _check_method(cfg, where)
     _check_algorithm(cfg, policy, where)
+    _check_eval_features(cfg, where)
     if _full(policy):
         return
     bound = policy.bind(cfg.train.epochs, cfg.model.layers)
@@ -120,6 +124,25 @@ def _check_algorithm(cfg, policy: CompressionPolicy | None, where: str) -> None:
           getattr(policy, "path", "given"),
           f"parallel.algorithm = '{algo}' runs uncompressed and synchronous: drop --schedule, "
           f"or use parallel.algorithm = 'halo'")
+
+
+def _check_eval_features(cfg, where: str) -> None:
+    """``train.eval_features = 'kept'``: the halo algorithm's full training, and evaluation
+    that does not claim to see the training codecs' first layer."""
+    t = cfg.train
+    if t.eval_features != "kept":
+        return
+    _need(cfg.parallel.algorithm == "halo", where, "train.eval_features", t.eval_features,
+          f"parallel.algorithm = '{cfg.parallel.algorithm}' has no halo rows to keep; use "
+          f"train.eval_features = 'auto' or 'exchange'")
+    _need(t.method == "full", where, "train.eval_features", t.eval_features,
+          f"train.method = '{t.method}' evaluates its own way; use train.eval_features = 'auto' "
+          f"or 'exchange'")
+    _need(not (t.eval_codec == "train" and not t.staleness), where, "train.eval_features",
+          t.eval_features,
+          "with train.eval_codec = 'train' evaluation goes through the training codecs, and a "
+          "synchronous run's first layer sends its rows through them; kept rows would be exact. "
+          "Use train.eval_features = 'exchange' (or 'auto'), or train.eval_codec = 'none'")
 
 
 def _check_gat_sampling(cfg, policy: CompressionPolicy, sched: str) -> None:

@@ -83,6 +83,13 @@ class TrainConfig:
     eval_codec: str = "none"
     """none (evaluation exchanges uncompressed, the default) | train (through the training
     schedule's codecs of the evaluated epoch: what the compressed model sees)"""
+    eval_features: str = "auto"
+    """how evaluation's first layer gets its halo rows: exchange (as a synchronous training
+    layer does, at every evaluation) | kept (the features' halo rows are fetched once,
+    uncompressed, and kept on the rank, n_halo x F_in fp32; evaluation's first layer then sends
+    nothing) | auto (kept in a stale run, whose first layer keeps them for training anyway;
+    exchange otherwise). Not with CAGNET or RETEXO; kept not with eval_codec = "train" in a
+    synchronous run"""
     betas: tuple = (0.9, 0.999)
     """Adam's (beta1, beta2)"""
     overlap: bool = False
@@ -118,6 +125,8 @@ class TrainConfig:
         _need(self.eval_every >= 1, where, "train.eval_every", self.eval_every, "use an integer >= 1")
         _need(self.eval_codec in ("none", "train"), where, "train.eval_codec", self.eval_codec,
               "use 'none' (uncompressed evaluation) or 'train' (the training codecs)")
+        _need(self.eval_features in ("auto", "exchange", "kept"), where, "train.eval_features",
+              self.eval_features, "use 'auto', 'exchange' or 'kept'")
         _need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), where,
               "train.betas", list(self.betas), "use two numbers in [0, 1), e.g. [0.9, 0.999]")
         _need(self.method in METHODS, where, "train.method", self.method,

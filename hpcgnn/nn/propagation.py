@@ -11,6 +11,11 @@ call and holds nothing of a step between calls.
 - ``ConstantPropagation`` (the first layer of a stale run): the input is the constant feature
   matrix, so its halo rows cross the wire once (uncompressed) and are kept; training steps use
   them like a stale layer's halo input, with receiver-side dropout and no backward.
+
+Evaluation (``train.eval_features``): a first layer whose propagation has ``eval_kept`` runs
+``with_halo`` on the kept halo rows of the features instead of exchanging: by default in stale
+runs, which keep those rows anyway; ``"kept"`` asks a synchronous run to fetch and keep them
+(``n_halo x F_in`` fp32 per rank) so that evaluation's first layer sends nothing.
 - ``SpmmPropagation`` (``parallel.algorithm = "1.5d"``, CAGNET): ``A[i, :] @ H`` through a
   distributed sparse-dense product; there are no halo rows (GAT is refused).
 
@@ -51,13 +56,21 @@ Modules = tuple[torch.nn.Module | None, torch.nn.Module | None]
 
 
 class HaloPropagation:
-    """The synchronous halo exchange of one layer (one (I)Alltoallv each way)."""
+    """The synchronous halo exchange of one layer (one (I)Alltoallv each way).
+
+    ``eval_kept``: evaluation runs the layer on the halo rows of its (constant) input, fetched
+    once and kept (``kept_input_halo``), instead of exchanging (``train.eval_features``; the
+    first layer only, whose input is the features)."""
 
     exchanges_input = False
 
-    def __init__(self, exchanger: HaloExchanger, progress: Progress | None = None):
+    def __init__(self, exchanger: HaloExchanger, progress: Progress | None = None,
+                 eval_kept: bool = False):
         self.exchanger = exchanger
         self.progress = progress     # the stale exchanges in flight (None: nothing to progress)
+        self.eval_kept = eval_kept and not self.single
+        self._rows: torch.Tensor | None = None
+        self._key: tuple | None = None
 
     @property
     def single(self) -> bool:
@@ -74,6 +87,17 @@ class HaloPropagation:
         if self.progress is None or self.progress.mode != "fine":
             return graph.aggregate(x, x_halo)
         return self.point(graph.owned @ x) + self.point(graph.halo @ x_halo)
+
+    def kept_input_halo(self, h: torch.Tensor, epoch: int = 0) -> torch.Tensor:
+        """The halo rows ``(n_halo, F_in)`` of the constant input ``h`` (the features): exchanged
+        once, uncompressed and without a backward, then kept on the rank (collective on the
+        first call, and again only if ``h`` is another tensor or was changed in place)."""
+        key = (h.data_ptr(), h._version, tuple(h.shape))
+        if self._key != key:
+            with torch.no_grad():
+                self._rows = self.exchanger.exchange(h.detach(), ExchangeSettings(epoch))
+            self._key = key
+        return self._rows
 
     def halo_rows(self, src: torch.Tensor, settings: ExchangeSettings, local: Callable[[], T],
                   modules: Modules = (None, None)) -> tuple[T, torch.Tensor | None]:
@@ -132,18 +156,8 @@ class ConstantPropagation(HaloPropagation):
 
     exchanges_input = True
 
-    def __init__(self, exchanger: HaloExchanger, progress: Progress | None = None):
-        super().__init__(exchanger, progress)
-        self._rows: torch.Tensor | None = None
-        self._key: tuple | None = None
-
     def input_halo(self, h: torch.Tensor, settings: ExchangeSettings) -> torch.Tensor:
-        key = (h.data_ptr(), h._version, tuple(h.shape))
-        if self._key != key:                     # the first step (or another input tensor)
-            with torch.no_grad():
-                self._rows = self.exchanger.exchange(h.detach(), ExchangeSettings(settings.epoch))
-            self._key = key
-        return self._rows
+        return self.kept_input_halo(h, settings.epoch)
 
 
 class SpmmPropagation:

@@ -126,9 +126,19 @@ def _stale(w: Wiring, layer: int) -> StalePropagation:
     return StalePropagation(ex, StaleExchange(ex, t.staleness, t.smoothing, _progress(w)))
 
 
+def eval_kept(cfg: Config, layer: int, kind: str) -> bool:
+    """Whether evaluation runs layer ``layer`` (``kind`` of ``propagation_kind``) on the
+    features' halo rows kept on the rank (``train.eval_features``): the first layer only."""
+    if layer != 0 or kind not in ("halo", "constant") or cfg.train.method != "full":
+        return False
+    mode = cfg.train.eval_features
+    return mode == "kept" or (mode == "auto" and kind == "constant")
+
+
 PROPAGATIONS: dict[str, Callable[[Wiring, int], object]] = {
-    "halo": lambda w, i: HaloPropagation(_exchanger(w, i)),
-    "constant": lambda w, i: ConstantPropagation(_exchanger(w, i), _progress(w)),
+    "halo": lambda w, i: HaloPropagation(_exchanger(w, i), eval_kept=eval_kept(w.cfg, i, "halo")),
+    "constant": lambda w, i: ConstantPropagation(_exchanger(w, i), _progress(w),
+                                                 eval_kept=eval_kept(w.cfg, i, "constant")),
     "stale": _stale,
     "spmm": lambda w, i: SpmmPropagation(w.spmm),
 }

@@ -5,7 +5,9 @@ Per epoch (every rank, same order of collectives):
   backward  one reverse (I)Alltoallv per layer whose exchanged rows need a gradient
   step      one flat Allreduce (SUM) of all gradients + the loss; Adam on every rank
   eval      every train.eval_every epochs: a synchronous forward (uncompressed, or through the
-            training codecs with train.eval_codec = "train"), one small Allreduce of counts;
+            training codecs with train.eval_codec = "train"; the first layer on the features'
+            halo rows kept on the rank in a stale run, train.eval_features), one small
+            Allreduce of counts;
             metrics.jsonl records its time apart (eval_s) and the epoch's wall clock (wall_s)
   tune      kind = "auto" only, at its decision epochs: two small Allreduces of what the
             exchanges measured and one small Bcast of rank 0's decision (hpcgnn.train.autotuning)
