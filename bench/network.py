@@ -106,12 +106,14 @@ def method(name: str, epochs: int = 100) -> tuple[str, list[str], int]:
     (staleness N), ``sNm`` (and PipeGCN's smoothing 0.95), ``1.5d-cN`` (CAGNET 1.5D, c = N),
     ``2d`` / ``3d`` (CAGNET 2D / 3D), ``retexo`` (RETEXO, ``epochs / LAYERS`` rounds per layer),
     ``ev-exchange`` / ``ev-kept`` (``train.eval_features``: how evaluation's first layer gets
-    its halo rows)."""
+    its halo rows), ``keep`` (``train.keep_features``: the first layer on kept feature rows)."""
     sched, _, opts = name.partition("@")
     sets, c = [], 1
     for opt in filter(None, opts.split(",")):
         if opt in ("ev-exchange", "ev-kept"):
             sets += ["--set", f"train.eval_features={opt[3:]}"]
+        elif opt == "keep":
+            sets += ["--set", "train.keep_features=true"]
         elif opt in ("2d", "3d"):
             sets += ["--set", f"parallel.algorithm={opt}"]
         elif opt == "retexo":

@@ -18,9 +18,12 @@ What is refused, and why:
 - a closed-loop schedule (``kind = "auto"``) with ``train.method = 'retexo'`` (each layer's rows
   cross the wire once: there is no loop to close) or with ``train.staleness >= 1`` (the stale
   exchange hides the wire time the controller weighs, and its rows are of another epoch).
+- ``train.keep_features = true`` with an algorithm other than ``halo``, with
+  ``train.method = 'retexo'``, with ``kind = "auto"`` (the first layer has no exchange to
+  measure) or with the ``learned`` codec (the first layer's encoder would see no row).
 - ``train.eval_features = 'kept'`` with an algorithm other than ``halo`` (no halo rows), with
-  ``train.method = 'retexo'``, or with ``train.eval_codec = 'train'`` in a synchronous run (its
-  first layer's rows go through the training codecs; kept rows would be exact).
+  ``train.method = 'retexo'``, or with ``train.eval_codec = 'train'`` where training exchanges
+  its first layer (its rows go through the training codecs; kept rows would be exact).
 - ``model.arch = 'gat'`` with a schedule whose ``sample`` stage is on at any epoch of any layer,
   forward or backward: a dropped halo row would enter the softmax as a zero row, not as a
   missing edge.
@@ -58,6 +61,7 @@ def check_combination(cfg, policy: CompressionPolicy | None = None,
     _check_method(cfg, where)
     _check_algorithm(cfg, policy, where)
     _check_eval_features(cfg, where)
+    _check_keep_features(cfg, where)
     if _full(policy):
         return
     bound = policy.bind(cfg.train.epochs, cfg.model.layers)
@@ -71,6 +75,10 @@ def check_combination(cfg, policy: CompressionPolicy | None = None,
           "train.staleness >= 1 does not combine with the 'learned' codec (its encoder would "
           "train on rows of another epoch); use truncate, random, quant or sample, or "
           "staleness = 0")
+    _need(not (learned and cfg.train.keep_features), sched, "codec", "learned",
+          "train.keep_features = true does not combine with the 'learned' codec (the first "
+          "layer's encoder would never see a row); use truncate, random, quant or sample, or "
+          "train.keep_features = false")
     if bound.adaptive:
         _check_auto(cfg, sched)
     if cfg.model.arch == "gat":
@@ -87,6 +95,10 @@ def _check_auto(cfg, sched: str) -> None:
           "train.staleness >= 1 hides the wire time kind = 'auto' weighs against the codec's "
           "error; use a curve kind (e.g. codec = 'quant', bits = 2) with staleness, or "
           "train.staleness = 0 with kind = 'auto'")
+    _need(not cfg.train.keep_features, sched, "kind", "auto",
+          "train.keep_features = true leaves the first layer no exchange for kind = 'auto' to "
+          "measure and decide; use a curve kind with keep_features, or train.keep_features = "
+          "false with kind = 'auto'")
 
 
 def _check_method(cfg, where: str) -> None:
@@ -138,11 +150,25 @@ def _check_eval_features(cfg, where: str) -> None:
     _need(t.method == "full", where, "train.eval_features", t.eval_features,
           f"train.method = '{t.method}' evaluates its own way; use train.eval_features = 'auto' "
           f"or 'exchange'")
-    _need(not (t.eval_codec == "train" and not t.staleness), where, "train.eval_features",
-          t.eval_features,
+    _need(not (t.eval_codec == "train" and not t.staleness and not t.keep_features), where,
+          "train.eval_features", t.eval_features,
           "with train.eval_codec = 'train' evaluation goes through the training codecs, and a "
           "synchronous run's first layer sends its rows through them; kept rows would be exact. "
-          "Use train.eval_features = 'exchange' (or 'auto'), or train.eval_codec = 'none'")
+          "Use train.eval_features = 'exchange' (or 'auto'), train.eval_codec = 'none', or "
+          "train.keep_features = true (training's first layer on kept rows too)")
+
+
+def _check_keep_features(cfg, where: str) -> None:
+    """``train.keep_features``: the halo algorithm's full training."""
+    t = cfg.train
+    if not t.keep_features:
+        return
+    _need(cfg.parallel.algorithm == "halo", where, "train.keep_features", True,
+          f"parallel.algorithm = '{cfg.parallel.algorithm}' has no halo rows to keep; use "
+          f"train.keep_features = false")
+    _need(t.method == "full", where, "train.keep_features", True,
+          f"train.method = '{t.method}' exchanges each layer's rows once already; use "
+          f"train.keep_features = false")
 
 
 def _check_gat_sampling(cfg, policy: CompressionPolicy, sched: str) -> None:

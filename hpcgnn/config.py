@@ -83,13 +83,19 @@ class TrainConfig:
     eval_codec: str = "none"
     """none (evaluation exchanges uncompressed, the default) | train (through the training
     schedule's codecs of the evaluated epoch: what the compressed model sees)"""
+    keep_features: bool = False
+    """a synchronous run fetches the features' halo rows once and keeps them on the rank (n_halo
+    x F_in fp32): its first layer then computes the halo terms itself (dropout on the receiving
+    side, keyed by global id) and never exchanges, forward or backward; the same model and the
+    same losses up to rounding. A stale run always does this. Not with CAGNET, RETEXO,
+    kind = "auto" or the learned codec"""
     eval_features: str = "auto"
     """how evaluation's first layer gets its halo rows: exchange (as a synchronous training
     layer does, at every evaluation) | kept (the features' halo rows are fetched once,
     uncompressed, and kept on the rank, n_halo x F_in fp32; evaluation's first layer then sends
-    nothing) | auto (kept in a stale run, whose first layer keeps them for training anyway;
-    exchange otherwise). Not with CAGNET or RETEXO; kept not with eval_codec = "train" in a
-    synchronous run"""
+    nothing) | auto (kept where training keeps them anyway: a stale run, or keep_features;
+    exchange otherwise). Not with CAGNET or RETEXO; kept not with eval_codec = "train" where
+    training exchanges its first layer"""
     betas: tuple = (0.9, 0.999)
     """Adam's (beta1, beta2)"""
     overlap: bool = False

@@ -100,12 +100,15 @@ class Wiring:
 
 
 def propagation_kind(cfg: Config, ctx: CommContext, spmm, layer: int) -> str:
-    """``spmm`` (CAGNET), ``constant`` / ``stale`` (a stale run's first / later layers) or
-    ``halo``. Staleness needs peers: one rank runs synchronously."""
+    """``spmm`` (CAGNET), ``constant`` / ``stale`` (a stale run's first / later layers; a
+    synchronous run's first layer with ``train.keep_features``) or ``halo``. Staleness needs
+    peers: one rank runs synchronously."""
     if spmm is not None:
         return "spmm"
     if cfg.train.staleness and ctx.size > 1 and cfg.train.method == "full":
         return "constant" if layer == 0 else "stale"
+    if layer == 0 and cfg.train.keep_features and ctx.size > 1 and cfg.train.method == "full":
+        return "constant"                      # the features' halo rows, fetched once
     return "halo"
 
 
