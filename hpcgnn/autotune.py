@@ -502,16 +502,21 @@ class AutoPolicy(CompressionPolicy):
     def __init__(self, path: str, settings: AutoSettings):
         self.path, self.settings = path, settings
         self.num_layers: int | None = None
+        self.silent: frozenset = frozenset()
         self.state = AutoState()
 
-    def bind(self, epochs: int, num_layers: int) -> "AutoPolicy":
+    def bind(self, epochs: int, num_layers: int, silent: frozenset = frozenset()) -> "AutoPolicy":
         bound = copy.copy(self)
         bound.num_layers, bound.state = int(num_layers), AutoState()
+        bound.silent = frozenset(silent)
         return bound
 
     def compresses(self, layer: int, num_layers: int | None, direction: str) -> bool:
         """Whether ``layer``'s exchange in ``direction`` is ever compressed (the keys
-        ``compress_last_layer`` and ``compress_backward``)."""
+        ``compress_last_layer`` and ``compress_backward``; never a layer that exchanges nothing
+        in training, ``silent``)."""
+        if layer in self.silent:
+            return False
         last = num_layers is not None and layer == num_layers - 1
         if last and not self.settings.compress_last_layer:
             return False

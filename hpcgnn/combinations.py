@@ -19,8 +19,8 @@ What is refused, and why:
   cross the wire once: there is no loop to close) or with ``train.staleness >= 1`` (the stale
   exchange hides the wire time the controller weighs, and its rows are of another epoch).
 - ``train.keep_features = true`` with an algorithm other than ``halo``, with
-  ``train.method = 'retexo'``, with ``kind = "auto"`` (the first layer has no exchange to
-  measure) or with the ``learned`` codec (the first layer's encoder would see no row).
+  ``train.method = 'retexo'`` or with the ``learned`` codec (the first layer's encoder would
+  see no row).
 - ``train.eval_features = 'kept'`` with an algorithm other than ``halo`` (no halo rows), with
   ``train.method = 'retexo'``, or with ``train.eval_codec = 'train'`` where training exchanges
   its first layer (its rows go through the training codecs; kept rows would be exact).
@@ -95,10 +95,6 @@ def _check_auto(cfg, sched: str) -> None:
           "train.staleness >= 1 hides the wire time kind = 'auto' weighs against the codec's "
           "error; use a curve kind (e.g. codec = 'quant', bits = 2) with staleness, or "
           "train.staleness = 0 with kind = 'auto'")
-    _need(not cfg.train.keep_features, sched, "kind", "auto",
-          "train.keep_features = true leaves the first layer no exchange for kind = 'auto' to "
-          "measure and decide; use a curve kind with keep_features, or train.keep_features = "
-          "false with kind = 'auto'")
 
 
 def _check_method(cfg, where: str) -> None:

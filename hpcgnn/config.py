@@ -87,8 +87,8 @@ class TrainConfig:
     """a synchronous run fetches the features' halo rows once and keeps them on the rank (n_halo
     x F_in fp32): its first layer then computes the halo terms itself (dropout on the receiving
     side, keyed by global id) and never exchanges, forward or backward; the same model and the
-    same losses up to rounding. A stale run always does this. Not with CAGNET, RETEXO,
-    kind = "auto" or the learned codec"""
+    same losses up to rounding. A stale run always does this. Not with CAGNET, RETEXO or the
+    learned codec"""
     eval_features: str = "auto"
     """how evaluation's first layer gets its halo rows: exchange (as a synchronous training
     layer does, at every evaluation) | kept (the features' halo rows are fetched once,

@@ -383,7 +383,8 @@ class SchedulePolicy(CompressionPolicy):
         self.epochs, self.num_layers = epochs, None
         self._codec = lru_cache(maxsize=4096)(self._build)
 
-    def bind(self, epochs: int, num_layers: int) -> "SchedulePolicy":
+    def bind(self, epochs: int, num_layers: int,
+             silent: frozenset = frozenset()) -> "SchedulePolicy":
         where = _Where(self.path)
         bad = [layer for layer in self.layers if layer >= num_layers]
         if bad:

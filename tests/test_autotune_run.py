@@ -115,6 +115,33 @@ def test_auto_resume_is_bit_for_bit(shards, tmp_path):
     assert len({b for r in _checks(straight) for b in _bits(r)}) > 1   # it did change codecs
 
 
+@pytest.mark.mpi
+def test_auto_leaves_a_kept_first_layer_out(shards, tmp_path):
+    """With ``train.keep_features`` the first layer exchanges nothing in training: the controller
+    measures and decides the second layer alone, sends exactly its bytes, and resumes bit for
+    bit."""
+    _launch(2, shards(GRAPH, 2, "random"), tmp_path, ["auto-bytes+keep", "auto-bytes+keep:split",
+                                                      "full+keep"])
+    straight = read_metrics(tmp_path / "auto-bytes+keep")
+    resumed = read_metrics(tmp_path / "auto-bytes+keep-split")
+    full = read_metrics(tmp_path / "full+keep")
+    assert {e["layer"] for r in _checks(straight) for e in r["auto"]["exchanges"]} == {1}
+    start = straight[0]["auto"]["start"]                 # what epoch 0 sends, decided before it
+    assert {e["layer"] for e in start["exchanges"]} == {1} and set(start["bits"]) == {"1/forward", "1/backward"}
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]
+    assert _decisions(resumed) == _decisions(straight)
+    assert len({b for r in _checks(straight) for b in _bits(r)}) > 1   # it did change codecs
+    # epoch 0 fetches the features' halo rows uncompressed; after it, what layer 1's codec sends
+    assert straight[0]["bytes_sent"] > straight[1]["bytes_sent"]
+    assert all(r["bytes_sent"] < f["bytes_sent"] for r, f in zip(straight[1:], full[1:])
+               if any(b < 32 for b in _bits(_last_check(straight, r["epoch"]))))
+
+
+def _last_check(metrics: list[dict], epoch: int) -> dict:
+    """The last check before ``epoch`` (its decision is what ``epoch`` sent)."""
+    return [r for r in _checks(metrics) if r["epoch"] < epoch][-1]
+
+
 def _bits(record: dict) -> list[int]:
     return [e["bits"] for e in record["auto"]["exchanges"]]
 
@@ -128,12 +155,15 @@ def _decisions(metrics: list[dict]) -> list:
 
 def _worker(shard_dir: str, out: str, jobs: list[str]) -> None:
     """Each job ``NAME`` trains schedule NAME into OUT/NAME; ``NAME:split`` stops after 17
-    epochs (a check, 15, and a probe epoch, 10, behind it) and resumes into OUT/NAME-split."""
+    epochs (a check, 15, and a probe epoch, 10, behind it) and resumes into OUT/NAME-split;
+    ``NAME+keep`` trains with ``train.keep_features = true``."""
     from hpcgnn.__main__ import main
     for job in jobs:
         name, _, split = job.partition(":")
+        sched, _, keep = name.partition("+")         # NAME+keep: train.keep_features = true
         args = ["train", "--shards", shard_dir, "--config", f"{out}/run.toml",
-                "--schedule", f"{out}/{name}.toml", "--out", f"{out}/{name}{'-split' if split else ''}"]
+                "--schedule", f"{out}/{sched}.toml", "--out", f"{out}/{name}{'-split' if split else ''}"]
+        args += ["--set", "train.keep_features=true"] if keep else []
         runs = [args + ["--stop-after", "17"], args + ["--resume"]] if split else [args]
         for argv in runs:
             assert main(argv) == 0, argv

@@ -105,9 +105,6 @@ def test_what_kept_rows_cannot_serve_is_refused(tmp_path):
         with pytest.raises(ConfigError, match=match):
             check_combination(load_config(None, sets))
     from hpcgnn.schedule import load_schedule
-    auto = load_schedule("configs/schedules/auto.toml")
-    with pytest.raises(ConfigError, match=r"keep_features = true leaves the first layer no exchange"):
-        check_combination(load_config(None, ["train.keep_features=true"]), auto)
     learned = tmp_path / "learned.toml"
     learned.write_text('codec = "learned"\nkind = "constant"\nratio = 4\n')
     with pytest.raises(ConfigError, match=r"keep_features = true does not combine with the 'learned'"):

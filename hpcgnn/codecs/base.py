@@ -226,12 +226,15 @@ class CompressionPolicy:
     """True for a closed-loop policy (``kind = "auto"``, ``hpcgnn.autotune.AutoPolicy``): the
     trainer measures the candidates ``probe`` lists and hands the policy its figures."""
 
-    def bind(self, epochs: int, num_layers: int) -> "CompressionPolicy":
+    def bind(self, epochs: int, num_layers: int,
+             silent: frozenset = frozenset()) -> "CompressionPolicy":
         """Tell the policy the run's epoch count and layer count; call once, before training.
 
         Schedules such as VARCO's ``linear`` need the total number of epochs ``T`` (the authors'
         formula divides by ``T - 2``), and per-layer overrides are checked against the layer
-        count here, so a bad schedule fails before any rank communicates. Returns the policy
+        count here, so a bad schedule fails before any rank communicates. ``silent``: the layers
+        whose training steps exchange nothing (a first layer on kept feature rows,
+        ``train.keep_features``); a closed-loop policy leaves them out. Returns the policy
         (this base needs nothing and returns itself).
         """
         return self

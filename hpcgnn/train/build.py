@@ -129,6 +129,13 @@ def _stale(w: Wiring, layer: int) -> StalePropagation:
     return StalePropagation(ex, StaleExchange(ex, t.staleness, t.smoothing, _progress(w)))
 
 
+def silent_layers(cfg: Config, ctx: CommContext) -> frozenset:
+    """The layers whose training steps exchange nothing: a first layer on kept feature rows
+    (``constant``), which a closed-loop schedule leaves out."""
+    return frozenset(i for i in range(cfg.model.layers)
+                     if propagation_kind(cfg, ctx, None, i) == "constant")
+
+
 def eval_kept(cfg: Config, layer: int, kind: str) -> bool:
     """Whether evaluation runs layer ``layer`` (``kind`` of ``propagation_kind``) on the
     features' halo rows kept on the rank (``train.eval_features``): the first layer only."""
@@ -186,7 +193,7 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
     the model and the trainer of ``train.method``. Local work only (no collectives)."""
     check_combination(cfg, policy)
     ctx = with_cuda_aware(ctx, CommSettings.resolve(cfg.comm))
-    policy = policy.bind(cfg.train.epochs, cfg.model.layers)
+    policy = policy.bind(cfg.train.epochs, cfg.model.layers, silent=silent_layers(cfg, ctx))
     shard_set = ShardSet.open(shards)                  # meta.json, read once
     setup = ALGORITHMS[cfg.parallel.algorithm](ctx, cfg, shard_set)
     data = part_tensors(setup.shard, cfg.data.normalize_features, ctx.device)
