@@ -9,15 +9,18 @@ GAT with attention dropout, and a directed graph, on 2-4 ranks, and its first la
 nothing after the one fetch; evaluation through kept rows gives the whole graph's logits (a
 dense GCN written in the test, with the checkpoint's weights), in a synchronous run (``kept``)
 and in a stale one (``auto``), and leaves training alone (the same losses bit for bit as with
-``exchange``); and the combinations they cannot serve are refused with the key and the fix."""
+``exchange``); ``hpcgnn predict`` of such a run gives the trainer's accuracy; and the
+combinations they cannot serve are refused with the key and the fix."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import torch
 
 from _graphs import dense_gcn, partly_labelled_npz
-from conftest import CSBM, check_ok, read_metrics, together, train_here, train_together
+from conftest import CSBM, check_ok, read_metrics, run_together, together, train_here, train_together
 from test_directed import lattice_arrays
 from test_methods_exact import EPOCHS, GAT_GRAPH, _parts, reference_model
 
@@ -182,3 +185,22 @@ def test_kept_features_train_the_whole_graph_model(case, shards, spec_of, keep_r
     got = [r["loss"] for r in read_metrics(run)]
     want = pipegcn_losses(g, parts, init, reference_model(model_sets), 0, 0.0, EPOCHS)
     assert got == pytest.approx(want, rel=2e-5)
+
+
+@pytest.mark.mpi
+def test_predict_of_a_kept_features_run_gives_the_trainers_accuracy(shards, tmp_path):
+    """``hpcgnn predict`` builds the run's model, whose first layer keeps the features' halo
+    rows: its predictions give the trainer's final test accuracy."""
+    from hpcgnn.data.datasets import load_dataset
+    from hpcgnn.predict import read_predictions
+    run, shard_dir = tmp_path / "run", shards("cora", 3)
+    for proc in run_together(3, [(["train", "--shards", shard_dir, "--out", run, "--config",
+                                   "configs/cora.toml", "--set", "train.epochs=8",
+                                   "--set", "train.keep_features=true"], {}),
+                                 (["predict", "--run", run, "--shards", shard_dir,
+                                   "--out", tmp_path / "pred"], {})], tmp_path / "jobs"):
+        check_ok(proc)
+    got, graph = read_predictions(tmp_path / "pred"), load_dataset("cora")
+    idx = graph.test_idx[graph.labels[graph.test_idx] >= 0]
+    acc = float((got["pred"][idx] == graph.labels[idx]).sum()) / len(idx)
+    assert acc == json.loads((run / "summary.json").read_text())["final_test_acc"]

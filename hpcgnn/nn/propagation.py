@@ -10,14 +10,16 @@ call and holds nothing of a step between calls.
   (``hpcgnn.comm.stale``); evaluation runs the synchronous exchange.
 - ``ConstantPropagation`` (the first layer of a stale run): the input is the constant feature
   matrix, so its halo rows cross the wire once (uncompressed) and are kept; training steps use
-  them like a stale layer's halo input, with receiver-side dropout and no backward.
-
-Evaluation (``train.eval_features``): a first layer whose propagation has ``eval_kept`` runs
-``with_halo`` on the kept halo rows of the features instead of exchanging: by default in stale
-runs, which keep those rows anyway; ``"kept"`` asks a synchronous run to fetch and keep them
-(``n_halo x F_in`` fp32 per rank) so that evaluation's first layer sends nothing.
+  them like a stale layer's halo input, with receiver-side dropout and no backward. A
+  synchronous run's first layer is one too with ``train.keep_features``: the same model, and
+  that layer never exchanges after the one fetch.
 - ``SpmmPropagation`` (``parallel.algorithm = "1.5d"``, CAGNET): ``A[i, :] @ H`` through a
   distributed sparse-dense product; there are no halo rows (GAT is refused).
+
+Evaluation (``train.eval_features``): a first layer whose propagation has ``eval_kept`` runs
+``with_halo`` on the kept halo rows of the features instead of exchanging: by default where
+training keeps those rows anyway (``ConstantPropagation``); ``"kept"`` asks a synchronous run
+to fetch and keep them (``n_halo x F_in`` fp32 per rank) for evaluation alone.
 
 Contract: ``aggregate(graph, src, settings, modules)`` returns ``A @ [src; src_halo]``
 ``(n_owned, w)``; ``halo_rows(src, settings, local, modules)`` returns ``(local(), halo rows
@@ -149,7 +151,8 @@ class StalePropagation(HaloPropagation):
 
 
 class ConstantPropagation(HaloPropagation):
-    """The first layer of a stale run: its input never changes, so its halo rows are exchanged
+    """The first layer of a stale run, or of a synchronous one with ``train.keep_features``:
+    its input never changes, so its halo rows are exchanged
     once (identity codec, no backward: the features need no gradient) and kept on the rank,
     ``(n_halo, F_in)`` fp32. A resume exchanges them once more. ``progress``: the later
     layers' stale exchanges, which this layer's work progresses at its points."""
