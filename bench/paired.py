@@ -15,8 +15,9 @@ behind the emulated link) with its ``summarise``.
 
 Ratios of the figures: ``step`` (the median training step, ``epoch_s``), ``wall`` (the mean
 wall-clock per epoch with evaluation), ``rss`` (the largest rank's peak resident memory) and,
-where ``full`` is one of the schedules, ``tta`` (the training time until validation accuracy
-reaches that round's full-communication best less 0.5 pt) and ``tta_wall`` (the same in
+where ``full`` (or, without it, a variant ``full@OPTS``) is one of the schedules, ``tta`` (the
+training time until validation accuracy reaches that round's full-communication best less
+0.5 pt) and ``tta_wall`` (the same in
 wall-clock with evaluation). ``--seeds-vary`` gives round ``i`` the training seed ``seed + i``
 (every schedule of the round the same one), so that the time-to-accuracy ratios average over
 seeds as well. Run it on an otherwise idle machine.
@@ -93,14 +94,24 @@ def run_rounds(args) -> list[dict]:
             got[sched] = res
             print(f"round {i} seed {seed} {sched}: step {1e3 * res['epoch_s']:.1f} ms, wall "
                   f"{1e3 * res['epoch_wall_s']:.1f} ms, test {res['test_acc']:.4f}", flush=True)
-        if "full" in got:                       # time to full communication's accuracy, this round
-            target = got["full"]["best_val"] - 0.005
+        ref = accuracy_reference(list(got))
+        if ref is not None:                     # time to full communication's accuracy, this round
+            target = got[ref]["best_val"] - 0.005
             for res in got.values():
                 res["tta_s"] = network.time_to(res["curve"], target)
                 res["tta_wall_s"] = network.time_to(res["curve"], target, wall=True)
         add_vs_max(got, args.rate)
         rounds.append(got)
     return rounds
+
+
+def accuracy_reference(schedules: list[str]) -> str | None:
+    """The run whose best validation accuracy (less 0.5 pt) is the round's target: ``full``,
+    else the first full-communication variant (``full@OPTS``, e.g. ``full@keep``: the same
+    model), else none (no time-to-accuracy figures)."""
+    if "full" in schedules:
+        return "full"
+    return next((s for s in schedules if s.startswith("full@")), None)
 
 
 def add_vs_max(got: dict, rate: str) -> None:
@@ -131,7 +142,7 @@ def compare(rounds: list[dict], schedules: list[str], base: str | None = None) -
     key = {"step": "epoch_s", "wall": "epoch_wall_s", "rss": "peak_rss_bytes", "tta": "tta_s",
            "tta_wall": "tta_wall_s"}
     base, out = base or schedules[0], {}
-    figures = [f for f in FIGURES if "full" in schedules or not f.startswith("tta")]
+    figures = [f for f in FIGURES if accuracy_reference(schedules) or not f.startswith("tta")]
     for sched in (s for s in schedules if s != base):
         out[sched] = {}
         for fig in figures:

@@ -39,6 +39,11 @@ def test_each_schedule_against_the_first_round_by_round():
     assert got["tta"]["n"] == 1 and got["tta"]["geomean"] == pytest.approx(0.5)
     assert got["tta_never"] == 1
     assert got["rss"] is None                       # runs without the figure: no ratio
+    # a full-communication variant (the same model) is the target where plain full did not run
+    keep = [{k.replace("full", "full@keep"): v for k, v in rnd.items()} for rnd in rounds]
+    assert paired.compare(keep, ["full@keep", "b"])["b"]["tta"]["geomean"] == pytest.approx(0.5)
+    assert paired.accuracy_reference(["b", "full@keep", "full"]) == "full"
+    assert paired.accuracy_reference(["b", "full~unlimited"]) is None
     # without full communication among the schedules there is no accuracy target
     rounds = [{k.replace("full", "a"): v for k, v in rnd.items()} for rnd in rounds]
     assert "tta" not in paired.compare(rounds, ["a", "b"])["b"]
