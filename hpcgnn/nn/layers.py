@@ -92,7 +92,7 @@ class HaloLayer(nn.Module):
         if step.training and self.prop.exchanges_input:
             halo = self.prop.input_halo(h, step.exchange)         # rows of t - s, not dropped
             return self.stale_forward(h, halo, step)
-        if not step.training and getattr(self.prop, "eval_kept", False):
+        if not step.training and self.prop.eval_kept:
             # evaluation on the features' halo rows kept on the rank: no exchange
             return self.with_halo(h, self.prop.kept_input_halo(h, step.epoch), step)
         return self.sync_forward(h, step)

@@ -167,6 +167,7 @@ class SpmmPropagation:
     """CAGNET's distributed SpMM (``hpcgnn.comm.cagnet``): ``spmm(src)`` is ``A[i, :] @ H``."""
 
     exchanges_input = False
+    eval_kept = False            # no halo rows to keep
 
     def __init__(self, spmm):
         self.spmm = spmm

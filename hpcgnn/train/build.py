@@ -139,7 +139,7 @@ def silent_layers(cfg: Config, ctx: CommContext) -> frozenset:
 def eval_kept(cfg: Config, layer: int, kind: str) -> bool:
     """Whether evaluation runs layer ``layer`` (``kind`` of ``propagation_kind``) on the
     features' halo rows kept on the rank (``train.eval_features``): the first layer only."""
-    if layer != 0 or kind not in ("halo", "constant") or cfg.train.method != "full":
+    if layer != 0 or cfg.train.method != "full":
         return False
     mode = cfg.train.eval_features
     return mode == "kept" or (mode == "auto" and kind == "constant")

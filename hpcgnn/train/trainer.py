@@ -6,8 +6,8 @@ Per epoch (every rank, same order of collectives):
   step      one flat Allreduce (SUM) of all gradients + the loss; Adam on every rank
   eval      every train.eval_every epochs: a synchronous forward (uncompressed, or through the
             training codecs with train.eval_codec = "train"; the first layer on the features'
-            halo rows kept on the rank in a stale run, train.eval_features), one small
-            Allreduce of counts;
+            halo rows kept on the rank where training keeps them, train.eval_features), one
+            small Allreduce of counts;
             metrics.jsonl records its time apart (eval_s) and the epoch's wall clock (wall_s)
   tune      kind = "auto" only, at its decision epochs: two small Allreduces of what the
             exchanges measured and one small Bcast of rank 0's decision (hpcgnn.train.autotuning)
