@@ -8,7 +8,7 @@ for GCN with 3 layers on Cora's sparse features and uneven METIS parts, SAGE on 
 GAT with attention dropout, and a directed graph, on 2-4 ranks, and its first layer sends
 nothing after the one fetch; evaluation through kept rows gives the whole graph's logits (a
 dense GCN written in the test, with the checkpoint's weights), in a synchronous run (``kept``)
-and in a stale one (``auto``), and leaves training alone (the same losses bit for bit as with
+and in a stale one (``auto``), on an undirected graph and on a directed one, and leaves training alone (the same losses bit for bit as with
 ``exchange``); ``hpcgnn predict`` of such a run gives the trainer's accuracy; and the
 combinations they cannot serve are refused with the key and the fix."""
 from __future__ import annotations
@@ -31,14 +31,19 @@ RUNS = {"sync-exchange": ("train.eval_features=exchange",),
         "sync-keep": ("train.keep_features=true",)}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The four runs of ``RUNS`` on 3 ranks: a 3-layer GCN on a random graph with partly
-    labelled val/test splits, 3 random parts, evaluation every epoch."""
+@pytest.fixture(scope="module", params=["undirected", "directed"])
+def runs(request, tmp_path_factory):
+    """The runs of ``RUNS`` on 3 ranks: a 3-layer GCN, 3 random parts, evaluation every epoch,
+    on an undirected random graph with partly labelled val/test splits, and on the one-way
+    lattice of ``test_directed`` (the halo rows of a part come from its predecessors only)."""
     from preprocess import partition_graph, write_shards
     from hpcgnn.data.datasets import load_dataset
-    work = tmp_path_factory.mktemp("eval-features")
-    arrays = partly_labelled_npz(work / "g.npz")
+    work = tmp_path_factory.mktemp(f"eval-features-{request.param}")
+    if request.param == "directed":
+        arrays = lattice_arrays()
+        np.savez(work / "g.npz", **arrays)
+    else:
+        arrays = partly_labelled_npz(work / "g.npz")
     graph = load_dataset(f"npz:{work / 'g.npz'}")
     write_shards(graph, partition_graph(graph, 3, "random", seed=0), work / "shards",
                  partitioner="random", seed=0, force=False, num_parts=3)
@@ -120,13 +125,14 @@ def test_what_kept_rows_cannot_serve_is_refused(tmp_path):
 
 @pytest.mark.mpi
 def test_kept_features_leave_the_first_layer_no_exchange(runs):
-    """Layer 0 (3 -> 6, aggregating first) exchanges the features, forward only: with kept
-    features training sends exactly that much less per step, after the one fetch at epoch 0."""
+    """Layer 0 (3 or 6 features -> 6, aggregating first) exchanges the features, forward only:
+    with kept features training sends exactly that much less per step, after the one fetch at
+    epoch 0."""
     from hpcgnn.data.shard import read_shard
-    _, dirs = runs
+    arrays, dirs = runs
     keep, exch = read_metrics(dirs["sync-keep"]), read_metrics(dirs["sync-exchange"])
     halo_rows = sum(read_shard(dirs["shards"] / f"part-{r:05d}.h5").n_halo for r in range(3))
-    layer0 = halo_rows * 3 * 4                         # fp32 rows of 3 features, every halo row
+    layer0 = halo_rows * arrays["features"].shape[1] * 4      # fp32 feature rows, every halo row
     assert [r["loss"] for r in keep] == pytest.approx([r["loss"] for r in exch], rel=1e-5)
     assert keep[0]["bytes_sent"] == exch[0]["bytes_sent"]       # fetched once, the same rows
     assert all(k["bytes_sent"] == e["bytes_sent"] - layer0 for k, e in zip(keep[1:], exch[1:]))
