@@ -122,6 +122,100 @@ def test_dropout_matmul_is_dropout_then_product_summed_in_order(native, n, k, m,
     assert np.array_equal(w.grad.numpy(), want_dw)
 
 
+@pytest.mark.parametrize("n, k, m, density", ((40, 300, 16, 0.02), (13, 64, 8, 0.09), (9, 37, 64, 0.0)))
+@pytest.mark.parametrize("training", (True, False))
+def test_sparse_dropout_matmul_is_the_masked_product(n, k, m, density, training):
+    """Sparse features' product (``sparse_dropout_matmul``: the kept non-zeros as a CSR matrix
+    times ``W``): the masks of the definition (numpy, as above) on the non-zeros, the product
+    and ``dW = (x * s)^T g`` in float64 within float32 rounding; no mask in evaluation; empty
+    rows and columns, and an all-zero input."""
+    from hpcgnn.hashing import M32, mix
+    from hpcgnn.nn.dropout import SparseRows, sparse_dropout_matmul, sparse_product
+    p, f32 = 0.3, np.float32
+    gen = torch.Generator().manual_seed(n * k + m)
+    x = torch.rand(n, k, generator=gen) * (torch.rand(n, k, generator=gen) < density)
+    x[1] = 0.0                                                     # an empty row
+    gid = torch.randint(0, 2**40, (n,), generator=gen)
+    w = torch.randn(k, m, generator=gen, requires_grad=True)
+    g = torch.randn(n, m, generator=gen)
+    nz = x.nonzero(as_tuple=True)
+    assert sparse_product(x, nz)
+    y = sparse_dropout_matmul(SparseRows.of(x, nz), gid, p, 3, 4, 5, training, w)
+    y.backward(g)
+    key = np.uint64(mix(3, 4, 5, 0xD209) & M32)
+    rows = _lowbias32(_lowbias32(gid.numpy().astype(np.uint64)) ^ key)
+    cols = _lowbias32(np.arange(k, dtype=np.uint64) * np.uint64(0x9E3779B1))
+    s = (_lowbias32(rows[:, None] ^ cols[None, :]) >= np.uint64(int(p * 2**32))).astype(f32) \
+        * f32(1.0 / (1.0 - p))
+    a = (x.numpy() * s if training else x.numpy()).astype(np.float64)
+    wn = w.detach().numpy().astype(np.float64)
+    np.testing.assert_allclose(y.detach().numpy(), a @ wn, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), a.T @ g.numpy(), rtol=1e-5, atol=1e-5)
+    if training and density:
+        assert 0 < np.count_nonzero(x.numpy() * s) < np.count_nonzero(x.numpy())   # some dropped
+
+
+class _NoExchange:
+    """The propagation of a rank whose halo rows are given (``with_halo``, a kept-features or
+    stale step) or absent: ``A [x; x_halo]`` on the local operators, nothing exchanged."""
+
+    exchanges_input, eval_kept = False, False
+
+    @staticmethod
+    def point(x):
+        return x
+
+    @staticmethod
+    def aggregate_halo(graph, x, x_halo):
+        return graph.aggregate(x, x_halo)
+
+    def aggregate(self, graph, src, settings, modules=(None, None)):
+        return graph.owned @ src
+
+
+def _local_graph(n: int, n_halo: int, seed: int):
+    from hpcgnn.nn.graph import LocalGraph, SparseOp
+    rng = np.random.default_rng(seed)
+    a = sp.random(n, n + n_halo, density=0.3, random_state=rng, dtype=np.float32).tocsr()
+    return LocalGraph(owned=SparseOp.from_scipy(a[:, :n], torch.device("cpu")),
+                      halo=SparseOp.from_scipy(a[:, n:], torch.device("cpu")), n_owned=n,
+                      n_halo=n_halo, node_ids=torch.from_numpy(rng.permutation(10 * (n + n_halo))[:n + n_halo]))
+
+
+@pytest.mark.parametrize("arch", ("gcn", "sage"))
+def test_sparse_features_take_the_sparse_product_and_give_the_dense_layer(arch):
+    """A first layer over sparse features (``sparse_input``) multiplies them as a CSR matrix
+    (``product`` says so, in training and evaluation) and gives what the same layer gives on
+    them as a dense input, forward and ``dW``, to rounding: synchronously and on given halo
+    rows (kept features, in training and evaluation); denser features (over ``SPARSE_PRODUCT_DENSITY``) do not take it."""
+    from hpcgnn.comm.exchange import ExchangeSettings
+    from hpcgnn.nn.dropout import SPARSE_PRODUCT_DENSITY
+    from hpcgnn.nn.layers import GCNLayer, SAGELayer
+    from hpcgnn.nn.step import LayerStep
+    cls = GCNLayer if arch == "gcn" else SAGELayer
+    graph, prop = _local_graph(12, 5, seed=3), _NoExchange()
+    gen = torch.Generator().manual_seed(0)
+    x, halo = (torch.rand(r, 200, generator=gen) * (torch.rand(r, 200, generator=gen) < 0.03)
+               for r in (12, 5))
+    sparse = cls(200, 8, graph, prop, input_needs_grad=False, dropout=0.5, sparse_input=True)
+    dense = cls(200, 8, graph, prop, input_needs_grad=False, dropout=0.5)
+    dense.load_state_dict(sparse.state_dict())
+    for training in (True, False):
+        step = LayerStep(epoch=2, training=training, seed=1, layer=0, exchange=ExchangeSettings(2))
+        assert sparse.product(x, step, 8) == {"density": float((x != 0).sum()) / x.numel()}
+        assert dense.product(x, step, 8) != sparse.product(x, step, 8)
+        runs = [(lambda m: m(x, step)), (lambda m: m.stale_forward(x, halo, step))]
+        for run in runs:                      # in evaluation: the kept rows' path (eval_kept)
+            ys, yd = run(sparse), run(dense)
+            torch.testing.assert_close(ys, yd, rtol=1e-5, atol=1e-6)
+            g = torch.randn(ys.shape, generator=gen)
+            (gs,) = torch.autograd.grad(ys, sparse.weight, g)
+            (gd,) = torch.autograd.grad(yd, dense.weight, g)
+            torch.testing.assert_close(gs, gd, rtol=1e-5, atol=1e-6)
+    thick = torch.rand(12, 200, generator=gen) * (torch.rand(12, 200, generator=gen) < 2 * SPARSE_PRODUCT_DENSITY)
+    assert sparse.product(thick, step, 8) is None
+
+
 @pytest.mark.parametrize("threads", (2, 3))
 def test_dropout_matmul_is_the_same_on_any_thread_count(threads):
     """On several threads the rows are split between them, and ``dw`` is summed in blocks of

@@ -16,17 +16,25 @@ mask; a sparse input that needs no gradient takes it too (a dropped zero is stil
 ``dropout_matmul`` is ``counter_dropout(x) @ W``: on CPU ranks, for a weight at most 32 wide,
 one C pass that never writes the dropped rows (the layers' transform-first products).
 
+``SparseRows`` and ``sparse_dropout_matmul``: the same product for sparse input features on CPU
+ranks (at most ``SPARSE_PRODUCT_DENSITY`` non-zeros, e.g. bag-of-words): the masked non-zeros as
+a CSR matrix times ``W`` (``nnz x m`` multiply-adds, not ``n x F x m``), and ``dW`` through the
+transposed pattern built once. The same masks; the sums differ in rounding only.
+
 ``edge_dropout`` does the same for the attention coefficients of GAT: the bit of edge
 ``(dst, src)`` and head ``h`` is a hash of (seed, epoch, layer, dst's global id, src's global
 id, head), whichever rank holds the edge.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from hpcgnn.codecs import native
 from hpcgnn.hashing import M32 as _M32, golden_hashes, hash32_ as _hash32, mix
 from hpcgnn.kernels import use_triton
+from hpcgnn.nn.graph import csr, csr_offsets
 
 _CHUNK_ELEMS = 1 << 18          # CPU: a chunk's int64 temporaries stay in cache
 _CHUNK_ELEMS_GPU = 1 << 26      # GPU: few launches (a chunk per 256k elements cost 2,500
@@ -134,6 +142,82 @@ def dropout_matmul(x: torch.Tensor, global_id: torch.Tensor, p: float, seed: int
         return counter_dropout(x, global_id, p, seed, epoch, layer, training, nonzeros) @ w
     rows, cols = _row_col_hashes(global_id, x.shape[1], seed, epoch, layer)
     return _NativeDropMatmul.apply(x, w, rows, cols, _threshold(p), 1.0 / (1.0 - p))
+
+
+# Non-zeros per element at or under which a sparse input's product by a weight runs as a CSR
+# product: the crossover against MKL's dense product (forward + dW, one thread, 677-5000 rows,
+# 128-1433 channels, weights 16 and 64 wide) was at 0.2-0.3; at 0.1 the CSR product took
+# 0.24-0.56x the dense one's time, at 0.01 0.03-0.10x (Cora's features: 0.0127).
+SPARSE_PRODUCT_DENSITY = 0.1
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """The non-zeros of a constant ``(n, F)`` float32 CPU input (the features) in CSR order,
+    with the transposed pattern for ``dW``: built once per input (``of``)."""
+
+    rows: torch.Tensor      # int64 (nnz,): row of each non-zero, row-major order
+    cols: torch.Tensor      # int64 (nnz,)
+    values: torch.Tensor    # float32 (nnz,)
+    crow: torch.Tensor      # int64 (n + 1,)
+    order_t: torch.Tensor   # int64 (nnz,): the non-zeros in the transpose's CSR order
+    crow_t: torch.Tensor    # int64 (F + 1,)
+    col_t: torch.Tensor     # int64 (nnz,): rows[order_t]
+    shape: tuple[int, int]
+
+    @classmethod
+    def of(cls, x: torch.Tensor, nonzeros: tuple[torch.Tensor, torch.Tensor]) -> "SparseRows":
+        """From ``x`` and ``x.nonzero(as_tuple=True)`` (row-major, as torch returns it)."""
+        r, c = nonzeros
+        n, f = x.shape
+        order_t = torch.argsort(c * n + r)
+        return cls(rows=r, cols=c, values=x.detach()[r, c].contiguous(),
+                   crow=csr_offsets(r, n), order_t=order_t, crow_t=csr_offsets(c[order_t], f),
+                   col_t=r[order_t].contiguous(), shape=(n, f))
+
+    def matrix(self, values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+        """The CSR matrix ``(n, F)`` with ``values`` in CSR order, or its transpose ``(F, n)``."""
+        if transpose:
+            return csr(self.crow_t, self.col_t, values[self.order_t], self.shape[::-1])
+        return csr(self.crow, self.cols, values, self.shape)
+
+
+def sparse_product(x: torch.Tensor, nonzeros) -> bool:
+    """Whether ``x`` with these non-zeros (None: dense) takes ``sparse_dropout_matmul``: a
+    float32 CPU input with at most ``SPARSE_PRODUCT_DENSITY`` of its elements non-zero, needing
+    no gradient."""
+    return (nonzeros is not None and x.device.type == "cpu" and x.dtype == torch.float32
+            and not x.requires_grad and x.numel() > 0
+            and nonzeros[0].numel() <= SPARSE_PRODUCT_DENSITY * x.numel())
+
+
+def sparse_dropout_matmul(plan: SparseRows, global_id: torch.Tensor, p: float, seed: int,
+                          epoch: int, layer: int, training: bool, w: torch.Tensor) -> torch.Tensor:
+    """``counter_dropout(x, ...) @ w`` for the sparse constant input of ``plan``: the kept
+    non-zeros scaled by ``1 / (1 - p)`` (the bits of ``counter_dropout``'s sparse path), as a
+    CSR matrix, times ``w``; ``dw`` through the transposed pattern. No gradient for ``x``."""
+    values = plan.values
+    if training and p > 0.0:
+        rows, cols = _row_col_hashes(global_id, plan.shape[1], seed, epoch, layer)
+        keep = _keep(rows[plan.rows], cols[plan.cols], p).to(values.dtype) * (1.0 / (1.0 - p))
+        values = values * keep
+    return _SparseMatmul.apply(values, w, plan)
+
+
+class _SparseMatmul(torch.autograd.Function):
+    """``csr(values) @ w`` ``(n, m)``; backward ``dw = csr^T @ g`` (the values need none)."""
+
+    @staticmethod
+    def forward(ctx, values, w, plan: SparseRows):
+        ctx.plan = plan
+        ctx.save_for_backward(values)
+        return plan.matrix(values) @ w.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        (values,) = ctx.saved_tensors
+        dw = ctx.plan.matrix(values, transpose=True) @ g.contiguous() if ctx.needs_input_grad[1] else None
+        return None, dw, None
 
 
 def edge_keep_mask(dst_id: torch.Tensor, src_id: torch.Tensor, heads: int, p: float, seed: int,

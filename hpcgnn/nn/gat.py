@@ -46,7 +46,6 @@ the same size (through the exchanger's autograd functions, as for GCN and SAGE).
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +53,7 @@ from torch import nn
 
 from hpcgnn.config import ModelConfig
 from hpcgnn.nn.dropout import edge_dropout
-from hpcgnn.nn.graph import LocalGraph
+from hpcgnn.nn.graph import LocalGraph, csr, csr_offsets
 from hpcgnn.nn.layers import HaloLayer, choose_order, glorot_
 from hpcgnn.nn.step import LayerStep
 
@@ -92,24 +91,15 @@ class AttentionPattern:
         index = (lambda t: t.to(torch.int32)) if small else (lambda t: t)  # noqa: E731
         order_t = torch.argsort(src * n + dst)          # the transpose's CSR order
         self.shape, self.perm_t = (n, m), order_t
-        self.crow, self.col = index(_crow(dst, n)), index(src)
-        self.crow_t, self.col_t = index(_crow(src[order_t], m)), index(dst[order_t])
+        self.crow, self.col = index(csr_offsets(dst, n)), index(src)
+        self.crow_t, self.col_t = index(csr_offsets(src[order_t], m)), index(dst[order_t])
 
     def matrix(self, values: torch.Tensor, transpose: bool = False) -> torch.Tensor:
         """``(n, m)`` CSR with ``values`` ``(E,)`` in CSR order, or with ``transpose`` the
         transpose ``(m, n)`` with ``values`` in its order (``values.index_select(0, perm_t)``)."""
-        with warnings.catch_warnings():        # "sparse CSR support is in beta": we rely on it
-            warnings.simplefilter("ignore", UserWarning)
-            if transpose:
-                return torch.sparse_csr_tensor(self.crow_t, self.col_t, values,
-                                               size=self.shape[::-1], check_invariants=False)
-            return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.shape,
-                                           check_invariants=False)
-
-
-def _crow(rows: torch.Tensor, n: int) -> torch.Tensor:
-    counts = torch.bincount(rows, minlength=n)
-    return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        if transpose:
+            return csr(self.crow_t, self.col_t, values, self.shape[::-1])
+        return csr(self.crow, self.col, values, self.shape)
 
 
 class AttentionSum(torch.autograd.Function):

@@ -86,14 +86,17 @@ class LocalGraph:
                    SparseOp.from_coo(rows[~mine], cols[~mine] - n, vals[~mine], (n, h), device),
                    n, h, ids.to(device))
 
-    def transform_first_with_halo(self, f_in: int, f_out: int, fused: bool = False) -> bool:
+    def transform_first_with_halo(self, f_in: int, f_out: int, fused: bool = False,
+                                  density: float = 1.0) -> bool:
         """Whether ``A drop([x; x_halo]) W`` is cheaper as ``A (drop([x; x_halo]) W)`` than as
         ``(A drop([x; x_halo])) W`` when the halo rows are given (a stale step): the first
         multiplies every halo row by ``W``, the second only the owned rows, so on a graph cut
         into many halo rows (random parts) aggregating first is the cheaper order even where
         ``F_out < F_in``. Without ``fused``, by multiply-adds. With ``fused`` (CPU ranks: the
         dropout and ``@ W`` in one C pass, ``hpcgnn.nn.dropout.dropout_matmul``), by the
-        forward + backward seconds per unit of work of ``FUSED_COSTS``."""
+        forward + backward seconds per unit of work of ``FUSED_COSTS``. ``density``: the share of
+        the input's elements that are non-zero where the transform is a sparse product over them
+        (sparse features, ``hpcgnn.nn.dropout.sparse_dropout_matmul``)."""
         nnz = self.owned.mat.values().numel() + self.halo.mat.values().numel()
         rows = self.n_owned + self.n_halo
         if fused:
@@ -103,7 +106,7 @@ class LocalGraph:
             last = (nnz * f_in * c["sparse"] + rows * f_in * c["dropout"]
                     + self.n_owned * f_in * f_out * c["dense"])
             return first < last
-        first = rows * f_in * f_out + nnz * f_out
+        first = rows * f_in * f_out * density + nnz * f_out
         last = nnz * f_in + self.n_owned * f_in * f_out
         return first < last
 
@@ -128,6 +131,20 @@ def mean_values(shard: Shard) -> np.ndarray:
     return np.repeat(1.0 / np.maximum(counts, 1), counts).astype(np.float32)
 
 
+def csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor,
+        size: tuple[int, int]) -> torch.Tensor:
+    """A torch CSR tensor of a pattern known to be valid (no invariant checks)."""
+    with warnings.catch_warnings():        # "sparse CSR support is in beta": we rely on it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, size=size, check_invariants=False)
+
+
+def csr_offsets(sorted_rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The CSR row offsets ``(n + 1,)`` of entries whose rows ``sorted_rows`` are ascending."""
+    counts = torch.bincount(sorted_rows, minlength=n)
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+
 def _torch_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, int],
                device: torch.device) -> torch.Tensor:
     """float32 torch CSR of the triplets: each row's columns ascending, duplicates summed."""
@@ -141,11 +158,8 @@ def _torch_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tupl
             vals, rows, cols = np.add.reduceat(vals, starts), rows[starts], cols[starts]
     indptr = np.zeros(shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=shape[0]), out=indptr[1:])
-    with warnings.catch_warnings():        # "sparse CSR support is in beta": we rely on it
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(torch.from_numpy(indptr), torch.from_numpy(cols),
-                                       torch.from_numpy(vals.astype(np.float32)), size=shape,
-                                       device=device, check_invariants=False)
+    return csr(torch.from_numpy(indptr).to(device), torch.from_numpy(cols).to(device),
+               torch.from_numpy(vals.astype(np.float32)).to(device), shape)
 
 
 class SpMM(torch.autograd.Function):

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from hpcgnn.config import ModelConfig
-from hpcgnn.nn.dropout import counter_dropout, dropout_matmul, fuses_matmul
+from hpcgnn.nn.dropout import (SparseRows, counter_dropout, dropout_matmul, fuses_matmul,
+                               sparse_dropout_matmul, sparse_product)
 from hpcgnn.nn.graph import LocalGraph
 from hpcgnn.nn.step import LayerStep
 
@@ -93,8 +94,9 @@ class HaloLayer(nn.Module):
             halo = self.prop.input_halo(h, step.exchange)         # rows of t - s, not dropped
             return self.stale_forward(h, halo, step)
         if not step.training and self.prop.eval_kept:
-            # evaluation on the features' halo rows kept on the rank: no exchange
-            return self.with_halo(h, self.prop.kept_input_halo(h, step.epoch), step)
+            # evaluation on the features' halo rows kept on the rank: no exchange (no dropout
+            # in evaluation, so this is ``with_halo`` in the cheaper order and product)
+            return self.stale_forward(h, self.prop.kept_input_halo(h, step.epoch), step)
         return self.sync_forward(h, step)
 
     def sync_forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
@@ -103,8 +105,9 @@ class HaloLayer(nn.Module):
         return self.forward_owned(self.dropped(h, step, "owned"), step)
 
     def stale_forward(self, h: torch.Tensor, halo: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        """A stale training step on ``h`` and the halo rows ``halo`` of ``t - s``, both before
-        dropout: ``with_halo`` of the dropped rows (a layer may fuse, as ``sync_forward``)."""
+        """The layer on ``h`` and given halo rows ``halo``, both before dropout (a stale step's
+        rows of ``t - s``, or the features' kept rows): ``with_halo`` of the dropped rows (a
+        layer may fuse the dropout with its product, as ``sync_forward``)."""
         point = self.prop.point                                   # progress of what is in flight
         return self.with_halo(point(self.dropped(h, step, "owned")),
                               point(self.dropped(halo, step, "halo")), step)
@@ -130,17 +133,29 @@ class HaloLayer(nn.Module):
 
     def dropped_matmul(self, x: torch.Tensor, step: LayerStep, rows: str,
                        w: torch.Tensor) -> torch.Tensor:
-        """``dropped(x, step, rows) @ w``, one C pass on CPU ranks for a narrow ``w``
-        (``hpcgnn.nn.dropout.dropout_matmul``)."""
+        """``dropped(x, step, rows) @ w``: for sparse features on CPU ranks a CSR product over
+        the kept non-zeros (``hpcgnn.nn.dropout.sparse_dropout_matmul``), for a narrow ``w``
+        one C pass (``dropout_matmul``), else the two steps."""
+        nonzeros = self._sparse(x, rows)
+        if sparse_product(x, nonzeros):
+            return sparse_dropout_matmul(self._plan(x, rows, nonzeros), self._ids(rows), self.p,
+                                         step.seed, step.epoch, step.layer, step.training, w)
         if not step.training or self.p == 0.0 or x.numel() == 0:
             return x @ w
         return dropout_matmul(x, self._ids(rows), self.p, step.seed, step.epoch, step.layer,
-                              True, w, self._sparse(x, rows))
+                              True, w, nonzeros)
 
-    def fuses(self, x: torch.Tensor, step: LayerStep, out_width: int) -> bool:
-        """Whether ``dropped_matmul`` of the owned rows ``x`` by a weight ``out_width`` wide is
-        one C pass."""
-        return step.training and fuses_matmul(x, out_width, self.p, True, self._sparse(x, "owned"))
+    def product(self, x: torch.Tensor, step: LayerStep, out_width: int) -> dict | None:
+        """How ``dropped_matmul`` of the owned rows ``x`` by a weight ``out_width`` wide runs,
+        as the cost keywords of ``LocalGraph.transform_first_with_halo``: ``{"density": d}``
+        (sparse features: a CSR product over the non-zeros, in training and evaluation),
+        ``{"fused": True}`` (one C pass), or None (dropout, then the dense product)."""
+        nonzeros = self._sparse(x, "owned")
+        if sparse_product(x, nonzeros):
+            return {"density": nonzeros[0].numel() / x.numel()}
+        if step.training and fuses_matmul(x, out_width, self.p, True, nonzeros):
+            return {"fused": True}
+        return None
 
     def _ids(self, rows: str) -> torch.Tensor:
         """The global ids of the ``rows`` (``owned`` | ``halo``) rows."""
@@ -150,6 +165,15 @@ class HaloLayer(nn.Module):
     def _sparse(self, x: torch.Tensor, rows: str):
         """``_nonzeros`` of the constant input rows where they may be sparse, else None."""
         return self._nonzeros(x, rows) if self.sparse_input else None
+
+    def _plan(self, x: torch.Tensor, rows: str, nonzeros) -> SparseRows:
+        """``SparseRows`` of the constant sparse input rows ``x``, cached beside their
+        non-zeros (``_nonzeros``)."""
+        key = ("plan", rows)
+        cached = self._nz.get(key)
+        if cached is None or cached[0] is not nonzeros:
+            self._nz[key] = cached = (nonzeros, SparseRows.of(x, nonzeros))
+        return cached[1]
 
     def _nonzeros(self, x: torch.Tensor, rows: str):
         """Non-zeros of the constant input rows when they are sparse (bag-of-words), cached.
@@ -195,15 +219,17 @@ class GCNLayer(HaloLayer):
         return self.propagate(x, step) @ self.weight + self.bias
 
     def sync_forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        if self.transform_first and self.fuses(h, step, self.weight.shape[1]):
+        if self.transform_first and self.product(h, step, self.weight.shape[1]) is not None:
             return self.propagate(self.dropped_matmul(h, step, "owned", self.weight), step) + self.bias
         return super().sync_forward(h, step)
 
     def stale_forward(self, h: torch.Tensor, halo: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        """Transform first with the dropout fused into ``@ W`` where that is the cheaper order
-        (``LocalGraph.transform_first_with_halo(fused=True)``), else ``with_halo``."""
+        """Transform first with the dropout in the product (one C pass, or a CSR product of
+        sparse features) where that is the cheaper order (``LocalGraph.transform_first_with_halo``
+        with the product's costs), else ``with_halo``."""
         f_in, f_out = self.weight.shape
-        if self.fuses(h, step, f_out) and self.graph.transform_first_with_halo(f_in, f_out, fused=True):
+        cost = self.product(h, step, f_out)
+        if cost is not None and self.graph.transform_first_with_halo(f_in, f_out, **cost):
             point, agg = self.prop.point, self.prop.aggregate_halo
             return agg(self.graph, point(self.dropped_matmul(h, step, "owned", self.weight)),
                        point(self.dropped_matmul(halo, step, "halo", self.weight))) + self.bias
@@ -247,17 +273,17 @@ class SAGELayer(HaloLayer):
         return x @ w_self + self.propagate(x, step) @ w_neigh + self.bias
 
     def sync_forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        if self.transform_first and self.fuses(h, step, self.weight.shape[1]):
+        if self.transform_first and self.product(h, step, self.weight.shape[1]) is not None:
             y = self.dropped_matmul(h, step, "owned", self.weight)     # [x W_s | x W_n]
             return y[:, :self.out_dim] + self.propagate(y[:, self.out_dim:], step) + self.bias
         return super().sync_forward(h, step)
 
     def stale_forward(self, h: torch.Tensor, halo: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        """As ``GCNLayer.stale_forward``: transform first with the dropout fused into the
-        product where that is the cheaper order."""
+        """As ``GCNLayer.stale_forward``: transform first with the dropout in the product
+        where that is the cheaper order."""
         f_in = self.weight.shape[0]
-        if (self.fuses(h, step, self.weight.shape[1])
-                and self.graph.transform_first_with_halo(f_in, self.out_dim, fused=True)):
+        cost = self.product(h, step, self.weight.shape[1])
+        if cost is not None and self.graph.transform_first_with_halo(f_in, self.out_dim, **cost):
             point, agg = self.prop.point, self.prop.aggregate_halo
             y = point(self.dropped_matmul(h, step, "owned", self.weight))   # [x W_s | x W_n]
             y_halo = point(self.dropped_matmul(halo, step, "halo", self.weight[:, self.out_dim:]))
