@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two checkouts of hpcgnn, alternating: the same training run on the same shards, old then new,
-# ROUNDS times, on shared memory; prints each run's median step, training time, wall-clock with
-# evaluation, accuracies and peak resident memory, then the per-round ratios new / old.
+# ROUNDS times after one untimed run of each, on shared memory; prints each run's median step,
+# training time, wall-clock with evaluation, accuracies and peak resident memory, then the
+# per-round ratios new / old.
 #
 #   bash bench/ab.sh OLD_REV [ROUNDS]        # e.g. bash bench/ab.sh HEAD 4
 #
@@ -25,13 +26,16 @@ trap 'git worktree remove --force "$WORK/old"' EXIT
 echo "old: $(git -C "$WORK/old" rev-parse --short HEAD); new: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')"
 "$PY" -m preprocess --dataset "$DATASET" --parts "$PARTS" --partitioner "$PARTITIONER" \
     --out "$WORK/shards" --force -q
+run() {   # run VERSION NAME: one training run from that checkout; its log on failure
+    local src=$NEW; [ "$1" = old ] && src=$WORK/old
+    # shellcheck disable=SC2086
+    (cd "$src" && "$MPIEXEC" -n "$PARTS" "$PY" -m mpi4py -m hpcgnn train --shards "$WORK/shards" \
+        --config "$CONFIG" --out "$WORK/$2" --force $SETS >"$WORK/$2.log" 2>&1) \
+        || { cat "$WORK/$2.log"; exit 1; }
+}
+run old warm-old; run new warm-new     # untimed: builds each checkout's C kernels, warms caches
 for i in $(seq 1 "$ROUNDS"); do
-    for v in old new; do
-        src=$NEW; [ "$v" = old ] && src=$WORK/old
-        # shellcheck disable=SC2086
-        (cd "$src" && "$MPIEXEC" -n "$PARTS" "$PY" -m mpi4py -m hpcgnn train --shards "$WORK/shards" \
-            --config "$CONFIG" --out "$WORK/run-$v-$i" --force $SETS >/dev/null)
-    done
+    for v in old new; do run "$v" "run-$v-$i"; done
 done
 "$PY" - "$WORK" "$ROUNDS" <<'EOF'
 import json, math, sys
