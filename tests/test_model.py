@@ -157,9 +157,15 @@ def test_sparse_dropout_matmul_is_the_masked_product(n, k, m, density, training)
 
 class _NoExchange:
     """The propagation of a rank whose halo rows are given (``with_halo``, a kept-features or
-    stale step) or absent: ``A [x; x_halo]`` on the local operators, nothing exchanged."""
+    stale step) or arrive as zeros (the synchronous step): nothing exchanged."""
 
     exchanges_input, eval_kept = False, False
+
+    def __init__(self, n_halo: int):
+        self.n_halo = n_halo
+
+    def halo_rows(self, src, settings, local, modules=(None, None)):
+        return local(), src.new_zeros(self.n_halo, src.shape[1])
 
     @staticmethod
     def point(x):
@@ -182,36 +188,48 @@ def _local_graph(n: int, n_halo: int, seed: int):
                       n_halo=n_halo, node_ids=torch.from_numpy(rng.permutation(10 * (n + n_halo))[:n + n_halo]))
 
 
-@pytest.mark.parametrize("arch", ("gcn", "sage"))
+@pytest.mark.parametrize("arch", ("gcn", "sage", "gat"))
 def test_sparse_features_take_the_sparse_product_and_give_the_dense_layer(arch):
-    """A first layer over sparse features (``sparse_input``) multiplies them as a CSR matrix
-    (``product`` says so, in training and evaluation) and gives what the same layer gives on
-    them as a dense input, forward and ``dW``, to rounding: synchronously and on given halo
-    rows (kept features, in training and evaluation); denser features (over ``SPARSE_PRODUCT_DENSITY``) do not take it."""
+    """A first layer (GCN, SAGE, GAT with attention dropout) over sparse features
+    (``sparse_input``) multiplies them as a CSR matrix (``product`` says so, in training and
+    evaluation), and both it and the same layer on dense input (the fused C pass where the
+    weight is narrow) give the layer's definition computed unfused (``counter_dropout``, then
+    ``forward_owned`` or ``with_halo``), forward and ``dW``, to rounding: synchronously and on
+    given halo rows (kept features, in training and evaluation). Denser features (over
+    ``SPARSE_PRODUCT_DENSITY``) do not take it."""
     from hpcgnn.comm.exchange import ExchangeSettings
     from hpcgnn.nn.dropout import SPARSE_PRODUCT_DENSITY
+    from hpcgnn.nn.gat import GATLayer
     from hpcgnn.nn.layers import GCNLayer, SAGELayer
     from hpcgnn.nn.step import LayerStep
-    cls = GCNLayer if arch == "gcn" else SAGELayer
-    graph, prop = _local_graph(12, 5, seed=3), _NoExchange()
+    cls = {"gcn": GCNLayer, "sage": SAGELayer, "gat": GATLayer}[arch]
+    extra = {"heads": 2, "attn_dropout": 0.3} if arch == "gat" else {}
+    graph, prop = _local_graph(12, 5, seed=3), _NoExchange(5)
     gen = torch.Generator().manual_seed(0)
     x, halo = (torch.rand(r, 200, generator=gen) * (torch.rand(r, 200, generator=gen) < 0.03)
                for r in (12, 5))
-    sparse = cls(200, 8, graph, prop, input_needs_grad=False, dropout=0.5, sparse_input=True)
-    dense = cls(200, 8, graph, prop, input_needs_grad=False, dropout=0.5)
+    sparse = cls(200, 8, graph, prop, input_needs_grad=False, dropout=0.5, sparse_input=True, **extra)
+    dense = cls(200, 8, graph, prop, input_needs_grad=False, dropout=0.5, **extra)
     dense.load_state_dict(sparse.state_dict())
     for training in (True, False):
         step = LayerStep(epoch=2, training=training, seed=1, layer=0, exchange=ExchangeSettings(2))
         assert sparse.product(x, step, 8) == {"density": float((x != 0).sum()) / x.numel()}
         assert dense.product(x, step, 8) != sparse.product(x, step, 8)
-        runs = [(lambda m: m(x, step)), (lambda m: m.stale_forward(x, halo, step))]
-        for run in runs:                      # in evaluation: the kept rows' path (eval_kept)
-            ys, yd = run(sparse), run(dense)
-            torch.testing.assert_close(ys, yd, rtol=1e-5, atol=1e-6)
-            g = torch.randn(ys.shape, generator=gen)
-            (gs,) = torch.autograd.grad(ys, sparse.weight, g)
-            (gd,) = torch.autograd.grad(yd, dense.weight, g)
-            torch.testing.assert_close(gs, gd, rtol=1e-5, atol=1e-6)
+        # the definitions, unfused: dropout (counter_dropout), then the layer on dropped rows
+        want = {"sync": lambda: dense.forward_owned(dense.dropped(x, step, "owned"), step),
+                "given halo": lambda: dense.with_halo(dense.dropped(x, step, "owned"),
+                                                      dense.dropped(halo, step, "halo"), step)}
+        got = {"sync": lambda m: m(x, step),          # in evaluation: the kept rows' path too
+               "given halo": lambda m: m.stale_forward(x, halo, step)}
+        for name, ref in want.items():
+            y_ref = ref()
+            g = torch.randn(y_ref.shape, generator=gen)
+            (g_ref,) = torch.autograd.grad(y_ref, dense.weight, g)
+            for layer in (sparse, dense):
+                y = got[name](layer)
+                torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(torch.autograd.grad(y, layer.weight, g)[0], g_ref,
+                                           rtol=1e-5, atol=1e-6)
     thick = torch.rand(12, 200, generator=gen) * (torch.rand(12, 200, generator=gen) < 2 * SPARSE_PRODUCT_DENSITY)
     assert sparse.product(thick, step, 8) is None
 

@@ -186,19 +186,42 @@ class GATLayer(HaloLayer):
     def wire_width(in_dim: int, out_dim: int, input_needs_grad: bool, heads: int = 1, **_) -> int:
         return choose_order(in_dim, heads * out_dim, input_needs_grad)[1]
 
-    def forward_owned(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        src = x @ self.weight if self.transform_first else x
+    def forward_owned(self, x: torch.Tensor, step: LayerStep, src: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        """``src``: ``x @ W`` where the caller has it (``sync_forward``'s product)."""
+        if src is None:
+            src = x @ self.weight if self.transform_first else x
         # one exchange: h (or x) of the boundary rows; the owned rows' transform overlaps it
         h, halo = self.halo_rows(src, step, lambda: src if self.transform_first else x @ self.weight)
         if halo is not None:
             h = torch.cat([h, halo if self.transform_first else halo @ self.weight])
         return self.output(self.attend(h.view(-1, self.heads, self.out_dim), step))
 
+    def sync_forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        """Transforming first, the dropout in the product where it runs as one (sparse
+        features' CSR product, or the fused C pass: ``HaloLayer.product``)."""
+        if self.transform_first and self.product(h, step, self.weight.shape[1]) is not None:
+            return self.forward_owned(h, step, self.dropped_matmul(h, step, "owned", self.weight))
+        return super().sync_forward(h, step)
+
+    def stale_forward(self, h: torch.Tensor, halo: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        """``with_halo`` of the dropped rows; with the dropout in the product where it runs as
+        one (``HaloLayer.product``): GAT transforms every row first in any order."""
+        if self.product(h, step, self.weight.shape[1]) is None:
+            return super().stale_forward(h, halo, step)
+        point = self.prop.point
+        y = point(torch.cat([self.dropped_matmul(h, step, "owned", self.weight),
+                             self.dropped_matmul(halo, step, "halo", self.weight)]))
+        return self.attended(y, step)
+
     def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
                   step: LayerStep | None = None) -> torch.Tensor:
         """The layer on ``x`` ``(n_owned, F_in)`` and given halo input rows ``(n_halo, F_in)``
         (a stale step), no exchange; progress points after the transform and the attention."""
-        h = self.prop.point(torch.cat([x, x_halo]) @ self.weight)
+        return self.attended(self.prop.point(torch.cat([x, x_halo]) @ self.weight), step)
+
+    def attended(self, h: torch.Tensor, step: LayerStep | None) -> torch.Tensor:
+        """The layer given every row transformed, ``h`` ``(n_owned + n_halo, H * C)``."""
         return self.prop.point(self.output(self.attend(h.view(-1, self.heads, self.out_dim), step)))
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
