@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Two checkouts of hpcgnn, alternating: the same training run on the same shards, old then new,
-# ROUNDS times after one untimed run of each, on shared memory; prints each run's median step,
+# Two checkouts of hpcgnn, alternating: the same training run on the same shards from each,
+# ROUNDS times (old first in odd rounds, new first in even) after one untimed run of each, on
+# shared memory; prints each run's median step,
 # training time, wall-clock with evaluation, accuracies and peak resident memory, then the
 # per-round ratios new / old.
 #
@@ -29,13 +30,18 @@ echo "old: $(git -C "$WORK/old" rev-parse --short HEAD); new: $(git rev-parse --
 run() {   # run VERSION NAME: one training run from that checkout; its log on failure
     local src=$NEW; [ "$1" = old ] && src=$WORK/old
     # shellcheck disable=SC2086
-    (cd "$src" && "$MPIEXEC" -n "$PARTS" "$PY" -m mpi4py -m hpcgnn train --shards "$WORK/shards" \
-        --config "$CONFIG" --out "$WORK/$2" --force $SETS >"$WORK/$2.log" 2>&1) \
-        || { cat "$WORK/$2.log"; exit 1; }
+    (cd "$src" && export PYTHONPATH=$src && "$MPIEXEC" -n "$PARTS" "$PY" -m mpi4py -m hpcgnn \
+        train --shards "$WORK/shards" --config "$CONFIG" --out "$WORK/$2" --force $SETS \
+        >"$WORK/$2.log" 2>&1) || { cat "$WORK/$2.log"; exit 1; }
 }
+for v in old new; do                   # which package each side imports (not the installed one)
+    src=$NEW; [ "$v" = old ] && src=$WORK/old
+    (cd "$src" && PYTHONPATH=$src "$PY" -c "import hpcgnn; print('$v imports', hpcgnn.__file__)")
+done
 run old warm-old; run new warm-new     # untimed: builds each checkout's C kernels, warms caches
-for i in $(seq 1 "$ROUNDS"); do
-    for v in old new; do run "$v" "run-$v-$i"; done
+for i in $(seq 1 "$ROUNDS"); do        # the order alternates: old first in odd rounds
+    order="old new"; [ $((i % 2)) = 0 ] && order="new old"
+    for v in $order; do run "$v" "run-$v-$i"; done
 done
 "$PY" - "$WORK" "$ROUNDS" <<'EOF'
 import json, math, sys
