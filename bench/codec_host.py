@@ -26,6 +26,7 @@ from hpcgnn.codecs.base import WireCodec  # noqa: E402
 from hpcgnn.codecs.rng import Blocks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hpcgnn
 from gpu_meter import streamed_time  # noqa: E402
 
 CODECS = {"quant(2)": WireCodec(bits=2), "quant(8)": WireCodec(bits=8),

@@ -31,6 +31,7 @@ from hpcgnn.codecs.build import CodecSpec
 from hpcgnn.codecs.rng import Blocks, epoch_keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hpcgnn
 from gpu_meter import best_time, copy_bandwidth, device_name, device_seconds, launches, streamed_time  # noqa: E402
 
 CASES = [("none", 1), ("truncate", 8), ("truncate", 128), ("random", 8), ("quant", 4),

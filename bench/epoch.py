@@ -37,6 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hpcgnn
 # gpu_meter imports torch: each function imports it after ``memory.configure()`` has run (torch
 # reads THP_MEM_ALLOC_ENABLE once, at its first allocation)
 RESULTS = REPO / "bench" / "results"

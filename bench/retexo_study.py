@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hpcgnn
 import study  # noqa: E402  (bench/study.py: shard sets, TOML writing)
 
 REPO = Path(__file__).resolve().parents[1]
