@@ -23,7 +23,7 @@ PY=$NEW/.venv/bin/python MPIEXEC=$NEW/.venv/bin/mpiexec
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 git worktree add -q --detach "$WORK/old" "$OLD_REV"
-trap 'git worktree remove --force "$WORK/old"' EXIT
+trap 'git worktree remove --force "$WORK/old"; rm -rf "$WORK"' EXIT
 echo "old: $(git -C "$WORK/old" rev-parse --short HEAD); new: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')"
 "$PY" -m preprocess --dataset "$DATASET" --parts "$PARTS" --partitioner "$PARTITIONER" \
     --out "$WORK/shards" --force -q

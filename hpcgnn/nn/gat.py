@@ -188,7 +188,8 @@ class GATLayer(HaloLayer):
 
     def forward_owned(self, x: torch.Tensor, step: LayerStep, src: torch.Tensor | None = None
                       ) -> torch.Tensor:
-        """``src``: ``x @ W`` where the caller has it (``sync_forward``'s product)."""
+        """``src``: ``x @ W`` where the caller has it (``sync_forward``'s product of the dropped
+        rows; ``x`` is then not read: this layer transforms first)."""
         if src is None:
             src = x @ self.weight if self.transform_first else x
         # one exchange: h (or x) of the boundary rows; the owned rows' transform overlaps it
