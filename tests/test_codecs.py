@@ -177,19 +177,26 @@ def test_random_channels_are_the_documented_draw_per_block(dev):
     assert ref_channels(int(keys[0]), 32, 4) != ref_channels(int(keys[2]), 32, 4)
 
 
-@pytest.mark.parametrize("counts", ([10, 3, 0, 7], [3000, 0, 2500, 1, 1200]),
-                         ids=("small", "per-block"))   # blocks of >= SELECT_BLOCK_ROWS on average
-def test_sample_keeps_the_documented_rows_scaled(counts, dev):
+@pytest.mark.parametrize("native", (True, False), ids=("c", "torch"))
+@pytest.mark.parametrize("keep", (0.3, 0.125, 0.999))
+@pytest.mark.parametrize("counts", ([10, 3, 0, 7], [3000, 0, 2500, 1, 1200], [2, 1, 64, 5]),
+                         ids=("small", "per-block", "tiny"))   # per-block: >= SELECT_BLOCK_ROWS a block
+def test_sample_keeps_the_documented_rows_scaled(counts, keep, native, monkeypatch, dev):
+    """The kept rows are the numpy reference's (CPU ranks: the C selection and placement, and
+    the torch code), each scaled by rows / kept as a float32 product; the rest are zero."""
+    if not native:
+        monkeypatch.setenv("HPCGNN_NATIVE", "0")
     keys = _keys(len(counts), base=3, device=dev)
     x = torch.randn(sum(counts), 4, device=dev) + 5   # no zero rows
-    y = _roundtrip(WireCodec(keep=0.3), x, counts, keys)
+    y = _roundtrip(WireCodec(keep=keep), x, counts, keys)
     start = 0
     for p, c in enumerate(counts):
-        kept = ref_kept_rows(int(keys[p]), c, 0.3)
+        kept = ref_kept_rows(int(keys[p]), c, keep)
         got = torch.nonzero(y[start:start + c].abs().sum(1) > 0).flatten().tolist()
         assert got == kept, p
-        for r in kept:
-            assert torch.allclose(y[start + r], x[start + r] * c / len(kept))
+        scale = np.float32(c) / np.float32(max(len(kept), 1))
+        want = x[start:start + c].cpu().numpy()[kept] * scale
+        assert np.array_equal(y[start:start + c].cpu().numpy()[kept], want), p
         start += c
 
 
@@ -257,8 +264,11 @@ def test_composite_truncate_quant(dev):
 @pytest.mark.parametrize("codec", [WireCodec(keep=0.4), WireCodec(channels="random", k=3),
                                    WireCodec(channels="truncate", k=2),
                                    WireCodec(keep=0.5, channels="random", k=5)], ids=repr)
-def test_backward_is_the_adjoint_of_the_forward(codec, dev):
+@pytest.mark.parametrize("native", (True, False), ids=("c", "torch"))
+def test_backward_is_the_adjoint_of_the_forward(codec, native, monkeypatch, dev):
     """<F x, g> == <x, F* g> for the fp32 forward F and its backward codec F* (same keys)."""
+    if not native:
+        monkeypatch.setenv("HPCGNN_NATIVE", "0")
     counts = [6, 0, 9, 4]
     keys = _keys(4, base=11, device=dev)
     x = torch.randn(19, 8, device=dev, dtype=torch.float32)

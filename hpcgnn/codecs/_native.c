@@ -473,3 +473,83 @@ MULTIARCH void hpcgnn_dropout_matmul_backward(const float *x, const int64_t *row
         }
     }
 }
+
+/* The sample stage's row selection (hpcgnn/codecs/base.py _sample): in block b of counts[b]
+ * rows, the kept[b] rows of smallest (score, row in block), score(i) = hash32((keys[b] ^
+ * 0x5A17E5) ^ hash32(i)); out gets their buffer rows (block start + i) in ascending order, and
+ * the function returns how many it wrote. work: max(counts) uint64 of scratch. One
+ * quickselect per block (the scores are hashes: no adversarial order), then one scan. */
+static uint64_t select_kth(uint64_t *a, int64_t n, int64_t k) {     /* k-th smallest, 0-based */
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const uint64_t pivot = a[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot) i++;
+            while (a[j] > pivot) j--;
+            if (i <= j) {
+                const uint64_t t = a[i]; a[i] = a[j]; a[j] = t;
+                i++; j--;
+            }
+        }
+        if (k <= j) hi = j;
+        else if (k >= i) lo = i;
+        else return a[k];
+    }
+    return a[k];
+}
+
+int64_t hpcgnn_sample_rows(const int64_t *keys, const int64_t *counts, const int64_t *kept,
+                           int64_t blocks, int64_t *out, uint64_t *work) {
+    int64_t start = 0, n = 0;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t count = counts[b], k = kept[b];
+        const uint32_t salt = (uint32_t)keys[b] ^ 0x5A17E5u;
+        if (k >= count) {
+            for (int64_t i = 0; i < count; i++) out[n++] = start + i;
+        } else if (k > 0) {
+            for (int64_t i = 0; i < count; i++)
+                work[i] = ((uint64_t)hash32(salt ^ hash32((uint32_t)i)) << 32) | (uint64_t)i;
+            const uint64_t kth = select_kth(work, count, k - 1);
+            for (int64_t i = 0; i < count; i++)
+                if ((((uint64_t)hash32(salt ^ hash32((uint32_t)i)) << 32) | (uint64_t)i) <= kth)
+                    out[n++] = start + i;
+        }
+        start += count;
+    }
+    return n;
+}
+
+/* o = x * (*scale) as float32 products, or x as it is where scale is NULL */
+static inline void copy_row(const float *restrict x, const float *scale, int64_t width,
+                            float *restrict o) {
+    if (scale) {
+        const float s = *scale;
+        for (int64_t c = 0; c < width; c++) o[c] = x[c] * s;
+    } else {
+        memcpy(o, x, (size_t)width * sizeof(float));
+    }
+}
+
+/* The receiving end of a row sample (base.py WireCodec._place): out (rows, width) is zero but
+ * for rows index[j], which get y[j] * scale[j] (scale NULL: y[j] as it is), float32 products as
+ * torch's. index ascending, as hpcgnn_sample_rows writes it. */
+void hpcgnn_place_rows(const float *y, const int64_t *index, const float *scale, int64_t n,
+                       int64_t rows, int64_t width, float *out) {
+    int64_t r = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t to = index[j];
+        if (to > r) memset(out + r * width, 0, (size_t)((to - r) * width) * sizeof(float));
+        copy_row(y + j * width, scale ? scale + j : NULL, width, out + to * width);
+        r = to + 1;
+    }
+    if (rows > r) memset(out + r * width, 0, (size_t)((rows - r) * width) * sizeof(float));
+}
+
+/* The sending end (base.py WireCodec._gather, the row stage): out (n, width) = x[index[j]]
+ * (* scale[j] where scale is given: the adjoint's scaling on the way out). */
+void hpcgnn_gather_rows(const float *x, const int64_t *index, const float *scale, int64_t n,
+                        int64_t width, float *out) {
+    for (int64_t j = 0; j < n; j++)
+        copy_row(x + index[j] * width, scale ? scale + j : NULL, width, out + j * width);
+}

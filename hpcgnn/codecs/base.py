@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from hpcgnn.codecs import fused
+from hpcgnn.codecs import fused, native
 from hpcgnn.codecs.rng import kept_rows
 from hpcgnn.codecs.quant import FP32, decode_values, encode_values, row_bytes
 from hpcgnn.codecs.rng import Blocks, channel_scores, row_scores
@@ -113,16 +113,23 @@ class WireCodec:
         rows, block = blocks.rows, blocks.block_of_row
         if self.keep < 1.0:
             index, kept = _sample(blocks, keys, self.keep)
-            scale = (blocks.counts_t.to(torch.float32) / kept.clamp(min=1).to(torch.float32))[block[index]]
-            block, rows = block[index], int(index.shape[0])
+            per_block = blocks.counts_t.to(torch.float32) / kept.clamp(min=1).to(torch.float32)
+            rows = int(index.shape[0])        # the kept rows, ascending: block by block
+            block = torch.repeat_interleave(torch.arange(len(blocks.counts), device=index.device),
+                                            kept, output_size=rows)
+            scale = per_block[block]
         if self.channels == "random":
             chan = _random_channels(keys, width, self.width_sent(width))[block]
         return Selection(index, scale, chan, rows)
 
     def _gather(self, x: torch.Tensor, sel: Selection) -> torch.Tensor:
-        y = x if sel.index is None else x.index_select(0, sel.index)
-        if self.adjoint and sel.scale is not None:
-            y = y * sel.scale[:, None]
+        scale = sel.scale if self.adjoint else None
+        if sel.index is not None and native.takes(x):        # the rows and their scale, one pass
+            y = native.gather_rows(x, sel.index, scale)
+        else:
+            y = x if sel.index is None else x.index_select(0, sel.index)
+            if scale is not None:
+                y = y * scale[:, None]
         if self.channels in ("truncate", "learned"):
             return y[:, : self.width_sent(x.shape[1])]
         return y if sel.chan is None else y.gather(1, sel.chan)
@@ -134,8 +141,11 @@ class WireCodec:
             y = torch.nn.functional.pad(y, (0, width - y.shape[1]))
         if sel.index is None:
             return y
-        if not self.adjoint:
-            y = y * sel.scale[:, None]
+        scale = None if self.adjoint else sel.scale
+        if native.takes(y):                      # zeros, the rows and their scale in one pass
+            return native.place_rows(y, sel.index, scale, rows)
+        if scale is not None:
+            y = y * scale[:, None]
         return torch.zeros(rows, width, device=y.device).index_copy_(0, sel.index, y)
 
     # -- the wire --------------------------------------------------------------------------
@@ -183,6 +193,8 @@ def _sample(blocks: Blocks, keys: torch.Tensor, keep: float) -> tuple[torch.Tens
     counts = blocks.counts
     kept_list = [kept_rows(c, keep) for c in counts]
     kept = torch.tensor(kept_list, dtype=torch.int64, device=blocks.device)
+    if blocks.device.type == "cpu" and native.lib() is not None and counts:
+        return native.sample_rows(keys, blocks.counts_t, kept_list), kept     # C: the same rows
     if not counts or blocks.rows < SELECT_BLOCK_ROWS * len(counts):
         order = torch.sort((blocks.block_of_row << 32) | row_scores(blocks, keys), stable=True).indices
         rank = torch.empty_like(order)

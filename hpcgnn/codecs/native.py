@@ -80,6 +80,10 @@ def _load() -> ctypes.CDLL | None:
                                               p, i64, p]
         lib.hpcgnn_dropout_matmul_backward.argtypes = [p, p, p, i64, i64, ctypes.c_uint64,
                                                        ctypes.c_float, p, i64, p, p, p]
+        lib.hpcgnn_sample_rows.argtypes = [p, p, p, i64, p, p]
+        lib.hpcgnn_sample_rows.restype = i64
+        lib.hpcgnn_place_rows.argtypes = [p, p, p, i64, i64, i64, p]
+        lib.hpcgnn_gather_rows.argtypes = [p, p, p, i64, i64, p]
         return lib
     return None
 
@@ -109,6 +113,40 @@ def quant_decode(table: torch.Tensor, width: int, bits: int) -> torch.Tensor:
     table = table.contiguous()
     out = torch.empty(table.shape[0], width, dtype=torch.float32)
     lib().hpcgnn_quant_decode(table.data_ptr(), table.shape[0], width, bits, out.data_ptr())
+    return out
+
+
+def sample_rows(keys: torch.Tensor, counts: torch.Tensor, kept: list[int]) -> torch.Tensor:
+    """The sample stage's kept rows (``base._sample``): int64 ``(sum(kept),)``, ascending, from
+    the blocks' int64 ``keys`` and ``counts`` (CPU) and their ``kept`` counts."""
+    keys, counts = keys.to(torch.int64).contiguous(), counts.to(torch.int64).contiguous()
+    kept_t = torch.tensor(kept, dtype=torch.int64)
+    out = torch.empty(sum(kept), dtype=torch.int64)
+    work = torch.empty(int(counts.max()) if counts.numel() else 0, dtype=torch.int64)
+    n = lib().hpcgnn_sample_rows(keys.data_ptr(), counts.data_ptr(), kept_t.data_ptr(),
+                                 keys.numel(), out.data_ptr(), work.data_ptr())
+    assert n == out.numel(), (n, out.numel())
+    return out
+
+
+def place_rows(y: torch.Tensor, index: torch.Tensor, scale: torch.Tensor | None,
+               rows: int) -> torch.Tensor:
+    """``(rows, F)`` zeros but for rows ``index`` (ascending): ``y * scale[:, None]``."""
+    y, index = y.contiguous(), index.contiguous()
+    scale = None if scale is None else scale.to(torch.float32).contiguous()
+    out = torch.empty(rows, y.shape[1], dtype=torch.float32)
+    lib().hpcgnn_place_rows(y.data_ptr(), index.data_ptr(), 0 if scale is None else scale.data_ptr(),
+                            index.numel(), rows, y.shape[1], out.data_ptr())
+    return out
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x[index] * scale[:, None]`` (``scale`` None: ``x[index]``), float32 CPU."""
+    x, index = x.contiguous(), index.contiguous()
+    scale = None if scale is None else scale.to(torch.float32).contiguous()
+    out = torch.empty(index.numel(), x.shape[1], dtype=torch.float32)
+    lib().hpcgnn_gather_rows(x.data_ptr(), index.data_ptr(), 0 if scale is None else scale.data_ptr(),
+                             index.numel(), x.shape[1], out.data_ptr())
     return out
 
 
