@@ -28,6 +28,7 @@ Subcommands:
     python bench/netmodel.py halos [--dataset SPEC] [--parts 256] [--ranks 8 16 ... 256]
     python bench/netmodel.py project [--rates 25 50 100 200] [--gpu-log FILE] [--plot PNG]
     python bench/netmodel.py remeasure [--rounds 3]           # root, idle machine: new CPU runs
+    python bench/netmodel.py validate --constants FIT.json --runs NEW.json ...   # held-out check
 
 ``calibrate`` reads runs of bench/network.py (OUT.json). Inputs per run, all measured apart from
 the link: ``C`` = the same schedule's epoch over shared memory (``shm``, same sweep) less its
@@ -35,6 +36,8 @@ codec time; ``K`` = the run's own codec time; ``B`` = its bytes per epoch; ``m``
 epoch x (R - 1) (random parts: every pair of ranks exchanges). ``--combine median`` takes files
 that are rounds of one grid (``remeasure`` writes them) and uses each cell's medians. VARCO schedules are left out
 (their bytes change during the run while the table reports one median epoch).
+``validate`` predicts runs the constants were not fitted on (new rounds of the grid, measured
+after the fit) with those constants unchanged: the 15 % check as a prediction, not a fit.
 ``halos`` partitions a graph ONCE into ``--parts`` METIS parts and derives R ranks by merging
 consecutive parts (as ``hpcgnn/data/merge.py`` runs R ranks on a K-part set): the halo rows,
 send rows and peers of every rank. ``project`` turns them into bytes with the codecs' own byte
@@ -340,6 +343,44 @@ def calibration_markdown(runs: list[Run], c: Constants, held_out: dict | None) -
                      f"{1e3 * r.codec:.1f} | {r.nbytes / 1e6:.2f} | {1e3 * r.measured:.1f} | "
                      f"{1e3 * predict(r, c):.1f} | {100 * e:+.1f} % |")
     return "\n".join(lines) + "\n"
+
+
+def validate(args) -> None:
+    """Predict ``--runs`` with the constants of an earlier ``calibrate`` (unchanged), and say how
+    many are within 15 %; beside it, what a fit on these runs alone would give."""
+    fitted = json.loads(Path(args.constants).read_text())
+    c = Constants(**fitted["constants"])
+    runs = load_runs([Path(p) for p in args.runs], args.combine)
+    if not runs:
+        sys.exit(f"netmodel: no usable runs in {args.runs}")
+    used = set(map(str, fitted.get("sources", [])))
+    reused = [p for p in args.runs if str(p) in used]
+    if reused:
+        sys.exit(f"netmodel: {', '.join(reused)} fitted the constants of {args.constants}; "
+                 f"validate takes runs measured apart from the fit")
+    errs = errors(runs, c)
+    refit = fit(runs, c.overlap)
+    refit_errs = errors(runs, refit)
+    head = [f"Constants of `{args.constants}` (fitted on {', '.join(fitted.get('sources', [])) or '?'}), "
+            f"unchanged, predicting {len(runs)} runs of {', '.join(map(str, args.runs))} "
+            f"({args.combine} over the files):", "",
+            f"**Held out: worst relative error {100 * max(map(abs, errs)):.1f} %; "
+            f"{sum(abs(e) <= 0.15 for e in errs)} of {len(runs)} runs within 15 %; mean |error| "
+            f"{100 * statistics.mean(map(abs, errs)):.1f} %.**", "",
+            f"Refitted on these runs alone (same form): eta {refit.eta:.3f}, eps {refit.eps:.3f}, "
+            f"alpha {1e3 * refit.alpha:.3f} ms, eps_stale {refit.eps_stale:.3f}; worst "
+            f"{100 * max(map(abs, refit_errs)):.1f} %, {sum(abs(e) <= 0.15 for e in refit_errs)} "
+            f"of {len(runs)} within 15 %.", ""]
+    table = "\n".join(head) + "\n" + calibration_markdown(runs, c, None)
+    out = Path(args.out)
+    out.with_suffix(".md").write_text(table)
+    out.with_suffix(".json").write_text(json.dumps(
+        {"constants": asdict(c), "constants_file": str(args.constants), "sources": list(map(str, args.runs)),
+         "runs": [asdict(r) | {"predicted": predict(r, c), "error": e} for r, e in zip(runs, errs)],
+         "refit": asdict(refit), "refit_errors": refit_errs}, indent=1))
+    print(table)
+    if args.plot:
+        plot_calibration(runs, c, Path(args.plot))
 
 
 def _name(r: Run) -> str:
@@ -683,8 +724,14 @@ def main() -> None:
     r.add_argument("--rounds", type=int, default=3, help="sweeps of the whole grid (default 3)")
     r.add_argument("--epochs", type=int, default=40, help="epochs per run (default 40)")
     r.add_argument("--dry-run", action="store_true", help="print the benchmark command(s) only")
+    v = sub.add_parser("validate")
+    v.add_argument("--constants", required=True, help="JSON written by calibrate (its constants and sources)")
+    v.add_argument("--runs", nargs="+", required=True, help="bench/network.py files not in the fit")
+    v.add_argument("--combine", choices=["last", "median"], default="median")
+    v.add_argument("--out", default=str(RESULTS / "netmodel-validation"))
+    v.add_argument("--plot", default=None, help="PNG of predicted against measured epochs")
     args = ap.parse_args()
-    {"calibrate": calibrate, "halos": halos, "project": project, "summary": summary,
+    {"calibrate": calibrate, "validate": validate, "halos": halos, "project": project, "summary": summary,
      "remeasure": remeasure}[args.cmd](args)
 
 
