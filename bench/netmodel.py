@@ -350,7 +350,9 @@ def validate(args) -> None:
     many are within 15 %; beside it, what a fit on these runs alone would give."""
     fitted = json.loads(Path(args.constants).read_text())
     c = Constants(**fitted["constants"])
-    runs = load_runs([Path(p) for p in args.runs], args.combine)
+    bursts = {r.get("burst") for r in fitted.get("runs", [])}
+    burst = bursts.pop() if len(bursts) == 1 else None   # the fit's bucket (0: not modelled)
+    runs = load_runs([Path(p) for p in args.runs], args.combine, burst)
     if not runs:
         sys.exit(f"netmodel: no usable runs in {args.runs}")
     used = set(map(str, fitted.get("sources", [])))
