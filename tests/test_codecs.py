@@ -312,3 +312,24 @@ def test_parse_codec_rejects(bad, match):
 
 def test_stage_order_does_not_matter():
     assert parse_codec("quant+truncate") == parse_codec("truncate+quant")
+
+
+def test_the_c_row_stage_refuses_an_index_it_cannot_take():
+    """The C placement takes a strictly ascending index within the rows (what the selection
+    writes) and the C gather an index within ``x``: anything else raises instead of writing
+    rows out of place or reading outside ``x``."""
+    from hpcgnn.codecs import native
+    if native.lib() is None:
+        pytest.skip("the C kernels are not built here")
+    y = torch.ones(3, 4)
+    assert torch.equal(native.place_rows(y, torch.tensor([0, 2, 5]), None, 6).sum(1),
+                       torch.tensor([4.0, 0, 4, 0, 0, 4]))
+    for bad in ([0, 2, 2], [2, 1, 3], [0, 1, 6], [-1, 0, 1]):
+        with pytest.raises(ValueError, match="ascending"):
+            native.place_rows(y, torch.tensor(bad), None, 6)
+    x = torch.arange(12.0).reshape(6, 2)
+    assert torch.equal(native.gather_rows(x, torch.tensor([5, 0]), torch.tensor([2.0, 1.0])),
+                       torch.tensor([[20.0, 22.0], [0.0, 1.0]]))
+    for bad in ([6], [-1]):
+        with pytest.raises(IndexError, match="outside"):
+            native.gather_rows(x, torch.tensor(bad), None)

@@ -533,23 +533,30 @@ static inline void copy_row(const float *restrict x, const float *scale, int64_t
 
 /* The receiving end of a row sample (base.py WireCodec._place): out (rows, width) is zero but
  * for rows index[j], which get y[j] * scale[j] (scale NULL: y[j] as it is), float32 products as
- * torch's. index ascending, as hpcgnn_sample_rows writes it. */
-void hpcgnn_place_rows(const float *y, const int64_t *index, const float *scale, int64_t n,
-                       int64_t rows, int64_t width, float *out) {
+ * torch's. index strictly ascending within [0, rows), as hpcgnn_sample_rows writes it; returns
+ * -1 (out then undefined) where it is not, else 0. */
+int hpcgnn_place_rows(const float *y, const int64_t *index, const float *scale, int64_t n,
+                      int64_t rows, int64_t width, float *out) {
     int64_t r = 0;
     for (int64_t j = 0; j < n; j++) {
         const int64_t to = index[j];
+        if (to < r || to >= rows) return -1;
         if (to > r) memset(out + r * width, 0, (size_t)((to - r) * width) * sizeof(float));
         copy_row(y + j * width, scale ? scale + j : NULL, width, out + to * width);
         r = to + 1;
     }
     if (rows > r) memset(out + r * width, 0, (size_t)((rows - r) * width) * sizeof(float));
+    return 0;
 }
 
 /* The sending end (base.py WireCodec._gather, the row stage): out (n, width) = x[index[j]]
- * (* scale[j] where scale is given: the adjoint's scaling on the way out). */
-void hpcgnn_gather_rows(const float *x, const int64_t *index, const float *scale, int64_t n,
-                        int64_t width, float *out) {
-    for (int64_t j = 0; j < n; j++)
+ * (* scale[j] where scale is given: the adjoint's scaling on the way out) from x (rows, width);
+ * returns -1 (out then undefined) where an index is outside [0, rows), else 0. */
+int hpcgnn_gather_rows(const float *x, int64_t rows, const int64_t *index, const float *scale,
+                       int64_t n, int64_t width, float *out) {
+    for (int64_t j = 0; j < n; j++) {
+        if (index[j] < 0 || index[j] >= rows) return -1;
         copy_row(x + index[j] * width, scale ? scale + j : NULL, width, out + j * width);
+    }
+    return 0;
 }

@@ -83,7 +83,9 @@ def _load() -> ctypes.CDLL | None:
         lib.hpcgnn_sample_rows.argtypes = [p, p, p, i64, p, p]
         lib.hpcgnn_sample_rows.restype = i64
         lib.hpcgnn_place_rows.argtypes = [p, p, p, i64, i64, i64, p]
-        lib.hpcgnn_gather_rows.argtypes = [p, p, p, i64, i64, p]
+        lib.hpcgnn_place_rows.restype = ctypes.c_int
+        lib.hpcgnn_gather_rows.argtypes = [p, i64, p, p, i64, i64, p]
+        lib.hpcgnn_gather_rows.restype = ctypes.c_int
         return lib
     return None
 
@@ -131,22 +133,27 @@ def sample_rows(keys: torch.Tensor, counts: torch.Tensor, kept: list[int]) -> to
 
 def place_rows(y: torch.Tensor, index: torch.Tensor, scale: torch.Tensor | None,
                rows: int) -> torch.Tensor:
-    """``(rows, F)`` zeros but for rows ``index`` (ascending): ``y * scale[:, None]``."""
-    y, index = y.contiguous(), index.contiguous()
+    """``(rows, F)`` zeros but for rows ``index`` (strictly ascending, else ValueError):
+    ``y * scale[:, None]``."""
+    y, index = y.contiguous(), index.to(torch.int64).contiguous()
     scale = None if scale is None else scale.to(torch.float32).contiguous()
     out = torch.empty(rows, y.shape[1], dtype=torch.float32)
-    lib().hpcgnn_place_rows(y.data_ptr(), index.data_ptr(), 0 if scale is None else scale.data_ptr(),
-                            index.numel(), rows, y.shape[1], out.data_ptr())
+    if lib().hpcgnn_place_rows(y.data_ptr(), index.data_ptr(), 0 if scale is None else scale.data_ptr(),
+                               index.numel(), rows, y.shape[1], out.data_ptr()):
+        raise ValueError(f"place_rows: the row index is not strictly ascending within [0, {rows})")
     return out
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """``x[index] * scale[:, None]`` (``scale`` None: ``x[index]``), float32 CPU."""
-    x, index = x.contiguous(), index.contiguous()
+    """``x[index] * scale[:, None]`` (``scale`` None: ``x[index]``), float32 CPU; IndexError for
+    an index outside ``x``'s rows."""
+    x, index = x.contiguous(), index.to(torch.int64).contiguous()
     scale = None if scale is None else scale.to(torch.float32).contiguous()
     out = torch.empty(index.numel(), x.shape[1], dtype=torch.float32)
-    lib().hpcgnn_gather_rows(x.data_ptr(), index.data_ptr(), 0 if scale is None else scale.data_ptr(),
-                             index.numel(), x.shape[1], out.data_ptr())
+    if lib().hpcgnn_gather_rows(x.data_ptr(), x.shape[0], index.data_ptr(),
+                                0 if scale is None else scale.data_ptr(), index.numel(), x.shape[1],
+                                out.data_ptr()):
+        raise IndexError(f"gather_rows: a row index is outside [0, {x.shape[0]})")
     return out
 
 
