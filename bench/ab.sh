@@ -9,15 +9,21 @@
 #
 # OLD_REV is checked out into a temporary git worktree; "new" is this working tree. Environment:
 # DATASET (cora), PARTS (4, also the rank count), PARTITIONER (metis), CONFIG
-# (configs/cora.toml), SETS (extra --set options, e.g. "--set model.hidden=64"). Needs the
-# project's .venv; an idle machine.
+# (configs/cora.toml), SCHEDULE (a schedule's name in configs/schedules, e.g. sample-all, or a
+# path; default none: full communication), SETS (extra --set options, e.g. "--set
+# model.hidden=64"). Needs the project's .venv; an idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NEW=$PWD
 OLD_REV=${1:?usage: bash bench/ab.sh OLD_REV [ROUNDS]}
 ROUNDS=${2:-4}
 DATASET=${DATASET:-cora} PARTS=${PARTS:-4} PARTITIONER=${PARTITIONER:-metis}
-CONFIG=${CONFIG:-$NEW/configs/cora.toml} SETS=${SETS:-}
+CONFIG=${CONFIG:-$NEW/configs/cora.toml} SETS=${SETS:-} SCHEDULE=${SCHEDULE:-}
+if [ -n "$SCHEDULE" ]; then            # both sides read this tree's schedule file
+    [ -f "$SCHEDULE" ] || SCHEDULE=$NEW/configs/schedules/$SCHEDULE.toml
+    [ -f "$SCHEDULE" ] || { echo "bench/ab.sh: no schedule $SCHEDULE" >&2; exit 2; }
+    SETS="--schedule $(realpath "$SCHEDULE") $SETS"
+fi
 WORK=$(mktemp -d /tmp/hpcgnn-ab.XXXXXX)
 PY=$NEW/.venv/bin/python MPIEXEC=$NEW/.venv/bin/mpiexec
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
