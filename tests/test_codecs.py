@@ -333,3 +333,24 @@ def test_the_c_row_stage_refuses_an_index_it_cannot_take():
     for bad in ([6], [-1]):
         with pytest.raises(IndexError, match="outside"):
             native.gather_rows(x, torch.tensor(bad), None)
+
+
+def test_a_backward_exchange_reuses_its_forwards_selection():
+    """CPU ranks keep the last few selections on their ``Blocks``: the backward codec (the
+    forward's adjoint, other bits) draws the same selection object, other keys a new one, and
+    what each sends is what a fresh draw gives."""
+    counts = [40, 0, 25]
+    blocks = Blocks.of(counts)
+    keys = _keys(3, base=5)
+    fwd = WireCodec(keep=0.3, channels="random", k=3, bits=4)
+    bwd = backward_codec(fwd, WireCodec(bits=8))
+    first = fwd.select(blocks, keys, 8)
+    assert bwd.select(blocks, keys, 8) is first and len(blocks.selections) == 1
+    other = fwd.select(blocks, _keys(3, base=6), 8)
+    assert other is not first and len(blocks.selections) == 2
+    fresh = fwd.select(Blocks.of(counts), keys, 8)
+    for a, b in zip((first.index, first.scale, first.chan), (fresh.index, fresh.scale, fresh.chan)):
+        assert torch.equal(a, b)
+    for base in range(7, 20):                              # bounded: the oldest go first
+        fwd.select(blocks, _keys(3, base=base), 8)
+    assert len(blocks.selections) <= 4

@@ -109,6 +109,22 @@ class WireCodec:
 
     # -- the selection (stages 1 and 2), batched over blocks -----------------------------
     def select(self, blocks: Blocks, keys: torch.Tensor, width: int) -> Selection:
+        """The rows (with their scales) and channels sent from every block: a function of the
+        blocks, their keys and the selecting stages alone (not of ``bits`` or ``adjoint``), so
+        on CPU ranks the last few are kept on ``blocks`` and a backward exchange reuses its
+        forward's."""
+        if not self.selects or keys.device.type != "cpu":
+            return self._select(blocks, keys, width)
+        memo = (self.keep, self.channels, self.k, width, tuple(keys.tolist()))
+        sel = blocks.selections.get(memo)
+        if sel is None:
+            sel = self._select(blocks, keys, width)
+            if len(blocks.selections) >= SELECTIONS_KEPT:
+                blocks.selections.pop(next(iter(blocks.selections)))      # the oldest
+            blocks.selections[memo] = sel
+        return sel
+
+    def _select(self, blocks: Blocks, keys: torch.Tensor, width: int) -> Selection:
         index = scale = chan = None
         rows, block = blocks.rows, blocks.block_of_row
         if self.keep < 1.0:
@@ -181,6 +197,10 @@ def backward_codec(forward: WireCodec, backward: WireCodec) -> WireCodec:
         return backward
     return replace(forward, bits=backward.bits, adjoint=True)
 
+
+SELECTIONS_KEPT = 4
+"""Selections ``WireCodec.select`` keeps per ``Blocks`` (an exchange's forward and backward draw
+the same one in a step; a probe's candidates share theirs)."""
 
 SELECT_BLOCK_ROWS = 1024
 """Mean rows per block from which ``_sample`` selects block by block (a linear-time k-th

@@ -20,7 +20,7 @@ ways (all keys are 32-bit):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -74,6 +74,9 @@ class Blocks:
     starts_t: torch.Tensor        # int64 (P,) first row of each block
     block_of_row: torch.Tensor    # int64 (R,)
     row_in_block: torch.Tensor    # int64 (R,)
+    # the last few selections drawn on these blocks (WireCodec.select, CPU): an exchange's
+    # backward draws what its forward drew, with the same keys
+    selections: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, counts: Sequence[int], device: torch.device | str = "cpu") -> "Blocks":
