@@ -120,7 +120,7 @@ class WireCodec:
         if sel is None:
             sel = self._select(blocks, keys, width)
             if len(blocks.selections) >= SELECTIONS_KEPT:
-                blocks.selections.pop(next(iter(blocks.selections)))      # the oldest
+                blocks.selections.pop(next(iter(blocks.selections)), None)      # the oldest
             blocks.selections[memo] = sel
         return sel
 
