@@ -105,7 +105,14 @@ class Constants:
     alpha: float        # seconds per message
     eps_stale: float    # the same for the stale (pipelined) path
     overlap: str = "shared"   # shared: one eps for every rank count; per-rank: eps x 4 / R
+    rate_bound: bool = False  # an epoch takes at least its bytes' time at eta x rate (RATE_BOUND)
 
+
+RATE_BOUND = """With ``rate_bound``, no epoch is predicted shorter than its bytes take at ``eta`` x the
+rate (plus the messages' latency): the bucket lends tokens that refill at the rate, so over
+an epoch the link moves at most ``rate x epoch`` bytes. Without it, the overlap ``eps`` and the
+bucket's allowance can together predict an epoch under that, as they did for the 8-rank 1- and
+2-bit runs at 0.5 Gbit/s (2026-11-28)."""
 
 OVERLAPS = ("shared", "per-rank")
 """How ``eps`` depends on the rank count on the emulated link. ``per-rank``: ``eps`` is its value
@@ -172,21 +179,24 @@ def codec_seconds(r: dict) -> float:
     return r["codec_s"] if "codec_s" in r else r["codec_share"] * r["epoch_s"]
 
 
-def load_runs(paths: list[Path], combine: str = "last", burst: float | None = None) -> list[Run]:
+def load_runs(paths: list[Path], combine: str = "last", burst: float | None = None,
+              stale_bytes: str = "step") -> list[Run]:
     """The runs of bench/network.py files the model can take. ``combine``: ``last`` (a later
     file's run of a cell wins: newer sweeps replace older ones) or ``median`` (the files are
     repeated rounds of one grid: each input and the measured epoch are the median over the
     rounds that have the cell, each round's compute taken from its own shared-memory run).
     ``burst``: the link's token bucket in bytes for every file (0: the model without it);
     ``None``: each file's own (``bench/network.py --burst``, recorded since 2026-11-27; 1 MiB,
-    the only size before)."""
+    the only size before). ``stale_bytes``: ``STALE_BYTES``."""
+    if stale_bytes not in STALE_BYTES:
+        raise ValueError(f"stale_bytes must be one of {STALE_BYTES}, got {stale_bytes!r}")
     cells: dict[tuple, list[Run]] = {}
     for path in paths:
         sweep = json.loads(Path(path).read_text())
         results = sweep["results"]
         bucket = tc_bytes(sweep.get("burst", "1mb")) if burst is None else burst
         for key, r in results.items():
-            run = _run(path, key, r, results)
+            run = _run(path, key, r, results, stale_bytes)
             if run is not None:
                 run = replace(run, burst=bucket)
                 cells.setdefault((run.ranks, run.rate, run.schedule), []).append(run)
@@ -208,15 +218,63 @@ def _median_run(rounds: list[Run]) -> Run:
                med("codec"), med("nbytes"), first.messages, first.burst)
 
 
-def _run(path: Path, key: str, r: dict, results: dict) -> Run | None:
+def _run(path: Path, key: str, r: dict, results: dict, stale_bytes: str = "step") -> Run | None:
     ranks, rate, schedule = key.split("|")
     shm = results.get(f"{ranks}|shm|{schedule}")
     usable = rate not in ("shm", "none") and schedule.partition("@")[0] != "floor" and shm is not None
     if not usable or schedule.startswith("varco") or not _current(path, schedule):
         return None
+    nbytes = step_bytes(key, r, results) if stale_bytes == "step" else r["bytes_per_epoch"]
+    if nbytes is None:
+        return None
     return Run(Path(path).stem, int(ranks), float(rate), schedule, r["epoch_s"],
-               shm["epoch_s"] - codec_seconds(shm), codec_seconds(r), r["bytes_per_epoch"],
+               shm["epoch_s"] - codec_seconds(shm), codec_seconds(r), nbytes,
                len(calib_widths("@s" in schedule)) * (int(ranks) - 1))
+
+
+STALE_BYTES = ("step", "mean")
+"""Which bytes of a run the model takes. ``step``: a step's, as the median step (``epoch_s``,
+epochs 1 on) sent them (``step_bytes``). ``mean``: ``bytes_per_epoch`` as recorded, the mean
+over every epoch: the model until 2026-11-28, which for a stale run counted the first layer's
+input rows that cross once, in epoch 0, into every epoch (47 % more than a Sylvie step's bytes
+in the 40-epoch rounds)."""
+
+
+def step_bytes(key: str, r: dict, results: dict) -> float | None:
+    """The bytes one training step sends (all ranks), as the median step sent them:
+    ``bytes_per_step`` where the sweep recorded it (``bench/network.py`` since 2026-11-28).
+    Before, a sweep recorded the mean over every epoch alone, the same for a synchronous run of
+    constant bytes; a stale run's epoch 0 also sends the first layer's input rows, once, so its
+    step's bytes are those of the synchronous run of the same schedule in the same sweep (the
+    same halo rows) times the ratio of the two steps' row bytes, from the schedule's own codecs
+    (``CALIB_STALE_WIDTHS`` on layer 1 against ``CALIB_WIDTHS``); None without that run."""
+    if "bytes_per_step" in r:
+        return r["bytes_per_step"]
+    ranks, rate, schedule = key.split("|")
+    base, _, method = schedule.partition("@")
+    if not method.startswith("s"):
+        return r["bytes_per_epoch"]
+    sync = results.get(f"{ranks}|{rate}|{base}")
+    if sync is None:
+        return None
+    return sync["bytes_per_epoch"] * _row_bytes(base, stale=True) / _row_bytes(base, stale=False)
+
+
+def _row_bytes(schedule: str, stale: bool) -> int:
+    """Bytes one halo row costs a step of the calibration GCN (128 -> 64 -> 8) under
+    ``schedule`` (a constant one), summed over the step's exchanges: layer 0 forward and
+    backward at 64 channels and layer 1's at 8 (synchronous), or layer 1's input, 64 channels,
+    both ways (stale)."""
+    from hpcgnn.codecs.base import backward_codec
+    from hpcgnn.schedule import load_schedule
+    policy = load_schedule(REPO / "configs" / "schedules" / f"{schedule}.toml").bind(100, 2)
+    rows, total = 1 << 20, 0
+    exchanges = ((1, CALIB_STALE_WIDTHS[0]),) if stale else ((0, CALIB_WIDTHS[0]), (1, CALIB_WIDTHS[1]))
+    for layer, w in exchanges:
+        fwd = policy.forward_codec(1, layer, 2, w)
+        bwd = backward_codec(fwd, policy.backward_codec(1, layer, 2, w))
+        total += _bytes(fwd, rows, w) + _bytes(bwd, rows, w)
+    return total
 
 
 def _current(path: Path, schedule: str) -> bool:
@@ -234,18 +292,22 @@ def predict(run: Run, c: Constants) -> float:
         wire = bucket_wire_time(run.nbytes, run.widths, gap, run.rate, c.eta, run.burst)
     else:
         wire = wire_time(run.nbytes, run.rate, c.eta)
-    return epoch_time(run.compute, run.codec, wire, run.messages, c.alpha, eps)
+    t = epoch_time(run.compute, run.codec, wire, run.messages, c.alpha, eps)
+    if c.rate_bound:
+        t = max(t, wire_time(run.nbytes, run.rate, c.eta) + c.alpha * run.messages)
+    return t
 
 
-def fit(runs: list[Run], overlap: str = "shared") -> Constants:
+def fit(runs: list[Run], overlap: str = "shared", rate_bound: bool = False) -> Constants:
     """Least squares on log(predicted / measured): eta, eps, alpha on the synchronous runs,
-    then eps_stale alone on the stale runs (eta and alpha kept); ``overlap``: ``OVERLAPS``."""
+    then eps_stale alone on the stale runs (eta and alpha kept); ``overlap``: ``OVERLAPS``;
+    ``rate_bound``: ``RATE_BOUND``."""
     from scipy.optimize import least_squares
     sync = [r for r in runs if not r.stale]
 
     def residual(p, rs, stale=None):
-        c = (Constants(p[0], p[1], p[2], p[1], overlap) if stale is None
-             else Constants(*stale, p[0], overlap))
+        c = (Constants(p[0], p[1], p[2], p[1], overlap, rate_bound) if stale is None
+             else Constants(*stale, p[0], overlap, rate_bound))
         return [math.log(predict(r, c) / r.measured) for r in rs]
 
     p = least_squares(residual, [1.0, 0.5, 1e-4], args=(sync,),
@@ -254,7 +316,7 @@ def fit(runs: list[Run], overlap: str = "shared") -> Constants:
     e = 1.0
     if stale:
         e = least_squares(residual, [0.5], args=(stale, tuple(p)), bounds=([0.0], [1.0])).x[0]
-    return Constants(float(p[0]), float(p[1]), float(p[2]), float(e), overlap)
+    return Constants(float(p[0]), float(p[1]), float(p[2]), float(e), overlap, rate_bound)
 
 
 def errors(runs: list[Run], c: Constants) -> list[float]:
@@ -262,16 +324,19 @@ def errors(runs: list[Run], c: Constants) -> list[float]:
 
 
 def calibrate(args) -> None:
-    runs = load_runs([Path(p) for p in args.runs], args.combine, args.burst)
+    runs = load_runs([Path(p) for p in args.runs], args.combine, args.burst,
+                     getattr(args, "stale_bytes", "step"))
     if not runs:
         sys.exit(f"netmodel: no usable runs in {args.runs} (a link run needs a shm run of the "
                  f"same schedule in the same file)")
-    c = fit(runs, args.overlap)
-    held_out = _held_out(runs, args.overlap)
+    bound = getattr(args, "rate_bound", False)
+    c = fit(runs, args.overlap, bound)
+    held_out = _held_out(runs, args.overlap, bound)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(
         {"constants": asdict(c), "runs": [asdict(r) | {"predicted": predict(r, c)} for r in runs],
-         "held_out": held_out, "sources": [str(p) for p in args.runs]}, indent=1))
+         "held_out": held_out, "sources": [str(p) for p in args.runs],
+         "stale_bytes": getattr(args, "stale_bytes", "step")}, indent=1))
     table = calibration_markdown(runs, c, held_out)
     out.with_suffix(".md").write_text(table)
     print(table)
@@ -310,12 +375,12 @@ def plot_calibration(runs: list[Run], c: Constants, out: Path) -> None:
     plt.close(fig)
 
 
-def _held_out(runs: list[Run], overlap: str = "shared") -> dict | None:
+def _held_out(runs: list[Run], overlap: str = "shared", rate_bound: bool = False) -> dict | None:
     """Fit without the 8-rank runs, predict them: the model's reach beyond its fitting set."""
     four, eight = [r for r in runs if r.ranks != 8], [r for r in runs if r.ranks == 8 and not r.stale]
     if not eight or not any(not r.stale for r in four):
         return None
-    c = fit(four, overlap)
+    c = fit(four, overlap, rate_bound)
     errs = errors(eight, c)
     return {"constants": asdict(c), "worst": max(map(abs, errs)),
             "runs": [f"{r.ranks}|{r.rate:g}|{r.schedule}" for r in eight], "errors": errs}
@@ -327,7 +392,8 @@ def calibration_markdown(runs: list[Run], c: Constants, held_out: dict | None) -
     lines = [f"Constants: eta = {c.eta:.3f} (share of the nominal rate), eps = {c.eps:.3f} "
              f"(synchronous, shared link), alpha = {1e3 * c.alpha:.3f} ms per message, "
              f"eps_stale = {c.eps_stale:.3f}"
-             f"{'; eps at 4 ranks, x 4 / R' if c.overlap == 'per-rank' else ''}; token bucket "
+             f"{'; eps at 4 ranks, x 4 / R' if c.overlap == 'per-rank' else ''}"
+             f"{'; never under the bytes at eta x rate' if c.rate_bound else ''}; token bucket "
              f"{', '.join(f'{b / 2**20:g} MiB' for b in sorted({r.burst for r in runs}) if b) or 'not modelled'}.", "",
              f"Worst relative error {100 * abs(errs[worst]):.1f} % ({_name(runs[worst])}); "
              f"{sum(abs(e) <= 0.15 for e in errs)} of {len(runs)} runs within 15 %; mean "
@@ -352,7 +418,9 @@ def validate(args) -> None:
     c = Constants(**fitted["constants"])
     bursts = {r.get("burst") for r in fitted.get("runs", [])}
     burst = bursts.pop() if len(bursts) == 1 else None   # the fit's bucket (0: not modelled)
-    runs = load_runs([Path(p) for p in args.runs], args.combine, burst)
+    # the new runs' bytes as the fit took its runs' (a fit from before the choice: the mean)
+    stale_bytes = getattr(args, "stale_bytes", None) or fitted.get("stale_bytes", "mean")
+    runs = load_runs([Path(p) for p in args.runs], args.combine, burst, stale_bytes)
     if not runs:
         sys.exit(f"netmodel: no usable runs in {args.runs}")
     used = set(map(str, fitted.get("sources", [])))
@@ -361,7 +429,7 @@ def validate(args) -> None:
         sys.exit(f"netmodel: {', '.join(reused)} fitted the constants of {args.constants}; "
                  f"validate takes runs measured apart from the fit")
     errs = errors(runs, c)
-    refit = fit(runs, c.overlap)
+    refit = fit(runs, c.overlap, c.rate_bound)
     refit_errs = errors(runs, refit)
     head = [f"Constants of `{args.constants}` (fitted on {', '.join(fitted.get('sources', [])) or '?'}), "
             f"unchanged, predicting {len(runs)} runs of {', '.join(map(str, args.runs))} "
@@ -697,6 +765,12 @@ def main() -> None:
     c.add_argument("--burst", type=tc_bytes, default=None,
                    help="the emulated link's token bucket, tc units, for every file (default: each "
                         "file's recorded --burst, 1mb where none is); 0: not modelled")
+    c.add_argument("--rate-bound", action="store_true",
+                   help="no epoch predicted under its bytes' time at eta x rate (see RATE_BOUND)")
+    c.add_argument("--stale-bytes", choices=STALE_BYTES, default="step",
+                   help="step: a stale run's bytes as its median step sent them (default); mean: "
+                        "over every epoch, epoch 0's one-time first-layer rows included (the model "
+                        "before 2026-11-28)")
     h = sub.add_parser("halos")
     h.add_argument("--dataset", default=HALF, help=f"default: half of ogbn-products' size; {PRODUCTS} "
                    f"needs ~11 GB for METIS")
@@ -732,6 +806,8 @@ def main() -> None:
     v.add_argument("--combine", choices=["last", "median"], default="median")
     v.add_argument("--out", default=str(RESULTS / "netmodel-validation"))
     v.add_argument("--plot", default=None, help="PNG of predicted against measured epochs")
+    v.add_argument("--stale-bytes", choices=STALE_BYTES, default=None,
+                   help="as for calibrate (default: the fit's own; mean for a fit from before the option)")
     args = ap.parse_args()
     {"calibrate": calibrate, "validate": validate, "halos": halos, "project": project, "summary": summary,
      "remeasure": remeasure}[args.cmd](args)

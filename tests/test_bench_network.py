@@ -44,6 +44,25 @@ def test_a_schedule_without_auto_is_its_steps_alone(tmp_path):
     assert res["train_s"] == pytest.approx(3.0) and network.time_to(res["curve"], 0.7) == 3.0
 
 
+def test_a_stale_runs_wire_is_its_steps_bytes_not_epoch_0s(tmp_path):
+    """A stale run's epoch 0 also sends the first layer's input rows, once (fp32); the median
+    step is of epochs 1 on, so the wire time set against it is of their bytes: a step's bytes
+    x 8 / rate, not the mean over every epoch."""
+    steady = 1_541_736                                     # a Sylvie step, 4 ranks, cSBM 20k
+    rows = [_row(0, 0.14, bytes_sent=steady + 28_962_612)] + \
+           [_row(e, 0.05, bytes_sent=steady) for e in range(1, 40)]
+    res = network.summarise(_run_dir(tmp_path, rows))
+    assert res["bytes_per_step"] == steady
+    assert res["bytes_per_epoch"] == pytest.approx(steady + 28_962_612 / 40)
+    assert network.wire_s(res, "1") == pytest.approx(steady * 8 / 1e9)
+    assert network.wire_s(res, "shm") is None
+    # results from before bytes_per_step: the mean, as then
+    old = {k: v for k, v in res.items() if k != "bytes_per_step"}
+    assert network.wire_s(old, "0.5") == pytest.approx(res["bytes_per_epoch"] * 8 / 0.5e9)
+    two = network.summarise(_run_dir(tmp_path, rows[:2]))         # epoch 0 is not a step's
+    assert two["bytes_per_step"] == steady and two["epoch_s"] == 0.05
+
+
 @pytest.mark.parametrize("variant, rate, want", [
     ("unlimited", "5", ("", "none")),
     ("eager+unlimited", "2", ("eager", "none")),
