@@ -295,20 +295,43 @@ def test_the_documented_held_out_test_on_the_committed_rounds(tmp_path):
     assert max(map(abs, errs)) == pytest.approx(0.241, abs=5e-4)
 
 
-@pytest.mark.parametrize("fit, within, worst", [
-    ("netmodel-calibration-2026-11-27-per-rank-steps.json", 44, 0.191),
-    ("netmodel-calibration-2026-11-27-per-rank-bound.json", 46, 0.202),
+@pytest.mark.parametrize("fit, rounds, within, worst", [
+    ("netmodel-calibration-2026-11-27-per-rank-steps.json", "2026-11-28", 44, 0.191),
+    ("netmodel-calibration-2026-11-27-per-rank-bound.json", "2026-11-28", 46, 0.202),
+    ("netmodel-calibration-2026-11-28-per-rank.json", "2026-11-28b", 40, 0.284),
+    ("netmodel-calibration-2026-11-28-per-rank-bound.json", "2026-11-28b", 40, 0.281),
 ])
-def test_the_documented_held_out_test_with_a_steps_bytes(tmp_path, fit, within, worst):
+def test_the_documented_held_out_test_with_a_steps_bytes(tmp_path, fit, rounds, within, worst):
     """docs/network-model.md's held-out figures after the stale runs' bytes were corrected: fits
     on the rounds of 2026-11-27 (a step's bytes; eps x 4 / R, without and with the rate bound)
-    predicting the rounds of 2026-11-28."""
+    predicting the rounds of 2026-11-28, and the fits of those committed before the rounds
+    2026-11-28b ran, predicting them."""
     nm = netmodel()
     results = REPO / "bench" / "results"
     out = tmp_path / "val"
     nm.validate(argparse.Namespace(constants=str(results / fit),
-                                   runs=[str(results / f"network-calib-2core-2026-11-28-r{i}.json") for i in (1, 2, 3)],
+                                   runs=[str(results / f"network-calib-2core-{rounds}-r{i}.json") for i in (1, 2, 3)],
                                    combine="median", out=str(out), plot=None))
     errs = [r["error"] for r in json.loads(out.with_suffix(".json").read_text())["runs"]]
     assert len(errs) == 48 and sum(abs(e) <= 0.15 for e in errs) == within
     assert max(map(abs, errs)) == pytest.approx(worst, abs=5e-4)
+
+
+def test_the_restated_balanced_points_of_the_staleness_log():
+    """bench/stale_wire.py on a committed paired report: its 'as reported' figure is the
+    report's own (paired.py's, from the mean bytes), and from a step's bytes the 2-rank fp32
+    point is the 1.131x the docs give; a 4-bit point whose compute was the larger stays."""
+    spec = importlib.util.spec_from_file_location("bench_stale_wire", REPO / "bench" / "stale_wire.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    results = REPO / "bench" / "results"
+    fp32, = mod.restate(results / "paired-agree-2r-2g-2core-2026-11-27.json")
+    # epoch 0 also sends the 128-wide fp32 features and one more 64-wide forward: 1.5 steps
+    # of 2 x 64 fp32 values a halo row, over 60 epochs
+    assert fp32["overstated"] == pytest.approx(1 + 1.5 / 60, abs=1e-3)
+    assert fp32["before"]["geomean"] == pytest.approx(1.105, abs=5e-4)
+    assert fp32["after"]["geomean"] == pytest.approx(1.131, abs=5e-4)
+    q4, = mod.restate(results / "paired-agree-2r-0.5g-q4-2core-2026-11-27.json")
+    assert q4["overstated"] == pytest.approx(1.121, abs=0.001)
+    assert q4["before"]["geomean"] == q4["after"]["geomean"] == pytest.approx(1.056, abs=5e-4)
+    assert mod.restate(results / "paired-agree-4r-shm-2core-2026-11-27.json") == []
