@@ -32,7 +32,7 @@ Subcommands:
 
 ``calibrate`` reads runs of bench/network.py (OUT.json). Inputs per run, all measured apart from
 the link: ``C`` = the same schedule's epoch over shared memory (``shm``, same sweep) less its
-codec time; ``K`` = the run's own codec time; ``B`` = its bytes per epoch; ``m`` = exchanges per
+codec time (``--compute tcp``: its epoch over the TCP loopback without a rate limit instead); ``K`` = the run's own codec time; ``B`` = its bytes per epoch; ``m`` = exchanges per
 epoch x (R - 1) (random parts: every pair of ranks exchanges). ``--combine median`` takes files
 that are rounds of one grid (``remeasure`` writes them) and uses each cell's medians. VARCO schedules are left out
 (their bytes change during the run while the table reports one median epoch).
@@ -106,6 +106,7 @@ class Constants:
     eps_stale: float    # the same for the stale (pipelined) path
     overlap: str = "shared"   # shared: one eps for every rank count; per-rank: eps x 4 / R
     rate_bound: bool = False  # an epoch takes at least its bytes' time at eta x rate (RATE_BOUND)
+    compute: str = "shm"      # the run that gives C: COMPUTES
 
 
 RATE_BOUND = """With ``rate_bound``, no epoch is predicted shorter than its bytes take at ``eta`` x the
@@ -113,6 +114,14 @@ rate (plus the messages' latency): the bucket lends tokens that refill at the ra
 an epoch the link moves at most ``rate x epoch`` bytes. Without it, the overlap ``eps`` and the
 bucket's allowance can together predict an epoch under that, as they did for the 8-rank 1- and
 2-bit runs at 0.5 Gbit/s (2026-11-28)."""
+
+COMPUTES = {"shm": "shm", "tcp": "none"}
+"""Which run of the same schedule, ranks and sweep gives a link run's compute ``C`` (its epoch
+less its codec time), by the rate it ran at. ``shm``: over shared memory (the model until
+2026-11-28). ``tcp``: over the same TCP loopback with no rate limit (``--rates none``), which
+pays the sockets' CPU that every link run pays and shared memory does not: on 2 cores that CPU
+is taken from the ranks' compute. (On 2026-11-28 the 4-rank Sylvie runs over shared memory took
+longer than the same schedule behind every rated link.)"""
 
 OVERLAPS = ("shared", "per-rank")
 """How ``eps`` depends on the rank count on the emulated link. ``per-rank``: ``eps`` is its value
@@ -159,7 +168,7 @@ class Run:
     rate: float
     schedule: str
     measured: float     # median epoch, s
-    compute: float      # C: the schedule's shm epoch less its codec time
+    compute: float      # C: the schedule's shm (or unlimited TCP: COMPUTES) epoch less its codec time
     codec: float        # K: the run's codec time per epoch
     nbytes: float       # B: bytes per epoch, all ranks
     messages: int       # m
@@ -180,23 +189,25 @@ def codec_seconds(r: dict) -> float:
 
 
 def load_runs(paths: list[Path], combine: str = "last", burst: float | None = None,
-              stale_bytes: str = "step") -> list[Run]:
+              stale_bytes: str = "step", compute: str = "shm") -> list[Run]:
     """The runs of bench/network.py files the model can take. ``combine``: ``last`` (a later
     file's run of a cell wins: newer sweeps replace older ones) or ``median`` (the files are
     repeated rounds of one grid: each input and the measured epoch are the median over the
     rounds that have the cell, each round's compute taken from its own shared-memory run).
     ``burst``: the link's token bucket in bytes for every file (0: the model without it);
     ``None``: each file's own (``bench/network.py --burst``, recorded since 2026-11-27; 1 MiB,
-    the only size before). ``stale_bytes``: ``STALE_BYTES``."""
+    the only size before). ``stale_bytes``: ``STALE_BYTES``; ``compute``: ``COMPUTES``."""
     if stale_bytes not in STALE_BYTES:
         raise ValueError(f"stale_bytes must be one of {STALE_BYTES}, got {stale_bytes!r}")
+    if compute not in COMPUTES:
+        raise ValueError(f"compute must be one of {tuple(COMPUTES)}, got {compute!r}")
     cells: dict[tuple, list[Run]] = {}
     for path in paths:
         sweep = json.loads(Path(path).read_text())
         results = sweep["results"]
         bucket = tc_bytes(sweep.get("burst", "1mb")) if burst is None else burst
         for key, r in results.items():
-            run = _run(path, key, r, results, stale_bytes)
+            run = _run(path, key, r, results, stale_bytes, compute)
             if run is not None:
                 run = replace(run, burst=bucket)
                 cells.setdefault((run.ranks, run.rate, run.schedule), []).append(run)
@@ -218,17 +229,18 @@ def _median_run(rounds: list[Run]) -> Run:
                med("codec"), med("nbytes"), first.messages, first.burst)
 
 
-def _run(path: Path, key: str, r: dict, results: dict, stale_bytes: str = "step") -> Run | None:
+def _run(path: Path, key: str, r: dict, results: dict, stale_bytes: str = "step",
+         compute: str = "shm") -> Run | None:
     ranks, rate, schedule = key.split("|")
-    shm = results.get(f"{ranks}|shm|{schedule}")
-    usable = rate not in ("shm", "none") and schedule.partition("@")[0] != "floor" and shm is not None
+    ref = results.get(f"{ranks}|{COMPUTES[compute]}|{schedule}")    # gives C
+    usable = rate not in ("shm", "none") and schedule.partition("@")[0] != "floor" and ref is not None
     if not usable or schedule.startswith("varco") or not _current(path, schedule):
         return None
     nbytes = step_bytes(key, r, results) if stale_bytes == "step" else r["bytes_per_epoch"]
     if nbytes is None:
         return None
     return Run(Path(path).stem, int(ranks), float(rate), schedule, r["epoch_s"],
-               shm["epoch_s"] - codec_seconds(shm), codec_seconds(r), nbytes,
+               ref["epoch_s"] - codec_seconds(ref), codec_seconds(r), nbytes,
                len(calib_widths("@s" in schedule)) * (int(ranks) - 1))
 
 
@@ -298,10 +310,12 @@ def predict(run: Run, c: Constants) -> float:
     return t
 
 
-def fit(runs: list[Run], overlap: str = "shared", rate_bound: bool = False) -> Constants:
+def fit(runs: list[Run], overlap: str = "shared", rate_bound: bool = False,
+        compute: str = "shm") -> Constants:
     """Least squares on log(predicted / measured): eta, eps, alpha on the synchronous runs,
     then eps_stale alone on the stale runs (eta and alpha kept); ``overlap``: ``OVERLAPS``;
-    ``rate_bound``: ``RATE_BOUND``."""
+    ``rate_bound``: ``RATE_BOUND``; ``compute``: which runs gave the runs' ``C`` (``COMPUTES``),
+    recorded with the constants so that ``validate`` takes new runs' ``C`` the same way."""
     from scipy.optimize import least_squares
     sync = [r for r in runs if not r.stale]
 
@@ -316,7 +330,7 @@ def fit(runs: list[Run], overlap: str = "shared", rate_bound: bool = False) -> C
     e = 1.0
     if stale:
         e = least_squares(residual, [0.5], args=(stale, tuple(p)), bounds=([0.0], [1.0])).x[0]
-    return Constants(float(p[0]), float(p[1]), float(p[2]), float(e), overlap, rate_bound)
+    return Constants(float(p[0]), float(p[1]), float(p[2]), float(e), overlap, rate_bound, compute)
 
 
 def errors(runs: list[Run], c: Constants) -> list[float]:
@@ -324,14 +338,15 @@ def errors(runs: list[Run], c: Constants) -> list[float]:
 
 
 def calibrate(args) -> None:
+    compute = getattr(args, "compute", "shm")
     runs = load_runs([Path(p) for p in args.runs], args.combine, args.burst,
-                     getattr(args, "stale_bytes", "step"))
+                     getattr(args, "stale_bytes", "step"), compute)
     if not runs:
-        sys.exit(f"netmodel: no usable runs in {args.runs} (a link run needs a shm run of the "
-                 f"same schedule in the same file)")
+        sys.exit(f"netmodel: no usable runs in {args.runs} (a link run needs a run of the same "
+                 f"schedule in the same file at rate {COMPUTES[compute]!r}, which gives its compute)")
     bound = getattr(args, "rate_bound", False)
-    c = fit(runs, args.overlap, bound)
-    held_out = _held_out(runs, args.overlap, bound)
+    c = fit(runs, args.overlap, bound, compute)
+    held_out = _held_out(runs, args.overlap, bound, compute)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(
         {"constants": asdict(c), "runs": [asdict(r) | {"predicted": predict(r, c)} for r in runs],
@@ -375,12 +390,13 @@ def plot_calibration(runs: list[Run], c: Constants, out: Path) -> None:
     plt.close(fig)
 
 
-def _held_out(runs: list[Run], overlap: str = "shared", rate_bound: bool = False) -> dict | None:
+def _held_out(runs: list[Run], overlap: str = "shared", rate_bound: bool = False,
+              compute: str = "shm") -> dict | None:
     """Fit without the 8-rank runs, predict them: the model's reach beyond its fitting set."""
     four, eight = [r for r in runs if r.ranks != 8], [r for r in runs if r.ranks == 8 and not r.stale]
     if not eight or not any(not r.stale for r in four):
         return None
-    c = fit(four, overlap, rate_bound)
+    c = fit(four, overlap, rate_bound, compute)
     errs = errors(eight, c)
     return {"constants": asdict(c), "worst": max(map(abs, errs)),
             "runs": [f"{r.ranks}|{r.rate:g}|{r.schedule}" for r in eight], "errors": errs}
@@ -420,16 +436,17 @@ def validate(args) -> None:
     burst = bursts.pop() if len(bursts) == 1 else None   # the fit's bucket (0: not modelled)
     # the new runs' bytes as the fit took its runs' (a fit from before the choice: the mean)
     stale_bytes = getattr(args, "stale_bytes", None) or fitted.get("stale_bytes", "mean")
-    runs = load_runs([Path(p) for p in args.runs], args.combine, burst, stale_bytes)
+    runs = load_runs([Path(p) for p in args.runs], args.combine, burst, stale_bytes, c.compute)
     if not runs:
-        sys.exit(f"netmodel: no usable runs in {args.runs}")
+        sys.exit(f"netmodel: no usable runs in {args.runs} (a link run needs a run of the same "
+                 f"schedule at rate {COMPUTES[c.compute]!r}, which gave the fit's compute)")
     used = set(map(str, fitted.get("sources", [])))
     reused = [p for p in args.runs if str(p) in used]
     if reused:
         sys.exit(f"netmodel: {', '.join(reused)} fitted the constants of {args.constants}; "
                  f"validate takes runs measured apart from the fit")
     errs = errors(runs, c)
-    refit = fit(runs, c.overlap, c.rate_bound)
+    refit = fit(runs, c.overlap, c.rate_bound, c.compute)
     refit_errs = errors(runs, refit)
     head = [f"Constants of `{args.constants}` (fitted on {', '.join(fitted.get('sources', [])) or '?'}), "
             f"unchanged, predicting {len(runs)} runs of {', '.join(map(str, args.runs))} "
@@ -729,7 +746,7 @@ REMEASURE_SCHEDULES = ["full", "quant4-all", "quant2-all", "quant1-all", "sample
 
 def remeasure(args) -> None:
     """bench/network.py for the calibration grid (4 and 8 ranks; 0.5, 1, 10 Gbit/s and shm, whose
-    runs give the compute), ``--rounds`` times one after another (OUT-r1, OUT-r2, ...: the same
+    runs give the compute; ``--rates`` adds ``none``, the unlimited TCP runs of ``--compute tcp``), ``--rounds`` times one after another (OUT-r1, OUT-r2, ...: the same
     schedule's step moves by 15-30 % between runs minutes apart on a small machine), then
     ``calibrate`` on the medians over the rounds."""
     out = Path(args.out)
@@ -737,7 +754,7 @@ def remeasure(args) -> None:
     for i in range(1, args.rounds + 1):
         part = out.with_name(f"{out.name}-r{i}")
         cmd = [sys.executable, str(REPO / "bench" / "network.py"), "--ranks", "4", "8", "--rates",
-               "0.5", "1", "10", "shm", "--schedules", *REMEASURE_SCHEDULES, "--epochs",
+               *args.rates, "--schedules", *REMEASURE_SCHEDULES, "--epochs",
                str(args.epochs), "--eval-every", "50", "--out", str(part)]
         print("running:" if not args.dry_run else "would run:", " ".join(cmd), flush=True)
         if not args.dry_run:
@@ -767,6 +784,9 @@ def main() -> None:
                         "file's recorded --burst, 1mb where none is); 0: not modelled")
     c.add_argument("--rate-bound", action="store_true",
                    help="no epoch predicted under its bytes' time at eta x rate (see RATE_BOUND)")
+    c.add_argument("--compute", choices=tuple(COMPUTES), default="shm",
+                   help="the run that gives a link run's compute C: shm (shared memory) or tcp (the "
+                        "same TCP loopback without a rate limit, rate 'none'; see COMPUTES)")
     c.add_argument("--stale-bytes", choices=STALE_BYTES, default="step",
                    help="step: a stale run's bytes as its median step sent them (default); mean: "
                         "over every epoch, epoch 0's one-time first-layer rows included (the model "
@@ -799,6 +819,8 @@ def main() -> None:
     r.add_argument("--out", default=str(RESULTS / "network-calib"))
     r.add_argument("--rounds", type=int, default=3, help="sweeps of the whole grid (default 3)")
     r.add_argument("--epochs", type=int, default=40, help="epochs per run (default 40)")
+    r.add_argument("--rates", nargs="+", default=["0.5", "1", "10", "shm"],
+                   help="link rates of the grid (default 0.5 1 10 shm; add none for --compute tcp)")
     r.add_argument("--dry-run", action="store_true", help="print the benchmark command(s) only")
     v = sub.add_parser("validate")
     v.add_argument("--constants", required=True, help="JSON written by calibrate (its constants and sources)")

@@ -236,6 +236,42 @@ def test_a_stale_runs_bytes_are_its_steps(tmp_path, schedule, stale_row, sync_ro
     assert [r.schedule for r in nm.load_runs([path])] == []
 
 
+def test_the_compute_from_the_unlimited_tcp_run(tmp_path):
+    """``compute = "tcp"``: a link run's C is the same schedule's epoch over the TCP loopback
+    without a rate (rate ``none``) less its codec time, not the shared-memory one; a fit records
+    it and ``validate`` takes the new runs' C the same way; a sweep without such runs has none."""
+    nm = netmodel()
+    cells = {"4|1|full": {"epoch_s": 0.250, "codec_s": 0.0, "bytes_per_epoch": 3.2e7},
+             "4|shm|full": {"epoch_s": 0.028, "codec_s": 0.0, "bytes_per_epoch": 3.2e7},
+             "4|none|full": {"epoch_s": 0.041, "codec_s": 0.0, "bytes_per_epoch": 3.2e7},
+             "4|1|quant2-all": {"epoch_s": 0.060, "codec_s": 0.004, "bytes_per_epoch": 3.3e6},
+             "4|shm|quant2-all": {"epoch_s": 0.034, "codec_s": 0.005, "bytes_per_epoch": 3.3e6},
+             "4|none|quant2-all": {"epoch_s": 0.031, "codec_s": 0.003, "bytes_per_epoch": 3.3e6}}
+    path = tmp_path / "r1.json"
+    path.write_text(json.dumps({"results": cells}))
+    shm = {r.schedule: r.compute for r in nm.load_runs([path])}
+    tcp = {r.schedule: r.compute for r in nm.load_runs([path], compute="tcp")}
+    assert shm == pytest.approx({"full": 0.028, "quant2-all": 0.029})
+    assert tcp == pytest.approx({"full": 0.041, "quant2-all": 0.028})
+    with pytest.raises(ValueError, match="compute"):
+        nm.load_runs([path], compute="udp")
+    assert nm.fit(nm.load_runs([path], compute="tcp"), compute="tcp").compute == "tcp"
+    fitted = tmp_path / "fit.json"
+    constants = {"eta": 0.9, "eps": 0.5, "alpha": 1e-4, "eps_stale": 0.4, "overlap": "shared",
+                 "rate_bound": False, "compute": "tcp"}
+    fitted.write_text(json.dumps({"constants": constants, "sources": ["old.json"], "runs": [{"burst": 0}]}))
+    out = tmp_path / "val"
+    nm.validate(argparse.Namespace(constants=str(fitted), runs=[str(path)], combine="median",
+                                   out=str(out), plot=None))
+    got = {r["schedule"]: r["compute"] for r in json.loads(out.with_suffix(".json").read_text())["runs"]}
+    assert got == pytest.approx(tcp)
+    del cells["4|none|full"], cells["4|none|quant2-all"]
+    path.write_text(json.dumps({"results": cells}))
+    with pytest.raises(SystemExit, match="rate 'none'"):
+        nm.validate(argparse.Namespace(constants=str(fitted), runs=[str(path)], combine="median",
+                                       out=str(out), plot=None))
+
+
 def test_the_rate_bound_lifts_what_overlap_and_bucket_predict_under_the_rate():
     """With ``rate_bound`` an epoch is never predicted under its bytes' time at eta x rate
     (plus the messages' latency); above that bound the prediction is the same."""
@@ -268,7 +304,7 @@ def test_validate_predicts_new_runs_with_the_constants_unchanged(tmp_path):
     nm.validate(argparse.Namespace(constants=str(fitted), runs=[str(new)], combine="median", out=str(out),
                             plot=None))
     got = json.loads(out.with_suffix(".json").read_text())
-    assert got["constants"] == constants | {"rate_bound": False}
+    assert got["constants"] == constants | {"rate_bound": False, "compute": "shm"}
     for run in got["runs"]:
         C, K, B = run["compute"], run["codec"], run["nbytes"]
         W = B / (0.9 * 1.0 * 1e9 / 8)                          # no bucket: bytes at eta x rate
