@@ -336,12 +336,19 @@ def test_the_documented_held_out_test_on_the_committed_rounds(tmp_path):
     ("netmodel-calibration-2026-11-27-per-rank-bound.json", "2026-11-28", 46, 0.202),
     ("netmodel-calibration-2026-11-28-per-rank.json", "2026-11-28b", 40, 0.284),
     ("netmodel-calibration-2026-11-28-per-rank-bound.json", "2026-11-28b", 40, 0.281),
+    ("netmodel-calibration-2026-11-28-per-rank.json", "2026-11-28c", 44, 0.240),
+    ("netmodel-calibration-2026-11-28-per-rank-bound.json", "2026-11-28c", 47, 0.209),
+    ("netmodel-calibration-2026-11-28-per-rank-bound.json", "2026-11-28d", 46, 0.201),
+    ("netmodel-calibration-2026-11-28c-per-rank-shm-bound.json", "2026-11-28d", 46, 0.167),
+    ("netmodel-calibration-2026-11-28c-per-rank-tcp-bound.json", "2026-11-28d", 46, 0.197),
+    ("netmodel-calibration-2026-11-28c-per-rank-tcp.json", "2026-11-28d", 43, 0.258),
 ])
 def test_the_documented_held_out_test_with_a_steps_bytes(tmp_path, fit, rounds, within, worst):
     """docs/network-model.md's held-out figures after the stale runs' bytes were corrected: fits
     on the rounds of 2026-11-27 (a step's bytes; eps x 4 / R, without and with the rate bound)
     predicting the rounds of 2026-11-28, and the fits of those committed before the rounds
-    2026-11-28b ran, predicting them."""
+    2026-11-28b, c and d ran, predicting them (compute from shared memory, or from the unlimited
+    TCP runs for the 2026-11-28c fits marked tcp)."""
     nm = netmodel()
     results = REPO / "bench" / "results"
     out = tmp_path / "val"
