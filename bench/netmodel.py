@@ -32,8 +32,9 @@ Subcommands:
 
 ``calibrate`` reads runs of bench/network.py (OUT.json). Inputs per run, all measured apart from
 the link: ``C`` = the same schedule's epoch over shared memory (``shm``, same sweep) less its
-codec time (``--compute tcp``: its epoch over the TCP loopback without a rate limit instead); ``K`` = the run's own codec time; ``B`` = its bytes per epoch; ``m`` = exchanges per
-epoch x (R - 1) (random parts: every pair of ranks exchanges). ``--combine median`` takes files
+codec time (``--compute tcp``: its epoch over the TCP loopback without a rate limit instead);
+``K`` = the run's own codec time; ``B`` = its bytes per epoch; ``m`` = exchanges per epoch x
+(R - 1) (random parts: every pair of ranks exchanges). ``--combine median`` takes files
 that are rounds of one grid (``remeasure`` writes them) and uses each cell's medians. VARCO schedules are left out
 (their bytes change during the run while the table reports one median epoch).
 ``validate`` predicts runs the constants were not fitted on (new rounds of the grid, measured
@@ -746,9 +747,10 @@ REMEASURE_SCHEDULES = ["full", "quant4-all", "quant2-all", "quant1-all", "sample
 
 def remeasure(args) -> None:
     """bench/network.py for the calibration grid (4 and 8 ranks; 0.5, 1, 10 Gbit/s and shm, whose
-    runs give the compute; ``--rates`` adds ``none``, the unlimited TCP runs of ``--compute tcp``), ``--rounds`` times one after another (OUT-r1, OUT-r2, ...: the same
-    schedule's step moves by 15-30 % between runs minutes apart on a small machine), then
-    ``calibrate`` on the medians over the rounds."""
+    runs give the compute; ``--rates`` adds ``none``, the unlimited TCP runs of ``--compute
+    tcp``), ``--rounds`` times one after another (OUT-r1, OUT-r2, ...: the same schedule's step
+    moves by 15-30 % between runs minutes apart on a small machine), then ``calibrate`` on the
+    medians over the rounds."""
     out = Path(args.out)
     files = []
     for i in range(1, args.rounds + 1):

@@ -51,10 +51,10 @@ def restate(path: Path) -> list[dict]:
                                          {f"{ranks}|{rate}|{k}": v for k, v in rnd.items()})
             if nbytes is None or floor is None:
                 continue
-            wire = nbytes * 8 / (float(rate) * 1e9)
+            wire = netmodel.wire_time(nbytes, float(rate), 1.0)      # at the nominal rate
             compute = floor["epoch_s"] + run.get("codec_s", 0.0)
             over.append(run["bytes_per_epoch"] / nbytes)
-            before.append(run["epoch_s"] / max(compute, run["bytes_per_epoch"] * 8 / (float(rate) * 1e9)))
+            before.append(run["epoch_s"] / max(compute, netmodel.wire_time(run["bytes_per_epoch"], float(rate), 1.0)))
             after.append(run["epoch_s"] / max(compute, wire))
         if after:
             rows.append({"file": Path(path).name, "schedule": s, "ranks": ranks, "rate": rate,
