@@ -378,3 +378,20 @@ def test_the_restated_balanced_points_of_the_staleness_log():
     assert q4["overstated"] == pytest.approx(1.121, abs=0.001)
     assert q4["before"]["geomean"] == q4["after"]["geomean"] == pytest.approx(1.056, abs=5e-4)
     assert mod.restate(results / "paired-agree-4r-shm-2core-2026-11-27.json") == []
+
+
+@pytest.mark.parametrize("compute,within,worst", [("tcp", 48, 0.114), ("shm", 47, 0.182)])
+def test_the_documented_blind_test_on_five_rounds(tmp_path, compute, within, worst):
+    """docs/network-model.md's last blind test: the fits on the six rounds of 2026-11-28c and d
+    (committed in 024f4fb before the five rounds of 2026-11-28e ran) predicting those rounds'
+    medians; the TCP compute has every cell within 15 %."""
+    nm = netmodel()
+    results = REPO / "bench" / "results"
+    out = tmp_path / "val"
+    nm.validate(argparse.Namespace(
+        constants=str(results / f"netmodel-calibration-2026-11-28cd-per-rank-{compute}-bound.json"),
+        runs=[str(results / f"network-calib-2core-2026-11-28e-r{i}.json") for i in range(1, 6)],
+        combine="median", out=str(out), plot=None))
+    errs = [r["error"] for r in json.loads(out.with_suffix(".json").read_text())["runs"]]
+    assert len(errs) == 48 and sum(abs(e) <= 0.15 for e in errs) == within
+    assert max(map(abs, errs)) == pytest.approx(worst, abs=5e-4)
