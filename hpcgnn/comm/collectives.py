@@ -3,7 +3,7 @@
 - ``allreduce_sum_``: one flat-buffer ``Allreduce`` (SUM) of a list of tensors, in place —
   the per-step gradient sum (``sum(numel) * 4`` bytes per rank).
 - ``broadcast_params_``: rank 0's parameters to every rank (one flat ``Bcast``).
-- ``sum_float64`` / ``max_float64`` / ``any_true``: small reductions of Python numbers.
+- ``sum_float64`` / ``max_float64``: small reductions of Python numbers.
 """
 from __future__ import annotations
 
@@ -67,7 +67,3 @@ def max_float64(ctx: CommContext, values: list[float]) -> list[float]:
         ctx.comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.MAX)
     return arr.tolist()
 
-
-def any_true(ctx: CommContext, flag: bool) -> bool:
-    """True on every rank if ``flag`` is True on any rank."""
-    return sum_float64(ctx, [1.0 if flag else 0.0])[0] > 0

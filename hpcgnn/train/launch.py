@@ -1,7 +1,8 @@
 """Start-up of a training job: every rank builds its trainer from local files only, then all
-ranks agree (one tiny Allreduce) whether anyone failed, so a bad config or shard ends the job
-with no rank left waiting in a collective; rank 0 then prints each distinct message once, with
-the ranks that hit it (one gather, only on failure; ``hpcgnn.train.early``, which also checks
+ranks agree (one small Allreduce) whether anyone failed and whether all started from the same
+inputs (``hpcgnn.train.agreement``), so a bad config or shard, or a rank started with other
+inputs, ends the job with no rank left waiting in a collective; rank 0 then prints each
+distinct message once, with the ranks that hit it (one gather, only on failure; ``hpcgnn.train.early``, which also checks
 the config, ``--out``, ``meta.json`` and the rank count before torch is imported).
 """
 from __future__ import annotations
@@ -10,11 +11,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
-from hpcgnn.comm.collectives import any_true
 from hpcgnn.comm.context import CommContext
 from hpcgnn.config import ConfigError, load_config
+from hpcgnn.train.agreement import agree, digest, report_differences, startup_facts
 from hpcgnn.train.build import prepare_trainer
 from hpcgnn.train.early import USER_ERRORS, gather_errors, report_failures
+from hpcgnn.train.records import package_version
 from hpcgnn.train.rundir import check_run_dir
 from hpcgnn.train.trainer import Trainer
 
@@ -45,14 +47,20 @@ def build_trainer(ctx: CommContext, args) -> Trainer:
 
 def prepare_or_report(ctx: CommContext, args, build=build_trainer):
     """``build(ctx, args)`` (the trainer, or another start-up such as predict's), or None on
-    every rank when any rank failed; then rank 0 alone says why, once per distinct message,
-    with the ranks that hit it (``ranks 0-3: ...``)."""
-    trainer, error = None, None
+    every rank when any rank failed or the ranks' inputs differ (``hpcgnn.train.agreement``);
+    then rank 0 alone says why, once per distinct message, with the ranks that hit it
+    (``ranks 0-3: ...``)."""
+    job, error, facts = None, None, None
     try:
-        trainer = build(ctx, args)
+        job = build(ctx, args)
+        facts = startup_facts(getattr(job, "trainer", job).record, args, package_version())
     except USER_ERRORS as exc:
         error = str(exc)
-    if not any_true(ctx, error is not None):       # one tiny Allreduce on the good path
-        return trainer
-    report_failures(gather_errors(ctx.comm, error))
-    return None
+    failed, differ = agree(ctx, error is not None, digest(facts) if facts else 0)
+    if failed:                                     # one small Allreduce on the good path
+        report_failures(gather_errors(ctx.comm, error))
+        return None
+    if differ:
+        report_differences(ctx, facts)
+        return None
+    return job

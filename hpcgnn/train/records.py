@@ -126,8 +126,8 @@ def harmless_keys(config: dict) -> tuple[str, ...]:
 def _config_diffs(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     """(config differences that change the math, those of harmless keys)."""
     # a key the checkpoint's version did not have yet (e.g. model.heads) had its default
-    old_config = {**_flatten(Config().to_dict()), **_flatten(saved["config"])}
-    diffs = _diff_flat(old_config, _flatten(now["config"]), "")
+    old_config = {**flatten(Config().to_dict()), **flatten(saved["config"])}
+    diffs = _diff_flat(old_config, flatten(now["config"]), "")
     harmless = harmless_keys(now["config"])
     return ([d for d in diffs if d.split(":")[0] not in harmless],
             [d for d in diffs if d.split(":")[0] in harmless])
@@ -147,7 +147,7 @@ def differences(saved: dict, now: dict) -> list[str]:
         diffs.append(f"--schedule: checkpoint {saved['schedule_path'] or 'none'}, "
                      f"now {now['schedule_path'] or 'none'}")
     elif old_s is not None:
-        diffs += _diff_flat(_flatten(tomllib.loads(old_s)), _flatten(tomllib.loads(new_s)), "schedule.")
+        diffs += _diff_flat(flatten(tomllib.loads(old_s)), flatten(tomllib.loads(new_s)), "schedule.")
     if saved["meta_sha256"] != now["meta_sha256"]:
         diffs.append(f"shard set meta.json sha256: checkpoint {saved['meta_sha256'][:12]}... "
                      f"({saved['shards']}), now {now['meta_sha256'][:12]}... ({now['shards']})")
@@ -160,17 +160,17 @@ def _diff_flat(old: dict, new: dict, prefix: str) -> list[str]:
             for k in sorted(set(old) | set(new)) if old.get(k, missing) != new.get(k, missing)]
 
 
-def _flatten(value, prefix: str = "") -> dict:
+def flatten(value, prefix: str = "") -> dict:
     """Nested tables and arrays of tables -> ``{"a.b": v, "phase[0].ratio": v}``."""
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         out = {}
         for i, v in enumerate(value):
-            out.update(_flatten(v, f"{prefix}[{i}]"))
+            out.update(flatten(v, f"{prefix}[{i}]"))
         return out
     return {prefix: value}
 

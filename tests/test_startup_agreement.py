@@ -1,0 +1,83 @@
+"""Ranks started with different inputs end the job at start-up, before any exchange, naming what
+differs between which ranks (``hpcgnn.train.agreement``); the same shard set at another path
+(a node-local copy) and per-rank settings that change nothing (logging) are accepted.
+
+Each job launches real ranks through a small wrapper that adds arguments or environment on one
+rank only, the way a per-node wrapper script or a stale node-local copy does on a cluster.
+Without the agreement these cases hang (``train.epochs``, ``HPCGNN_EXCHANGE``), crash
+(``MPI_ERR_TRUNCATE`` on another shard set) or train a silently mixed model (``train.lr``).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from _mpi import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+WRAPPER = '''
+import json, os, runpy, sys
+rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
+mine = json.loads(os.environ["TEST_PER_RANK"]).get(rank, {})
+os.environ.update(mine.get("env", {}))
+args = [a.replace(*mine["swap"]) if "swap" in mine else a for a in json.loads(os.environ["TEST_ARGS"])]
+sys.argv = ["hpcgnn"] + args + mine.get("args", [])
+runpy.run_module("hpcgnn", run_name="__main__")
+'''
+LIMIT_S = 90          # a hang fails the test (TimeoutExpired); a clean refusal takes seconds
+
+
+def launch(tmp_path, ranks: int, args: list[str], per_rank: dict) -> subprocess.CompletedProcess:
+    wrapper = tmp_path / "per_rank.py"
+    wrapper.write_text(WRAPPER)
+    env = {"TEST_ARGS": json.dumps([str(a) for a in args]), "TEST_PER_RANK": json.dumps(per_rank)}
+    try:
+        return run_mpi(ranks, [wrapper], timeout=LIMIT_S, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the job hung (> {LIMIT_S} s) with per-rank inputs {per_rank}")
+
+
+def train_args(shard_dir, out, *sets):
+    args = ["train", "--shards", shard_dir, "--out", out, "--config", "configs/cora.toml"]
+    for s in ("train.epochs=2",) + sets:
+        args += ["--set", s]
+    return args
+
+
+@pytest.mark.parametrize("case", ["lr", "epochs", "exchange", "shards"])
+def test_ranks_with_different_inputs_are_refused_before_any_exchange(shards, tmp_path, case):
+    run, ranks = tmp_path / "run", 2 if case == "shards" else 3
+    mine, other = shards("cora", ranks), shards("cora", ranks, "random")
+    per_rank = {"lr": {"1": {"args": ["--set", "train.lr=0.1"]}},
+                "epochs": {"2": {"args": ["--set", "train.epochs=3"]}},
+                "exchange": {"1": {"env": {"HPCGNN_EXCHANGE": "neighbor"}}},
+                "shards": {"1": {"swap": [str(mine), str(other)]}}}[case]
+    expect = {"lr": "config train.lr: ranks 0, 2 0.01; rank 1 0.1",
+              "epochs": "config train.epochs: ranks 0-1 2; rank 2 3",
+              "exchange": "environment HPCGNN_EXCHANGE: ranks 0, 2 (unset); rank 1 neighbor",
+              "shards": "rank 1 sha256 "}[case]
+    proc = launch(tmp_path, ranks, train_args(mine, run), per_rank)
+    assert proc.returncode == 2, proc.stderr
+    assert "the ranks were started with different inputs; nothing was exchanged" in proc.stderr
+    assert expect in proc.stderr, proc.stderr
+    if case == "shards":
+        assert "shard set meta.json: rank 0 sha256 " in proc.stderr and str(other) in proc.stderr
+    assert "fix: start every rank with the same" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (run / "checkpoint.pt").exists() and not (run / "run.json").exists()
+
+
+def test_a_copy_of_the_shard_set_elsewhere_and_local_settings_are_accepted(shards, tmp_path):
+    """Rank 1 reads a node-local copy of the same shard set and logs on every rank: both are
+    the same inputs, so the job trains."""
+    src = shards("cora", 2)
+    copy = tmp_path / "node-local"
+    shutil.copytree(src, copy)
+    per_rank = {"1": {"swap": [str(src), str(copy)], "env": {"HPCGNN_LOG_ALL_RANKS": "1"}}}
+    proc = launch(tmp_path, 2, train_args(src, tmp_path / "run"), per_rank)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
