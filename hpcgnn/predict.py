@@ -35,20 +35,14 @@ from hpcgnn.comm.context import CommContext
 from hpcgnn.config import ParallelConfig
 from hpcgnn.data.shard import part_name
 from hpcgnn.log import get_logger
+from hpcgnn.prediction_dir import FIELDS, META_NAME, PRED_VERSION, PredictError, stale_parts
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.records import CONFIG_NAME, SCHEDULE_NAME
 from hpcgnn.train.build import prepare_trainer
 from hpcgnn.train.early import read_run_config
 from hpcgnn.train.trainer import Trainer
 
-PRED_VERSION = 1
-META_NAME = "meta.json"
-FIELDS = ("global_id", "pred", "logits", "embedding")
 log = get_logger()
-
-
-class PredictError(ValueError):
-    """A run, checkpoint or prediction directory that cannot be used; names the file and fix."""
 
 
 @dataclass
@@ -64,6 +58,8 @@ class Predictor:
         ctx, tr = self.trainer.ctx, self.trainer
         if ctx.is_root:
             (self.out / META_NAME).unlink(missing_ok=True)      # incomplete until rewritten
+            for old in stale_parts(self.out, ctx.size):         # an earlier predict's, more parts
+                old.unlink()
         data = ctx.comm.bcast(self.checkpoint, root=0) if ctx.size > 1 else self.checkpoint
         state = ckpt.decode_checkpoint(data, tr.run_dir)
         tr.model.load_state_dict(state["model"])

@@ -54,6 +54,10 @@ def test_predictions_equal_the_trainers_evaluation(shards, tmp_path):
     assert np.array_equal(one["pred"], two["pred"])
     np.testing.assert_allclose(one["logits"], two["logits"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(one["embedding"], two["embedding"], rtol=1e-5, atol=1e-5)
+    # predicting again into an earlier output replaces it whole: 2 parts -> 1, no part left over
+    check_ok(predict(1, run, shards("cora", 1), tmp_path / "p2"))
+    assert not (tmp_path / "p2" / "part-00001.h5").exists()
+    assert np.array_equal(read_predictions(tmp_path / "p2")["pred"], one["pred"])
 
 
 def test_logits_and_embedding_equal_a_dense_gcn(tmp_path):
@@ -98,15 +102,37 @@ def test_predict_errors_end_the_job_on_every_rank(shards, tmp_path):
 
 @pytest.mark.parametrize("case,ranks,want", [
     ("no run", 2, "config.toml: not found; --run must be a run directory"),
-    ("rank count", 3, "the shard set has 2 parts but the job has 3 ranks")])
+    ("rank count", 3, "the shard set has 2 parts but the job has 3 ranks"),
+    ("out is --shards", 2, "is the --shards directory; predict writes part-NNNNN.h5"),
+    ("out is --run", 2, "is the --run directory"),
+    ("out holds a shard set", 2, "holds a shard set (meta.json is not a prediction's)"),
+    ("out holds a run", 2, "holds a finished run"),
+    ("out holds a shard's part", 2, "part-00001.h5 is not a prediction part"),
+    ("out under a file", 2, "is a file, not a directory")])
 def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards, tmp_path):
-    """predict's --run without a recorded config, and a rank count that does not divide the
-    parts, end every rank before any imports torch (``hpcgnn.train.early``)."""
-    run = tmp_path / "run"
+    """predict's --run without a recorded config, a rank count that does not divide the parts,
+    and an --out that would overwrite a shard set, a run or an input end every rank before any
+    imports torch (``hpcgnn.train.early``), and leave those files as they were."""
+    run, out = tmp_path / "run", tmp_path / "pred"
     run.mkdir()
-    if case == "rank count":
+    if case != "no run":
         shutil.copy(REPO / "configs" / "cora.toml", run / "config.toml")
-    proc = predict(ranks, run, shards("cora", 2), tmp_path / "pred",
-                   env={"PYTHONPROFILEIMPORTTIME": "1"})
+    src = shards("cora", 2)
+    if case == "out holds a shard set":
+        shutil.copytree(src, out)
+    if case == "out holds a run":
+        out.mkdir()
+        (out / "summary.json").write_text('{"epochs": 3}')
+    if case == "out holds a shard's part":
+        out.mkdir()
+        shutil.copy(src / "part-00001.h5", out)
+    if case == "out under a file":
+        (tmp_path / "afile").write_text("x")
+    out = {"out is --shards": src, "out is --run": run,
+           "out under a file": tmp_path / "afile" / "pred"}.get(case, out)
+    before = {p: p.read_bytes() for d in (src, out) if d.is_dir() for p in d.iterdir()}
+    proc = predict(ranks, run, src, out, env={"PYTHONPROFILEIMPORTTIME": "1"})
     refused_before_torch(proc, ranks, want)
-    assert not (tmp_path / "pred").exists()
+    assert {p: p.read_bytes() for p in before} == before
+    if case in ("no run", "rank count"):
+        assert not out.exists()
