@@ -14,6 +14,8 @@ from pathlib import Path
 
 import h5py
 
+from hpcgnn.train.rundir import check_dir_path, describe_run     # torch-free too
+
 PRED_VERSION = 1
 META_NAME = "meta.json"
 FIELDS = ("global_id", "pred", "logits", "embedding")
@@ -33,16 +35,9 @@ def check_out_dir(out: Path, shards: Path, run: Path) -> None:
         if out.resolve() == Path(other).resolve():
             raise PredictError(f"--out {out}: is the {name} directory; predict writes "
                                f"part-NNNNN.h5 and meta.json there and would replace its files; {fix}")
-    if out.exists() and not out.is_dir():
-        raise PredictError(f"--out {out}: exists and is not a directory; {fix}")
-    for parent in out.parents:
-        if parent.exists() and not parent.is_dir():
-            raise PredictError(f"--out {out}: {parent} is a file, not a directory; {fix}")
-        if parent.exists():
-            break
+    check_dir_path(out, "--out", fix)
     if not out.is_dir():
         return
-    from hpcgnn.train.rundir import describe_run      # torch-free too
     what = describe_run(out)
     if what is not None:
         raise PredictError(f"--out {out}: holds {what}; predict would write beside it; {fix}")

@@ -52,17 +52,22 @@ def test_a_stopped_run_is_refused_then_resumed_then_replaced(shards, tmp_path):
 @pytest.mark.parametrize("case,ranks,want", [
     ("finished run", 2, "holds a finished run (3 epochs; summary.json)"),
     ("config", 2, "did you mean 'model.hidden'?"),
-    ("rank count", 3, "the shard set has 2 parts but the job has 3 ranks")])
+    ("rank count", 3, "the shard set has 2 parts but the job has 3 ranks"),
+    ("out is a file", 2, "summary.json: exists and is not a directory; give --out a directory"),
+    ("out under a file", 2, "summary.json is a file, not a directory; give --out a directory")])
 def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards, tmp_path):
-    """An --out holding a run, a bad run-config key and a rank count that does not divide the
-    parts are refused on every rank before any rank imports torch (``hpcgnn.train.early``):
-    Python's import log of every rank (``PYTHONPROFILEIMPORTTIME``) names mpi4py, no torch."""
+    """An --out holding a run, a bad run-config key, a rank count that does not divide the
+    parts and an --out that is or lies under a file are refused on every rank before any rank
+    imports torch (``hpcgnn.train.early``): Python's import log of every rank
+    (``PYTHONPROFILEIMPORTTIME``) names mpi4py, no torch."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"epochs": 3}))
     sets = ("model.hiden=8",) if case == "config" else SETS
     extra = () if case == "finished run" else ("--force",)
-    proc = train(ranks, shards("cora", 2), run, *sets, extra=extra,
+    out = {"out is a file": run / "summary.json",
+           "out under a file": run / "summary.json" / "run"}.get(case, run)
+    proc = train(ranks, shards("cora", 2), out, *sets, extra=extra,
                  env={"PYTHONPROFILEIMPORTTIME": "1"})
     refused_before_torch(proc, ranks, want)
     assert (run / "summary.json").read_text() == json.dumps({"epochs": 3})    # untouched

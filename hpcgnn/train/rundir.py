@@ -33,6 +33,7 @@ def check_run_dir(run_dir: str | Path, resume: bool, force: bool) -> None:
     """Raise ``RunDirError`` naming ``run_dir``, what it holds and both fixes when it holds a
     run and the command neither resumes nor forces. Reads a few small files; no MPI."""
     run_dir = Path(run_dir)
+    check_dir_path(run_dir, "--out", "give --out a directory path (a new one, or a run's)")
     if resume or force:
         return
     what = describe_run(run_dir)
@@ -42,6 +43,18 @@ def check_run_dir(run_dir: str | Path, resume: bool, force: bool) -> None:
         f"{run_dir}: holds {what}; `hpcgnn train` does not start a new run over it. Fix: add "
         f"--resume to continue that run (same config, schedule and shards), or --force to start "
         f"a new run that replaces it (or give another --out directory)")
+
+
+def check_dir_path(path: Path, flag: str, fix: str) -> None:
+    """Raise ``RunDirError`` when ``path`` (an output directory, made if absent) is a file or
+    lies under one, so that no rank fails to make it after the start-up agreement."""
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"{flag} {path}: exists and is not a directory; {fix}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise RunDirError(f"{flag} {path}: {parent} is a file, not a directory; {fix}")
+            return
 
 
 def describe_run(run_dir: Path) -> str | None:
