@@ -7,6 +7,7 @@ the file, the key and the fix; an unknown section or key is an error, not a sile
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -290,10 +291,16 @@ def _coerce(value: Any, type_name: Any, key: str, where: str) -> Any:
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{where}: {key} = {value!r} must be an array of numbers, "
                               f"e.g. [0.9, 0.999]")
+        if not all(math.isfinite(v) for v in value):
+            raise ConfigError(f"{where}: {key} = {value!r} is not allowed; every number of the "
+                              f"run config must be finite (TOML's inf and nan are refused)")
         return tuple(float(v) for v in value)
     want = {"int": int, "float": float, "bool": bool, "str": str}[str(type_name)]
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if want is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: {key} = {value!r} is not allowed; every number of the run "
+                          f"config must be finite (TOML's inf and nan are refused)")
     if isinstance(value, want) and not (want is int and isinstance(value, bool)):
         return value
     raise ConfigError(f"{where}: {key} = {value!r} has type {type(value).__name__}; "

@@ -87,6 +87,10 @@ def test_config_defaults_file_and_overrides(tmp_path):
     ("[model]\nhidden = 'big'\n", ["model.hidden", "must be a int"]),
     ("[train]\nepochs = 0\n", ["train.epochs = 0", ">= 1"]),
     ("[model\n", ["not valid TOML"]),
+    ("[train]\nlr = inf\n", ["train.lr = inf", "must be finite"]),
+    ("[train]\nweight_decay = inf\n", ["train.weight_decay = inf", "must be finite"]),
+    ("[train]\nlr = nan\n", ["train.lr = nan", "must be finite"]),
+    ("[train]\nbetas = [0.9, inf]\n", ["train.betas", "must be finite"]),
 ])
 def test_config_errors_name_file_and_key(tmp_path, text, words):
     path = tmp_path / "run.toml"
