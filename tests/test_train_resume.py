@@ -1,5 +1,5 @@
 """Checkpoints, ``--resume`` and preemption: 10 epochs equal 5 + resume + 5 (same losses, same
-final weights), and a real SIGUSR1 to a real mpiexec job checkpoints and exits 0."""
+final weights; also past a metrics line torn by a kill), and a real SIGUSR1 to a real mpiexec job checkpoints and exits 0."""
 from __future__ import annotations
 
 import json
@@ -26,6 +26,8 @@ def test_resume_equals_straight_run(shards, tmp_path):
     straight = train_here(shard_dir, tmp_path / "a", *SETS, "train.epochs=10")
     first = train_here(shard_dir, tmp_path / "b", *SETS, "train.epochs=10", stop_after=5)
     assert len(first) == 5
+    with open(tmp_path / "b" / "metrics.jsonl", "a") as f:    # a kill tore the next record
+        f.write('{"epoch": 5, "loss": 1.2')
     resumed = train_here(shard_dir, tmp_path / "b", *SETS, "train.epochs=10", resume=True)
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]   # bit for bit
     wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from hpcgnn.log import get_logger
+
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
 
@@ -25,8 +27,13 @@ class MetricsSink:
             return
         kept = []
         if keep_epochs_below > 0 and self.path.is_file():
-            for line in self.path.read_text().splitlines():
-                if line.strip() and json.loads(line)["epoch"] < keep_epochs_below:
+            for number, line in enumerate(self.path.read_text().splitlines(), 1):
+                epoch = record_epoch(line)
+                if epoch is None and line.strip():     # e.g. torn by a kill during its write
+                    get_logger().warning(
+                        "%s: line %d is not an epoch record (torn by a kill?); dropped on resume",
+                        self.path, number)
+                elif epoch is not None and epoch < keep_epochs_below:
                     kept.append(line)
         _atomic_write(self.path, "".join(k + "\n" for k in kept))
 
@@ -46,3 +53,12 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def record_epoch(line: str) -> int | None:
+    """The record's ``epoch``, or None for a line that is not a whole epoch record."""
+    try:
+        epoch = json.loads(line)["epoch"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return epoch if isinstance(epoch, int) else None

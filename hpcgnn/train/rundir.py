@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpcgnn.train.metrics import METRICS_NAME, SUMMARY_NAME
+from hpcgnn.train.metrics import METRICS_NAME, SUMMARY_NAME, record_epoch
 from hpcgnn.train.preempt import PREEMPTED_NAME
 
 # The run's checkpoint, record and resolved config (``hpcgnn.train.checkpoint`` and
@@ -96,10 +96,10 @@ def _epochs_done(run_dir: Path) -> int:
         return marker["epochs_done"]
     try:
         lines = (run_dir / METRICS_NAME).read_text().splitlines()
-        epochs = [json.loads(line)["epoch"] for line in lines if line.strip()]
-        return int(epochs[-1]) + 1 if epochs else 0
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return 0
+    epochs = [e for e in map(record_epoch, lines) if e is not None]    # a torn line skipped
+    return epochs[-1] + 1 if epochs else 0
 
 
 def _read_json(path: Path) -> dict | None:
