@@ -151,7 +151,8 @@ def check_ok(proc) -> None:
 
 
 def train_here(shard_dir: Path, out: Path, *sets: str, config: str | None = "configs/cora.toml",
-               resume: bool = False, stop_after: int | None = None) -> list[dict]:
+               resume: bool = False, stop_after: int | None = None, force: bool = False
+               ) -> list[dict]:
     """Train on ONE rank inside the pytest process (MPI singleton); returns metrics records.
     The trainer's signal handlers are restored afterwards."""
     import signal
@@ -164,7 +165,7 @@ def train_here(shard_dir: Path, out: Path, *sets: str, config: str | None = "con
         ctx = CommContext.from_world("cpu")
         assert ctx.size == 1
         trainer = prepare_trainer(ctx, load_config(config, list(sets)), shard_dir, out, resume=resume,
-                                  stop_after=stop_after)
+                                  stop_after=stop_after, force=force)
         trainer.start()
         trainer.run()
     finally:

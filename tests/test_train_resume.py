@@ -44,6 +44,11 @@ def test_checkpoint_every_and_mismatched_resume(shards, tmp_path):
     from hpcgnn.train.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match="checkpoint.pt.*model.arch: checkpoint 'sage', now 'gcn'"):
         train_here(shard_dir, tmp_path, "model.arch=gcn", "train.epochs=6", resume=True)
+    # --force resumes other settings, but not a model of other shapes: refused before any comm
+    with pytest.raises(CheckpointError, match=r"layers.0.bias: checkpoint \[12\], now "
+                       r"\[20\].*not even with --force"):
+        train_here(shard_dir, tmp_path, "model.arch=sage", "model.hidden=20", "train.epochs=6",
+                   resume=True, force=True)
 
 
 @pytest.mark.mpi

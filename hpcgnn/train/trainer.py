@@ -181,6 +181,7 @@ class Trainer:
         where = self.run_dir / ckpt.CHECKPOINT_NAME
         if self.record is not None and "record" in state:
             forced, accepted = check_resume(state["record"], self.record, where, self.force)
+            self._check_shapes(state, where)                 # what even --force cannot resume
             for diff in forced if self.ctx.is_root else ():
                 log.warning("--force: resuming although %s", diff)
             for diff in accepted if self.ctx.is_root else ():
@@ -192,6 +193,23 @@ class Trainer:
             raise ckpt.CheckpointError(
                 f"{self.run_dir / ckpt.CHECKPOINT_NAME}: written for model {state.get('model_config')}, "
                 f"the config asks for {want}; use the run's config or another --out directory")
+        self._check_shapes(state, where)
+
+    def _check_shapes(self, state: dict, where: Path) -> None:
+        """Refuse, even with ``--force``, a checkpoint whose parameters cannot load into this
+        model (another width, depth, architecture, feature width or class count)."""
+        saved, mine = state.get("model", {}), self.model.state_dict()
+        diffs = [f"{k}: checkpoint {list(saved[k].shape) if k in saved else 'absent'}, now "
+                 f"{list(mine[k].shape) if k in mine else 'absent'}"
+                 for k in sorted(set(saved) | set(mine))
+                 if k not in saved or k not in mine or saved[k].shape != mine[k].shape]
+        if diffs:
+            raise ckpt.CheckpointError(
+                f"{where}: its model has other shapes than this config and shard set build ("
+                + "; ".join(diffs[:3]) + ("; ..." if len(diffs) > 3 else "") + "), so it cannot "
+                "be resumed, not even with --force; fix: resume with the run's own config "
+                f"({self.run_dir / 'config.toml'}), or start a new run (--force without --resume, "
+                "or another --out)")
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> str:
