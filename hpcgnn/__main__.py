@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="with --resume: continue even though the config/schedule/shards differ; "
                     "without it: start a new run in an --out that holds one (its checkpoint, "
                     "summary and metrics are replaced)")
-    tr.add_argument("--stop-after", type=int, metavar="N",
+    tr.add_argument("--stop-after", type=_count, metavar="N",
                     help="checkpoint and stop once N epochs are done (continue with --resume)")
     tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     pr = sub.add_parser("predict", help="per-node predictions and embeddings of a trained run "
@@ -49,6 +49,17 @@ def _parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("summary", help="print test accuracy and bytes of a finished run")
     sm.add_argument("run_dir")
     return ap
+
+
+def _count(text: str) -> int:
+    """An integer >= 0 (argparse turns the ValueError into a usage error naming the option)."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+_count.__name__ = "epoch count (an integer >= 0)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +185,16 @@ def cmd_summary(run_dir: Path) -> int:
         print(f"{path}: not found; the run has not finished (see {run_dir}/metrics.jsonl), or "
               f"train with --out {run_dir}", file=sys.stderr)
         return EXIT_USER_ERROR
-    s = json.loads(path.read_text())
+    try:
+        s = json.loads(path.read_text())
+        missing = [k for k in SUMMARY_KEYS if k not in s] if isinstance(s, dict) else ["all keys"]
+        what = f"lacks {', '.join(missing)}" if missing else ""
+    except (OSError, ValueError) as exc:
+        what = f"is unreadable ({exc})"
+    if what:
+        print(f"{path}: {what}, so it is not a finished run's summary (damaged, or written by "
+              f"another tool); the epochs' records are in {run_dir}/metrics.jsonl", file=sys.stderr)
+        return EXIT_USER_ERROR
     print(f"run {run_dir}: {s['ranks']} ranks, {s['epochs']} epochs on {s['device']}")
     print(f"  test accuracy {s['test_acc']:.4f} (at best validation {s['best_val_acc']:.4f}); "
           f"final {s['final_test_acc']:.4f}")
@@ -187,6 +207,10 @@ def cmd_summary(run_dir: Path) -> int:
                if "peak_device_bytes" in s else "")
         print(f"  peak memory of the largest rank: resident {s['peak_rss_bytes'] / 2**20:,.0f} MiB{dev}")
     return 0
+
+
+SUMMARY_KEYS = ("ranks", "epochs", "device", "test_acc", "best_val_acc", "final_test_acc",
+                "bytes_sent", "bytes_full", "allreduce_bytes", "train_time_s", "epoch_time_s_median")
 
 
 def _traffic_name(run_dir: Path) -> str:

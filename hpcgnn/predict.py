@@ -138,6 +138,10 @@ def run_config(run_dir: Path):
     return replace(cfg, parallel=ParallelConfig(), train=replace(cfg.train, staleness=0, smoothing=0.0))
 
 
+PREDICT_FIX = ("predict needs the run's whole checkpoint: train the run again (`hpcgnn train "
+               "--force` over it), or pass another --run")
+
+
 def _checked_checkpoint(trainer: Trainer) -> bytes:
     """Rank 0: the checkpoint's bytes, after checking it loads into this model."""
     path = trainer.run_dir / ckpt.CHECKPOINT_NAME
@@ -145,7 +149,7 @@ def _checked_checkpoint(trainer: Trainer) -> bytes:
     if data is None:
         raise PredictError(f"{path}: not found; the run has not checkpointed yet (train it, or "
                            f"pass the --run directory that holds checkpoint.pt)")
-    state = ckpt.decode_checkpoint(data, trainer.run_dir)
+    state = ckpt.decode_checkpoint(data, trainer.run_dir, fix=PREDICT_FIX)
     try:
         trainer.model.load_state_dict(state["model"])
     except RuntimeError as exc:

@@ -121,12 +121,19 @@ def test_equals_one_rank_and_the_closed_form(case, shards, one_rank, case_runs):
     want = epoch_bytes(alg, q, spec, arch)
     assert [r["bytes_sent"] for r in got] == [want] * EPOCHS
     assert all(r["bytes_full"] == r["bytes_sent"] for r in got)
+    assert f"; {training_nodes(spec)} training nodes in all" in proc.stderr   # once each, not per copy
+
+
+def training_nodes(spec) -> int:
+    from hpcgnn.data.datasets import load_dataset
+    return len(load_dataset(spec).train_idx)
 
 
 def test_rounds_past_a_lowered_limit_give_the_same_losses(one_rank, case_runs):
     """1.5D on 4 ranks (c = 2) in rounds of 900 bytes (2D and 3D: ``CASES``)."""
     proc, run = case_runs("1.5d-rounds")
     check_ok(proc)
+    assert f"; {training_nodes(CSBM)} training nodes in all" in proc.stderr
     same_run(read_metrics(run), one_rank(CSBM, "gcn"))
 
 

@@ -41,6 +41,15 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
     assert "peak memory of the largest rank: resident 1,536 MiB" in _run("summary", str(tmp_path)).stdout
     missing = _run("summary", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "summary.json: not found" in missing.stderr
+    for torn, why in ((json.dumps(s)[:40], "is unreadable"), (json.dumps({"ranks": 4}), "lacks epochs")):
+        (tmp_path / "summary.json").write_text(torn)
+        proc = _run("summary", str(tmp_path))
+        assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_stop_after_must_not_be_negative():
+    proc = _run("train", "--shards", "x", "--stop-after", "-1")
+    assert proc.returncode == 2 and "--stop-after: invalid epoch count (an integer >= 0)" in proc.stderr
 
 
 def test_reading_a_config_needs_no_torch():

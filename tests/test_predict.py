@@ -92,6 +92,11 @@ def test_predict_errors_end_the_job_on_every_rank(shards, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "[rank 0/2] ERROR rank 0: " in proc.stderr and "checkpoint.pt: not found" in proc.stderr
     assert "[rank 0/2] ERROR rank 1: no error; stopping with the others" in proc.stderr
+    (run / "checkpoint.pt").write_bytes(b"PK\x03\x04 torn by a kill")
+    proc = predict(2, run, shards("cora", 2), tmp_path / "pred")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "checkpoint.pt: unreadable checkpoint" in proc.stderr and "--resume" not in proc.stderr
+    assert "predict needs the run's whole checkpoint" in proc.stderr
     shutil.rmtree(run)
     proc = predict(2, run, shards("cora", 2), tmp_path / "pred")
     assert proc.returncode == 2 and proc.stderr.count("config.toml: not found") == 1

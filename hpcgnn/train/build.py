@@ -53,6 +53,10 @@ class AlgorithmSetup:
     shard: Shard
     spmm: object | None = None      # the distributed SpMM (CAGNET), None for the halo algorithm
 
+    def row_copies(self, size: int) -> int:
+        """On how many of the ``size`` ranks each node's row lives (CAGNET's replicas)."""
+        return 1 if self.spmm is None else size // self.spmm.grid.dense_group[1]
+
 
 def load_halo(ctx: CommContext, cfg: Config, shards: ShardSet) -> AlgorithmSetup:
     """The halo algorithm: this rank's part (K/R parts merged when R divides K)."""
@@ -206,5 +210,6 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
         # themselves, to check their own rank file against it
         resume_bytes=ckpt.read_checkpoint_bytes(run_dir)
         if resume and (ctx.is_root or cfg.train.staleness > 0) else None)
-    parts = RunParts(ctx, cfg, run_dir, setup.meta, data, model, policy)
+    parts = RunParts(ctx, cfg, run_dir, setup.meta, data, model, policy,
+                     setup.row_copies(ctx.size))
     return METHODS[cfg.train.method].trainer(parts, options)

@@ -63,22 +63,25 @@ def read_checkpoint_bytes(run_dir: Path) -> bytes | None:
     return path.read_bytes() if path.is_file() else None
 
 
-def decode_checkpoint(data: bytes, run_dir: Path) -> dict:
-    """Bytes (as read by rank 0 and broadcast) -> the state dict; checks the version."""
+RESUME_FIX = "delete it and run without --resume to start over"
+
+
+def decode_checkpoint(data: bytes, run_dir: Path, fix: str = RESUME_FIX) -> dict:
+    """Bytes (as read by rank 0 and broadcast) -> the state dict; checks the version. ``fix``:
+    what the error tells the user to do (the default is ``hpcgnn train --resume``'s)."""
     path = Path(run_dir) / CHECKPOINT_NAME
-    state = _load(io.BytesIO(data), path)
+    state = _load(io.BytesIO(data), path, fix)
     if state.get("version") not in (1, CHECKPOINT_VERSION):
         raise CheckpointError(f"{path}: checkpoint version {state.get('version')!r}, this hpcgnn "
-                              f"writes {CHECKPOINT_VERSION}; start over without --resume")
+                              f"writes {CHECKPOINT_VERSION}; {fix}")
     return state
 
 
-def _load(source, path: Path) -> dict:
+def _load(source, path: Path, fix: str = RESUME_FIX) -> dict:
     try:
         return torch.load(source, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 (torch raises many kinds for a corrupt file)
-        raise CheckpointError(f"{path}: unreadable checkpoint ({exc}); delete it and run "
-                              f"without --resume to start over") from exc
+        raise CheckpointError(f"{path}: unreadable checkpoint ({exc}); {fix}") from exc
 
 
 # -- rank files (stale runs) ---------------------------------------------------------------------

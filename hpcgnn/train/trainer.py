@@ -67,7 +67,8 @@ class Progress:
 class RunParts:
     """What the builder (``hpcgnn.train.build``) made for one rank: the run's context, config,
     directory, the shard set's ``meta.json``, this rank's tensors, the model and the bound
-    compression policy."""
+    compression policy; ``row_copies``: on how many ranks each node's row lives (CAGNET's
+    replicas; 1 for the halo algorithm)."""
 
     ctx: CommContext
     cfg: Config
@@ -76,6 +77,7 @@ class RunParts:
     data: PartInputs
     model: torch.nn.Module
     policy: CompressionPolicy
+    row_copies: int = 1
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Trainer:
         """Local set-up only (no collectives), so every rank can fail here cleanly."""
         self.ctx, self.cfg, self.run_dir, self.meta = parts.ctx, parts.cfg, Path(parts.run_dir), parts.meta
         self.data, self.model, self.policy = parts.data, parts.model, parts.policy
+        self.row_copies = parts.row_copies
         self.record, self.force, self.stop_after = options.record, options.force, options.stop_after
         self.params = list(self.model.parameters())
         self.opt = self.make_optimizer()
@@ -120,7 +123,7 @@ class Trainer:
             self.model.connect()
         counts = sum_float64(self.ctx, [float(self.data.train.sum()), float(self.data.val.sum()),
                                         float(self.data.test.sum())])
-        self.n_train = max(int(counts[0]), 1)
+        self.n_train = max(int(counts[0]), 1)      # each replica's copy counted: the loss's scale
         broadcast_params_(self.ctx, [p.data for p in self.params])
         if self.resume:
             self._load_resume_state()
@@ -131,7 +134,7 @@ class Trainer:
         self.preempt.install()
         log.info("%d ranks on %s; %s, %d layers, hidden %d; %d training nodes in all",
                  self.ctx.size, self.ctx.device, self.cfg.model.arch, self.cfg.model.layers,
-                 self.cfg.model.hidden, self.n_train)
+                 self.cfg.model.hidden, int(counts[0]) // self.row_copies)
 
     def _read_resume(self, state: dict) -> None:
         """The decoded checkpoint, checked (config, schedule, shards), and a stale run's own
