@@ -46,7 +46,7 @@ def startup_facts(record, args, version: str) -> dict[str, str]:
     facts["schedule"] = "none" if text is None else (
         f"{record.schedule_path} (sha256 {hashlib.sha256(text.encode()).hexdigest()[:12]})")
     facts["shard set meta.json"] = f"sha256 {record.meta_sha256[:12]} ({record.shards_path})"
-    for opt in ("resume", "force", "stop_after"):
+    for opt in ("out", "resume", "force", "stop_after"):
         facts[f"--{opt.replace('_', '-')}"] = repr(getattr(args, opt, None))
     facts["hpcgnn version"] = version
     return facts
