@@ -35,11 +35,11 @@ from hpcgnn.comm.context import CommContext
 from hpcgnn.config import ParallelConfig
 from hpcgnn.data.shard import part_name
 from hpcgnn.log import get_logger
-from hpcgnn.prediction_dir import FIELDS, META_NAME, PRED_VERSION, PredictError, stale_parts
 from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.records import CONFIG_NAME, SCHEDULE_NAME
 from hpcgnn.train.build import prepare_trainer
 from hpcgnn.train.early import read_run_config
+from hpcgnn.train.outdir import FIELDS, META_NAME, PRED_VERSION, PredictError, stale_parts
 from hpcgnn.train.trainer import Trainer
 
 log = get_logger()

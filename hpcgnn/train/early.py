@@ -41,7 +41,7 @@ def predict_checks(args, size: int) -> None:
     """``hpcgnn predict``: the ``--run`` directory's config, ``--out`` (not a shard set, a run or
     either input), the shard set's ``meta.json`` and the rank count against its parts (predict
     runs the halo algorithm)."""
-    from hpcgnn.prediction_dir import check_out_dir
+    from hpcgnn.train.outdir import check_out_dir
     read_run_config(Path(args.run))
     check_out_dir(Path(args.out), Path(args.shards), Path(args.run))
     ShardSet.open(args.shards).check_ranks(size)
