@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from _mpi import run_mpi
+from _mpi import REPO, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -24,6 +24,7 @@ import json, os, runpy, sys
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
 mine = json.loads(os.environ["TEST_PER_RANK"]).get(rank, {})
 os.environ.update(mine.get("env", {}))
+sys.path[:0] = mine.get("path", [])
 args = [a.replace(*mine["swap"]) if "swap" in mine else a for a in json.loads(os.environ["TEST_ARGS"])]
 sys.argv = ["hpcgnn"] + args + mine.get("args", [])
 runpy.run_module("hpcgnn", run_name="__main__")
@@ -48,24 +49,33 @@ def train_args(shard_dir, out, *sets):
     return args
 
 
-@pytest.mark.parametrize("case", ["lr", "epochs", "exchange", "shards"])
+@pytest.mark.parametrize("case", ["lr", "epochs", "exchange", "shards", "code"])
 def test_ranks_with_different_inputs_are_refused_before_any_exchange(shards, tmp_path, case):
-    run, ranks = tmp_path / "run", 2 if case == "shards" else 3
+    run, ranks = tmp_path / "run", 2 if case in ("shards", "code") else 3
     mine, other = shards("cora", ranks), shards("cora", ranks, "random")
+    if case == "code":                  # rank 1 imports another install of the same version
+        shutil.copytree(REPO / "hpcgnn", tmp_path / "other" / "hpcgnn",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        with open(tmp_path / "other" / "hpcgnn" / "log.py", "a") as f:
+            f.write("# a node's older or patched copy\n")
     per_rank = {"lr": {"1": {"args": ["--set", "train.lr=0.1"]}},
                 "epochs": {"2": {"args": ["--set", "train.epochs=3"]}},
                 "exchange": {"1": {"env": {"HPCGNN_EXCHANGE": "neighbor"}}},
-                "shards": {"1": {"swap": [str(mine), str(other)]}}}[case]
+                "shards": {"1": {"swap": [str(mine), str(other)]}},
+                "code": {"1": {"path": [str(tmp_path / "other")]}}}[case]
     expect = {"lr": "config train.lr: ranks 0, 2 0.01; rank 1 0.1",
               "epochs": "config train.epochs: ranks 0-1 2; rank 2 3",
               "exchange": "environment HPCGNN_EXCHANGE: ranks 0, 2 (unset); rank 1 neighbor",
-              "shards": "rank 1 sha256 "}[case]
+              "shards": "rank 1 sha256 ",
+              "code": "hpcgnn version: rank 0 "}[case]
     proc = launch(tmp_path, ranks, train_args(mine, run), per_rank)
     assert proc.returncode == 2, proc.stderr
     assert "the ranks were started with different inputs; nothing was exchanged" in proc.stderr
     assert expect in proc.stderr, proc.stderr
     if case == "shards":
         assert "shard set meta.json: rank 0 sha256 " in proc.stderr and str(other) in proc.stderr
+    if case == "code":                  # one line, the source digests apart
+        assert proc.stderr.count("(source sha256 ") == 2 and "(1 difference)" in proc.stderr
     assert "fix: start every rank with the same" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (run / "checkpoint.pt").exists() and not (run / "run.json").exists()
