@@ -2,16 +2,17 @@
 
 A job whose ranks read different inputs does not fail cleanly later: a rank with another shard
 set's ``meta.json`` posts other message sizes (``MPI_ERR_TRUNCATE``, or memory errors), one with
-another ``train.epochs`` or ``HPCGNN_EXCHANGE`` waits in a collective the others never enter, and
-one with another ``train.lr`` or seed trains a model that is silently a mix. Launchers make this
-easy (a per-node copy of the shards that is stale, a wrapper that passes other arguments, an
-environment set on one node, a node with another install). So each rank condenses what it will
-compute from into ``facts`` (the resolved config, the schedule, the shard set's ``meta.json``
-sha256, the ``HPCGNN_*`` environment that changes what ranks compute or send, the command's
-options, and the package's version and source digest) and a 62-bit digest of them, and the
-start-up ``Allreduce`` that tells whether any rank failed carries the digest's minimum and
-maximum as well: still one small Allreduce on the good path. Where the digests differ, rank 0 gathers every rank's facts and says
-which differ between which ranks; every rank then ends with exit code 2, before any exchange.
+another ``train.epochs`` or ``HPCGNN_EXCHANGE`` waits in a collective the others never enter,
+and one with another ``train.lr`` or seed trains a model that is silently a mix. Launchers make
+this easy (a per-node copy of the shards that is stale, a wrapper that passes other arguments,
+an environment set on one node, a node with another install). So each rank condenses what it
+will compute from into ``facts`` (the resolved config, the schedule, the shard set's
+``meta.json`` sha256, the ``HPCGNN_*`` environment that changes what ranks compute or send, the
+command's options, the package's version and source digest, and torch's version) and a 62-bit
+digest of them, and the start-up ``Allreduce`` that tells whether any rank failed carries the
+digest's minimum and maximum as well: still one small Allreduce on the good path. Where the
+digests differ, rank 0 gathers every rank's facts and says which differ between which ranks;
+every rank then ends with exit code 2, before any exchange.
 
 Each rank checks its own part file against the sha256 in its ``meta.json`` when it loads it, so
 equal ``meta.json`` digests mean equal shard sets, wherever each rank's copy lives.
@@ -22,6 +23,7 @@ import hashlib
 import json
 from pathlib import Path
 import numpy as np
+import torch
 
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.settings import hpcgnn_environment
@@ -50,6 +52,7 @@ def startup_facts(record, args, version: str) -> dict[str, str]:
     for opt in ("out", "resume", "force", "stop_after"):
         facts[f"--{opt.replace('_', '-')}"] = repr(getattr(args, opt, None))
     facts["hpcgnn version"] = f"{version} (source sha256 {source_digest()})"
+    facts["torch version"] = torch.__version__     # every rank steps its own copy of the weights
     return facts
 
 
