@@ -72,8 +72,8 @@ def assert_reconstructs(directory: str | Path, graph: Graph) -> None:
                                       np.sort(getattr(graph, f"{name}_idx")))
 
 
-def save_npz(path, n=5, **override):
-    """A valid npz graph (a 5-cycle), with keys replaced or removed (value None)."""
+def graph_arrays(n=5, **override) -> dict:
+    """The arrays of a valid input graph (a 5-cycle), with keys replaced or removed (None)."""
     src = np.arange(n)
     dst = (src + 1) % n
     rows, cols = np.r_[dst, src], np.r_[src, dst]
@@ -86,7 +86,21 @@ def save_npz(path, n=5, **override):
               "train_idx": np.array([0, 1]), "val_idx": np.array([2]),
               "test_idx": np.array([3, 4])}
     arrays.update(override)
-    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return {k: v for k, v in arrays.items() if v is not None}
+
+
+def save_npz(path, n=5, **override):
+    """A valid npz graph (a 5-cycle), with keys replaced or removed (value None)."""
+    np.savez(path, **graph_arrays(n, **override))
+    return path
+
+
+def save_h5(path, n=5, **override):
+    """The same graph as an ``h5:`` input file."""
+    import h5py
+    with h5py.File(path, "w") as f:
+        for k, v in graph_arrays(n, **override).items():
+            f[k] = v
     return path
 
 
