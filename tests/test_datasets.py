@@ -214,6 +214,34 @@ def test_bad_specs():
         load_dataset("csbm:5")
 
 
+@pytest.mark.parametrize("spec, message", [
+    ("csbm:classes=0", "option classes=0 is not allowed: classes must be an integer >= 2, "
+                       "e.g. csbm:classes=4"),
+    ("csbm:degree=-1", "degree must be a number >= 0, e.g. csbm:degree=10"),
+    ("csbm:nodes=abc", "option nodes=abc is not allowed: nodes must be an integer >= 1, "
+                       "e.g. csbm:nodes=2000"),
+    ("csbm:nodes=2.5", "nodes must be an integer >= 1"),
+    ("csbm:train=2.0", r"train must be a number in \(0, 1\], e.g. csbm:train=0.1"),
+    ("csbm:train=0", r"train must be a number in \(0, 1\]"),
+    ("csbm:homophily=1.5", r"homophily must be a number in \[0, 1\], e.g. csbm:homophily=0.8"),
+    ("csbm:train=0.6,val=0.5", r"train=0.6 \+ val=0.5 is more than 1 .* e.g. csbm:train=0.1,val=0.2"),
+    ("csbm:features=0", "features must be an integer >= 1, e.g. csbm:features=32"),
+    ("csbm:signal=nan", "signal must be a finite number"),
+    ("csbm:seed=-1", "seed must be an integer >= 0"),
+    ("csbm:nodes=5,train=0.05", "train=0.05 of 5 nodes is no training node: raise train to at "
+                                "least 0.2"),
+    ("rmat:scale=0", r"scale must be an integer in \[1, 62\], e.g. rmat:scale=12"),
+    ("rmat:a=0.6,b=0.3,c=0.3", r"a \+ b \+ c = 1.2 is more than 1"),
+    ("rmat:symmetric=1", "symmetric must be true or false, e.g. rmat:symmetric=true"),
+    ("csbm-sliced:classes=1", "classes must be an integer >= 2, e.g. csbm-sliced:classes=4"),
+    ("rmat-sliced:edge_factor=0", "edge_factor must be an integer >= 1"),
+])
+def test_generator_options_are_checked(spec, message):
+    with pytest.raises(DatasetError, match=message) as err:
+        load_dataset(spec)
+    assert str(err.value).startswith(f"dataset spec '{spec}': ")
+
+
 def test_csbm_accuracy_needs_the_neighbours():
     """Nearest-centroid accuracy: weak from a node's own features, strong after averaging over
     neighbours -- the regime where dropping halo communication costs accuracy."""

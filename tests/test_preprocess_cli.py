@@ -113,6 +113,8 @@ def test_existing_shard_set_needs_force(cli, tmp_path):
     (("--dataset", "cora", "--parts", 0), "need at least 1 part"),
     (("--dataset", "npz:/nonexistent/g.npz", "--parts", 2), "/nonexistent/g.npz: no such file"),
     (("--dataset", "csbm:nodes=10,bogus=1", "--parts", 2), "unknown option(s) ['bogus']"),
+    (("--dataset", "csbm:nodes=abc", "--parts", 2), "nodes must be an integer >= 1, e.g."),
+    (("--dataset", "csbm:classes=0", "--parts", 2), "classes must be an integer >= 2, e.g."),
     (("--dataset", "cora", "--parts", 2, "--partitioner", "spectral"), "invalid choice"),
 ])
 def test_bad_requests(cli, tmp_path, args, expect):
@@ -130,6 +132,14 @@ def test_bad_npz_through_the_cli(cli, tmp_path):
     path = save_npz(tmp_path / "nan.npz", features=np.full((5, 2), np.nan, np.float32))
     line = error_line(cli("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
     assert str(path) in line and "NaN or inf" in line and "replace them" in line
+    assert_no_complete_set(cli, tmp_path / "s")
+
+
+def test_empty_training_split_through_the_cli(cli, tmp_path):
+    path = save_npz(tmp_path / "no-train.npz", train_idx=np.zeros(0, np.int64))
+    line = error_line(cli("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
+    assert line.startswith(f"preprocess: error: {path}: train_idx is empty") and \
+        "list at least one labelled node in train_idx" in line
     assert_no_complete_set(cli, tmp_path / "s")
 
 

@@ -245,6 +245,19 @@ def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
         assert not (out / "meta.json").exists() and not list(out.glob("part-*.h5"))
 
 
+@pytest.mark.mpi
+def test_sliced_generator_without_training_nodes_is_refused_on_every_rank(tmp_path):
+    """A per-node training probability can select no node: counted across the ranks (one
+    Allreduce, the same sum everywhere), refused on both, nothing written."""
+    spec = "csbm-sliced:nodes=20,train=0.001,seed=1"
+    proc = run_mpi(2, ["-m", "preprocess", "--dataset", spec, "--parts", "2", "--partitioner",
+                       "random", "--out", str(tmp_path / "s"), "-q"], timeout=90)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2 and all(f"{spec}: no labelled training node" in ln for ln in lines)
+    assert not (tmp_path / "s" / "meta.json").exists()
+
+
 # --- the MPI worker ----------------------------------------------------------------------------
 
 def _worker_run(root: str, out: str, k_scotch: str, k_random: str) -> None:
