@@ -143,6 +143,29 @@ def test_empty_training_split_through_the_cli(cli, tmp_path):
     assert_no_complete_set(cli, tmp_path / "s")
 
 
+def test_convert_makes_missing_folders_and_refuses_bad_outs(cli, tmp_path):
+    out = tmp_path / "new" / "deeper" / "cora.h5"
+    res = cli("convert", "--dataset", "cora", "--out", out, "-q")
+    assert res.returncode == 0 and f"use --dataset h5:{out}" in res.stdout
+    assert load_dataset(f"h5:{out}").num_nodes == 2708
+    assert [p.name for p in out.parent.iterdir()] == ["cora.h5"]          # no temporary left
+    (tmp_path / "file").write_text("x")
+    line = error_line(cli("convert", "--dataset", "cora", "--out", tmp_path / "file" / "a" / "g.h5"))
+    assert f"{tmp_path / 'file'}: exists and is not a directory" in line and "choose another --out" in line
+    line = error_line(cli("convert", "--dataset", "cora", "--out", tmp_path / "new"))
+    assert "is a directory; --out names the .h5 file to write, e.g. --out" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "new"]
+
+
+def test_convert_failed_write_leaves_no_file(tmp_path):
+    out = tmp_path / "sub" / "cora.h5"
+    proc = run(200_000, "ignore", "convert", "--dataset", "cora", "--out", out,
+               prefix=("-c", FSIZE_WRAPPER))
+    line = error_line(proc)
+    assert line.startswith(f"preprocess: error: {out}: write failed") and "no file was left" in line
+    assert list(out.parent.iterdir()) == []                      # no file, no temporary
+
+
 def test_out_is_a_file(cli, tmp_path):
     (tmp_path / "f").write_text("x")
     assert "is not a directory" in error_line(cli("--dataset", "cora", "--parts", 2, "--out",

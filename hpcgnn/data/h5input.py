@@ -27,6 +27,7 @@ import scipy.sparse as sp
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.npz import REQUIRED, SPARSE_FEATURES
+from hpcgnn.data.shard import _fsync
 from hpcgnn.data.validate import (FORMAT_HINT, check_label_values, check_split_ids,
                                    fail_empty_train, fail_nonfinite, fail_repeat,
                                    fail_unlabelled_train, nonfinite_rows, warn_unlabelled)
@@ -237,7 +238,9 @@ def write_h5(graph: Graph, path: str | os.PathLike) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     rows = max(1, min(graph.num_nodes, (1 << 20) // max(1, 4 * graph.feature_dim)))
     try:
-        with h5py.File(tmp, "w") as f:
+        # no chunk cache: each chunk is written as its dataset is made, so a failed write
+        # (disk full) raises there, not when HDF5 flushes the cache on close (crashed h5py)
+        with h5py.File(tmp, "w", rdcc_nbytes=0) as f:
             f["num_nodes"] = np.int64(graph.num_nodes)
             f.create_dataset("adj_indptr", data=graph.indptr.astype(np.int64), chunks=True)
             f.create_dataset("adj_indices", data=graph.indices.astype(np.int64), chunks=True)
@@ -254,6 +257,7 @@ def write_h5(graph: Graph, path: str | os.PathLike) -> None:
             for split in SPLITS:
                 f.create_dataset(split, data=getattr(graph, split).astype(np.int64),
                                  chunks=True if len(getattr(graph, split)) else None)
+        _fsync(tmp)                 # on disk before the name says it is complete
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
