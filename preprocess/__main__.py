@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from hpcgnn.data.datasets import SPEC_HELP, load_dataset
 from hpcgnn.data.errors import DatasetError
@@ -61,12 +62,32 @@ def _convert_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_convert_out(out: Path) -> None:
+    """Refuse an ``--out`` that is a directory or lies below a file, before the long load."""
+    if out.is_dir():
+        raise PreprocessError(f"{out}: is a directory; --out names the .h5 file to write, e.g. "
+                              f"--out {out / 'graph.h5'}")
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise PreprocessError(f"{above}: exists and is not a directory, so {out} cannot be "
+                              f"written; choose another --out")
+
+
 def _convert(args: argparse.Namespace) -> None:
     from hpcgnn.data.h5input import write_h5
+    out = Path(args.out)
+    _check_convert_out(out)
     graph = load_dataset(args.dataset, symmetrize=args.symmetrize)
-    write_h5(graph, args.out)
-    print(f"wrote {args.out}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges; use "
-          f"--dataset h5:{args.out}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)      # missing folders are made
+        write_h5(graph, out)                               # temporary name, then renamed
+    except (OSError, RuntimeError) as exc:                 # h5py: RuntimeError on close
+        raise PreprocessError(f"{out}: write failed ({exc}); check that the folder is "
+                              f"writable and has space, then re-run (no file was left)") from exc
+    print(f"wrote {out}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges; use "
+          f"--dataset h5:{out}")
 
 
 def _world():

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgnn.data.shard import META_NAME, part_name, sha256_file, write_meta, write_shard
+from hpcgnn.data.shard import META_NAME, part_entry, part_name, write_meta, write_shard
 from preprocess.dist_halo import build_shards
 from preprocess.distributed import add_reverse, collective, csr_of_keys, local_keys, \
     move_to_writers, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
-from preprocess.write import check_out_dir, meta_fields, prepare_out_dir, shard_files, \
-    write_failed
+from preprocess.write import check_out_dir, check_trainable, meta_fields, prepare_out_dir, \
+    shard_files, write_failed
 
 log = logging.getLogger("hpcgnn.preprocess")
 
@@ -46,9 +46,7 @@ def _write_own(shards: list, out: Path) -> list[dict]:
             write_shard(path, s)
         except (OSError, RuntimeError) as exc:
             raise write_failed(path, exc) from exc
-        entries.append({"part": s.part_id, "file": path.name, "num_owned": s.n_owned,
-                        "num_halo": s.n_halo, "num_edges": s.num_edges,
-                        "sha256": sha256_file(path)})
+        entries.append({"part": s.part_id, **part_entry(path, s)})
     return entries
 
 
@@ -98,6 +96,8 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     sl = collective(comm, read_slice, spec, comm, symmetrize)
     n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
     collective(comm, _check_request, comm, n, num_parts)
+    check_trainable(sl.name, comm.allreduce(  # the same count, so the same outcome, on every rank
+        int(np.count_nonzero(sl.masks["train_mask"] & (sl.labels >= 0)))))
     (indptr, cols), (sym_indptr, sym_cols) = _clean_slice(comm, sl, symmetrize, bounds)
     log.log(_level(comm), "rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s, peak %s)",
             comm.rank, sl.lo, sl.hi, f"{len(cols):,}", f"{len(sym_cols):,}",

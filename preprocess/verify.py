@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgnn.data.shard import Shard, ShardFormatError, part_name, read_meta, read_shard, \
-    sha256_file
+from hpcgnn.data.shard import NUM_TRAIN, Shard, ShardFormatError, num_train, part_name, \
+    read_meta, read_shard, sha256_file
 
 log = logging.getLogger("hpcgnn.preprocess")
 FIX = "re-run `python -m preprocess ... --force` to rewrite the shard set"
@@ -58,8 +58,11 @@ def _check_file(directory: Path, p: int, entry: dict) -> Path:
 
 def _check_counts(s: Shard, path: Path, entry: dict, meta: dict) -> None:
     for key, value in (("num_owned", s.n_owned), ("num_halo", s.n_halo),
-                       ("num_edges", s.num_edges)):
-        _need(entry[key] == value, path, f"holds {value} for {key}, meta.json says {entry[key]}")
+                       ("num_edges", s.num_edges), (NUM_TRAIN, num_train(s))):
+        _need(entry.get(key, value) == value, path,
+              f"holds {value} for {key}, meta.json says {entry.get(key)}")
+    _need(not bool(np.any(s.train_mask & (s.label < 0))), path,
+          "nodes/train_mask selects an unlabelled node (label -1)")
     _need(s.n_owned == 0 or s.feature_dim == meta["feature_dim"], path,
           f"features have {s.feature_dim} columns, meta.json says {meta['feature_dim']}")
     _need(s.label.size == 0 or (s.label.min() >= -1 and s.label.max() < meta["num_classes"]),
@@ -86,7 +89,7 @@ def _check_halo_groups(s: Shard, path: Path) -> None:
           "owner's group")
 
 
-def _read_part(directory: Path, p: int, meta: dict) -> tuple[PartPlan, int]:
+def _read_part(directory: Path, p: int, meta: dict) -> tuple[PartPlan, int, int]:
     entry = meta["parts"][p]
     path = _check_file(directory, p, entry)
     s = read_shard(path, part_id=p, num_parts=meta["num_parts"])
@@ -95,7 +98,7 @@ def _read_part(directory: Path, p: int, meta: dict) -> tuple[PartPlan, int]:
     _check_halo_groups(s, path)
     plan = PartPlan(s.global_id, s.degree, s.halo_global_id, s.halo_degree, s.recv_counts,
                     s.send_counts, s.global_id[s.send_index])
-    return plan, int(np.count_nonzero(s.indices >= s.n_owned))
+    return plan, int(np.count_nonzero(s.indices >= s.n_owned)), num_train(s)
 
 
 def _check_nodes(directory: Path, plans: list[PartPlan], meta: dict) -> np.ndarray:
@@ -155,11 +158,14 @@ def verify_shards(directory: str | Path) -> VerifyReport:
     """Check the shard set in ``directory``; raise ShardFormatError naming the file and fix."""
     directory = Path(directory)
     meta = read_meta(directory)
-    plans, cut = [], 0
+    plans, cut, train = [], 0, 0
     for p in range(meta["num_parts"]):
-        plan, part_cut = _read_part(directory, p, meta)
+        plan, part_cut, part_train = _read_part(directory, p, meta)
         plans.append(plan)
         cut += part_cut
+        train += part_train
+    _need(train > 0, directory, "no part holds a labelled training node (every nodes/train_mask "
+          "is empty), so training would learn nothing: the input needs a training split")
     owner = _check_nodes(directory, plans, meta)
     _check_count_matrix(directory, plans)
     _check_halo_owners(directory, plans, owner)

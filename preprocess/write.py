@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcgnn.data.graph import Graph
-from hpcgnn.data.shard import FORMAT_VERSION, META_NAME, part_name, sha256_file, write_meta, \
+from hpcgnn.data.shard import FORMAT_VERSION, META_NAME, part_entry, part_name, write_meta, \
     write_shard
 from preprocess.errors import PreprocessError
 from preprocess.halo import HaloPairs, PartLayout, build_shard, check_key_range, masks
@@ -54,6 +54,14 @@ def prepare_out_dir(out: Path, force: bool) -> None:
     except OSError as exc:
         raise PreprocessError(f"{out}: cannot create the output directory ({exc.strerror}); "
                               f"choose another --out") from exc
+
+
+def check_trainable(dataset: str, labelled_train: int) -> None:
+    """Refuse a graph without a labelled training node (a set that trains with loss 0)."""
+    if labelled_train == 0:
+        raise PreprocessError(f"{dataset}: no labelled training node (train_idx is empty, or "
+                              f"all its nodes have label -1), so training would learn nothing; "
+                              f"give the input a training split (csbm:/rmat: a larger train=)")
 
 
 def check_part_array(graph: Graph, parts: np.ndarray, num_parts: int) -> np.ndarray:
@@ -99,8 +107,7 @@ def _write_parts(graph: Graph, layout: PartLayout, pairs: HaloPairs, out: Path) 
             write_shard(path, shard)
         except (OSError, RuntimeError) as exc:      # h5py: RuntimeError on close after a failure
             raise write_failed(path, exc) from exc
-        entries.append({"file": path.name, "num_owned": shard.n_owned, "num_halo": shard.n_halo,
-                        "num_edges": shard.num_edges, "sha256": sha256_file(path)})
+        entries.append(part_entry(path, shard))
         log.info("part %d/%d: %s owned, %s halo, %s edges (%.1f s)", p + 1, layout.num_parts,
                  f"{shard.n_owned:,}", f"{shard.n_halo:,}", f"{shard.num_edges:,}",
                  time.perf_counter() - t0)
@@ -131,6 +138,7 @@ def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partit
     out = Path(out_dir)
     num_parts = int(np.max(parts)) + 1 if num_parts is None else int(num_parts)
     parts = check_part_array(graph, parts, num_parts)
+    check_trainable(graph.name, int(np.count_nonzero(graph.labels[graph.train_idx] >= 0)))
     prepare_out_dir(out, force)
     t0 = time.perf_counter()
     layout = PartLayout.build(parts, num_parts)

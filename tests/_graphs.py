@@ -72,8 +72,8 @@ def assert_reconstructs(directory: str | Path, graph: Graph) -> None:
                                       np.sort(getattr(graph, f"{name}_idx")))
 
 
-def save_npz(path, n=5, **override):
-    """A valid npz graph (a 5-cycle), with keys replaced or removed (value None)."""
+def graph_arrays(n=5, **override) -> dict:
+    """The arrays of a valid input graph (a 5-cycle), with keys replaced or removed (None)."""
     src = np.arange(n)
     dst = (src + 1) % n
     rows, cols = np.r_[dst, src], np.r_[src, dst]
@@ -86,7 +86,21 @@ def save_npz(path, n=5, **override):
               "train_idx": np.array([0, 1]), "val_idx": np.array([2]),
               "test_idx": np.array([3, 4])}
     arrays.update(override)
-    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return {k: v for k, v in arrays.items() if v is not None}
+
+
+def save_npz(path, n=5, **override):
+    """A valid npz graph (a 5-cycle), with keys replaced or removed (value None)."""
+    np.savez(path, **graph_arrays(n, **override))
+    return path
+
+
+def save_h5(path, n=5, **override):
+    """The same graph as an ``h5:`` input file."""
+    import h5py
+    with h5py.File(path, "w") as f:
+        for k, v in graph_arrays(n, **override).items():
+            f[k] = v
     return path
 
 
@@ -131,3 +145,21 @@ def dense_gcn(arrays: dict, state: dict) -> tuple[np.ndarray, np.ndarray]:
             h = np.maximum(h, 0.0)
             hidden = h
     return hidden, h
+
+
+def tamper(directory, part, h5path, change, **entry):
+    """Rewrite one dataset of one part in place and re-sign it in meta.json, so only the
+    independent checks (not the checksum) can notice; ``entry``: fields of the part's meta.json
+    entry to set (None: remove)."""
+    import h5py
+    from hpcgnn.data.shard import sha256_file, write_meta
+    path = Path(directory) / f"part-{part:05d}.h5"
+    with h5py.File(path, "r+") as f:
+        data = f[h5path][...]
+        del f[h5path]
+        f.create_dataset(h5path, data=change(data))
+    meta = read_meta(directory)
+    meta["parts"][part]["sha256"] = sha256_file(path)
+    for key, value in entry.items():
+        meta["parts"][part].pop(key) if value is None else meta["parts"][part].update({key: value})
+    write_meta(directory, meta)

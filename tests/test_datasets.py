@@ -7,7 +7,7 @@ import gzip
 import numpy as np
 import pytest
 
-from _graphs import edge_keys, save_npz
+from _graphs import edge_keys, save_h5, save_npz
 from hpcgnn.data.clean import clean_graph, edges_to_csr
 from hpcgnn.data.datasets import load_dataset, parse_spec
 from hpcgnn.data.errors import DatasetError
@@ -129,25 +129,72 @@ def test_ogb_missing_directory_names_it_and_the_fix(tmp_path):
         load_dataset(f"ogbn-nothing:root={tmp_path}")
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"adj_indices": None}, r"missing key\(s\) \['adj_indices'\]"),
-    ({"labels": np.zeros(5)}, "key 'labels' has dtype float64, expected int64"),
+SPARSE = {"features": None, "feat_indptr": np.array([0, 1, 2, 3, 4, 5]),
+          "feat_indices": np.array([0, 1, 0, 1, 0]), "feat_shape": np.array([5, 2])}
+
+# what the npz and the h5 reader both refuse (hpcgnn.data.validate), with the same words
+CHECKED = [
     ({"adj_indices": np.array([1, 4, 0, 2, 1, 3, 2, 9, 3, 0])}, "node id 9, outside 0..4"),
-    ({"adj_indptr": np.array([0, 2, 4, 6, 8])}, "adj_indptr has shape"),
     ({"features": np.array([[0, 1], [np.nan, 1], [0, 0], [0, 0], [np.inf, 0]], np.float32)},
      r"NaN or inf \(in 2 rows, first row 1\)"),
     ({"labels": np.array([0, 1, -3, 0, 1])}, "labels hold -3"),
     ({"labels": np.array([0, 1, 7, 0, 1]), "num_classes": np.int64(3)},
      r"class 7, outside 0..2 \(num_classes\)"),
     ({"train_idx": np.array([0, 5])}, "train_idx holds node id 5"),
+    ({"test_idx": np.array([-1, 3])}, "test_idx holds node id -1"),
+    ({"val_idx": np.array([2, 4, 2])}, "val_idx lists a node (.*)?twice; list each node"),
     ({"labels": np.array([-1, 1, 0, 0, 1])}, "train_idx holds an unlabelled node"),
+    ({"train_idx": np.zeros(0, np.int64)}, "train_idx is empty.*at least one labelled node"),
+]
+
+
+@pytest.mark.parametrize("override, message", CHECKED + [
+    ({"adj_indices": None}, r"missing key\(s\) \['adj_indices'\]"),
+    ({"labels": np.zeros(5)}, "key 'labels' has dtype float64, expected int64"),
+    ({"adj_indptr": np.array([0, 2, 4, 6, 8])}, "adj_indptr has shape"),
     ({"features": None}, "no features"),
+    ({**SPARSE, "feat_data": np.ones(3, np.float32)},
+     r"feat_data has shape \(3,\).*one float32 value per entry of feat_indices \(shape \(5,\)\)"),
 ])
 def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
     path = save_npz(tmp_path / "bad.npz", **override)
     with pytest.raises(DatasetError, match=message) as err:
         load_dataset(f"npz:{path}")
     assert str(path) in str(err.value) and ";" in str(err.value)
+
+
+@pytest.mark.parametrize("override, message", CHECKED + [
+    ({**SPARSE, "feat_data": np.array([1, np.nan, 1, 1, 1], np.float32)},
+     r"\(dataset 'feat_data'\): features hold NaN or inf \(in 1 rows, first row 1\)"),
+    ({**SPARSE, "feat_data": np.ones(3, np.float32)},
+     "feat_indices holds 5 entries and feat_data 3"),
+])
+def test_bad_h5_inputs_get_the_npz_checks(tmp_path, override, message):
+    path = save_h5(tmp_path / "bad.h5", **override)
+    with pytest.raises(DatasetError, match=message) as err:
+        load_dataset(f"h5:{path}")
+    assert str(path) in str(err.value) and ";" in str(err.value)
+    if "NaN" in message:
+        assert "(dataset 'feat" in str(err.value)         # the input file and its dataset
+
+
+def test_h5_slices_check_what_they_read_in_chunks(tmp_path, monkeypatch):
+    """A rank's slice checks the rows it reads; with one id per chunk a repeat across chunks
+    is still caught, by the slice that holds the node, and every slice checks id ranges."""
+    from hpcgnn.data import h5input
+    monkeypatch.setattr(h5input, "READ_CHUNK", 1)
+    path = save_h5(tmp_path / "g.h5", labels=np.array([0, 1, 0, -1, 1]),
+                   val_idx=np.array([3, 2, 3]), test_idx=np.array([4]))
+    assert h5input.read_h5_slice(path, 0, 2).masks["train_mask"].tolist() == [True, True]
+    with pytest.raises(DatasetError, match=r"g.h5: val_idx lists a node \(3\) twice"):
+        h5input.read_h5_slice(path, 2, 5)
+    bad = save_h5(tmp_path / "bad.h5", labels=np.array([0, 1, 0, -1, 1]),
+                  train_idx=np.array([0, 3]), test_idx=np.array([4, 7]))
+    with pytest.raises(DatasetError, match=r"train_idx holds an unlabelled node \(3\)"):
+        h5input.read_h5_slice(bad, 3, 5)
+    for lo, hi in ((0, 2), (2, 3)):          # rows without node 3: the range check still fires
+        with pytest.raises(DatasetError, match="test_idx holds node id 7, outside 0..4"):
+            h5input.read_h5_slice(bad, lo, hi)
 
 
 def test_missing_and_unreadable_files(tmp_path):
@@ -165,6 +212,34 @@ def test_bad_specs():
         load_dataset("csbm:nodez=5")
     with pytest.raises(DatasetError, match="not key=value"):
         load_dataset("csbm:5")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("csbm:classes=0", "option classes=0 is not allowed: classes must be an integer >= 2, "
+                       "e.g. csbm:classes=4"),
+    ("csbm:degree=-1", "degree must be a number >= 0, e.g. csbm:degree=10"),
+    ("csbm:nodes=abc", "option nodes=abc is not allowed: nodes must be an integer >= 1, "
+                       "e.g. csbm:nodes=2000"),
+    ("csbm:nodes=2.5", "nodes must be an integer >= 1"),
+    ("csbm:train=2.0", r"train must be a number in \(0, 1\], e.g. csbm:train=0.1"),
+    ("csbm:train=0", r"train must be a number in \(0, 1\]"),
+    ("csbm:homophily=1.5", r"homophily must be a number in \[0, 1\], e.g. csbm:homophily=0.8"),
+    ("csbm:train=0.6,val=0.5", r"train=0.6 \+ val=0.5 is more than 1 .* e.g. csbm:train=0.1,val=0.2"),
+    ("csbm:features=0", "features must be an integer >= 1, e.g. csbm:features=32"),
+    ("csbm:signal=nan", "signal must be a finite number"),
+    ("csbm:seed=-1", "seed must be an integer >= 0"),
+    ("csbm:nodes=5,train=0.05", "train=0.05 of 5 nodes is no training node: raise train to at "
+                                "least 0.2"),
+    ("rmat:scale=0", r"scale must be an integer in \[1, 62\], e.g. rmat:scale=12"),
+    ("rmat:a=0.6,b=0.3,c=0.3", r"a \+ b \+ c = 1.2 is more than 1"),
+    ("rmat:symmetric=1", "symmetric must be true or false, e.g. rmat:symmetric=true"),
+    ("csbm-sliced:classes=1", "classes must be an integer >= 2, e.g. csbm-sliced:classes=4"),
+    ("rmat-sliced:edge_factor=0", "edge_factor must be an integer >= 1"),
+])
+def test_generator_options_are_checked(spec, message):
+    with pytest.raises(DatasetError, match=message) as err:
+        load_dataset(spec)
+    assert str(err.value).startswith(f"dataset spec '{spec}': ")
 
 
 def test_csbm_accuracy_needs_the_neighbours():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _graphs import assert_reconstructs, reconstruct, two_components
+from _graphs import assert_reconstructs, reconstruct, tamper, two_components
 from hpcgnn.data.datasets import load_dataset
 from hpcgnn.data.shard import ShardFormatError, read_meta, read_shard
 from preprocess import partition_graph, verify_shards, write_shards
@@ -107,27 +107,38 @@ def test_meta_json_matches_the_contract(cora, tmp_path):
     assert reconstruct(tmp_path)["edges"].size == meta["num_edges"]
 
 
+def test_meta_json_counts_training_nodes_and_a_graph_without_is_refused(cora, tmp_path):
+    from dataclasses import replace
+
+    from preprocess.errors import PreprocessError
+    parts = partition_graph(cora, 2, "metis", seed=0)
+    write_shards(cora, parts, tmp_path / "ok", partitioner="metis", seed=0)
+    counts = [p["num_train"] for p in read_meta(tmp_path / "ok")["parts"]]
+    assert counts == np.bincount(parts[cora.train_idx], minlength=2).tolist() and sum(counts) == 140
+    unlabelled = cora.labels.copy()
+    unlabelled[cora.train_idx] = -1
+    for graph in (replace(cora, train_idx=np.zeros(0, np.int64)), replace(cora, labels=unlabelled)):
+        with pytest.raises(PreprocessError, match="cora: no labelled training node.*training split"):
+            write_shards(graph, parts, tmp_path / "empty", partitioner="metis", seed=0)
+        assert not (tmp_path / "empty").exists()
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["num_train", "older-meta"])
+def test_verify_refuses_a_set_without_training_nodes(cora, tmp_path, counted):
+    write_shards(cora, partition_graph(cora, 2, "metis", seed=0), tmp_path,
+                 partitioner="metis", seed=0)
+    for part in (0, 1):
+        tamper(tmp_path, part, "nodes/train_mask", np.zeros_like, num_train=0 if counted else None)
+    with pytest.raises(ShardFormatError, match="no part holds a labelled training node"):
+        verify_shards(tmp_path)
+
+
 def test_metis_balances_training_nodes_clustered_in_one_community():
     g = load_dataset("csbm:nodes=8000,classes=4,degree=8,features=2,seed=1")
     g.train_idx = np.nonzero(g.labels == 0)[0][:400]     # all training nodes in one class
     parts = partition_graph(g, 4, "metis", seed=0)
     train = np.bincount(parts[g.train_idx], minlength=4)
     assert train.max() <= 1.1 * 100 and np.bincount(parts).max() <= 1.05 * 2000
-
-
-def tamper(directory, part, h5path, change):
-    """Rewrite one dataset of one part in place and re-sign it in meta.json, so only the
-    independent checks of verify (not the checksum) can notice."""
-    import h5py
-    from hpcgnn.data.shard import sha256_file, write_meta
-    path = directory / f"part-{part:05d}.h5"
-    with h5py.File(path, "r+") as f:
-        data = f[h5path][...]
-        del f[h5path]
-        f.create_dataset(h5path, data=change(data))
-    meta = read_meta(directory)
-    meta["parts"][part]["sha256"] = sha256_file(path)
-    write_meta(directory, meta)
 
 
 def _swap_first_two(a):

@@ -113,6 +113,8 @@ def test_existing_shard_set_needs_force(cli, tmp_path):
     (("--dataset", "cora", "--parts", 0), "need at least 1 part"),
     (("--dataset", "npz:/nonexistent/g.npz", "--parts", 2), "/nonexistent/g.npz: no such file"),
     (("--dataset", "csbm:nodes=10,bogus=1", "--parts", 2), "unknown option(s) ['bogus']"),
+    (("--dataset", "csbm:nodes=abc", "--parts", 2), "nodes must be an integer >= 1, e.g."),
+    (("--dataset", "csbm:classes=0", "--parts", 2), "classes must be an integer >= 2, e.g."),
     (("--dataset", "cora", "--parts", 2, "--partitioner", "spectral"), "invalid choice"),
 ])
 def test_bad_requests(cli, tmp_path, args, expect):
@@ -131,6 +133,37 @@ def test_bad_npz_through_the_cli(cli, tmp_path):
     line = error_line(cli("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
     assert str(path) in line and "NaN or inf" in line and "replace them" in line
     assert_no_complete_set(cli, tmp_path / "s")
+
+
+def test_empty_training_split_through_the_cli(cli, tmp_path):
+    path = save_npz(tmp_path / "no-train.npz", train_idx=np.zeros(0, np.int64))
+    line = error_line(cli("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
+    assert line.startswith(f"preprocess: error: {path}: train_idx is empty") and \
+        "list at least one labelled node in train_idx" in line
+    assert_no_complete_set(cli, tmp_path / "s")
+
+
+def test_convert_makes_missing_folders_and_refuses_bad_outs(cli, tmp_path):
+    out = tmp_path / "new" / "deeper" / "cora.h5"
+    res = cli("convert", "--dataset", "cora", "--out", out, "-q")
+    assert res.returncode == 0 and f"use --dataset h5:{out}" in res.stdout
+    assert load_dataset(f"h5:{out}").num_nodes == 2708
+    assert [p.name for p in out.parent.iterdir()] == ["cora.h5"]          # no temporary left
+    (tmp_path / "file").write_text("x")
+    line = error_line(cli("convert", "--dataset", "cora", "--out", tmp_path / "file" / "a" / "g.h5"))
+    assert f"{tmp_path / 'file'}: exists and is not a directory" in line and "choose another --out" in line
+    line = error_line(cli("convert", "--dataset", "cora", "--out", tmp_path / "new"))
+    assert "is a directory; --out names the .h5 file to write, e.g. --out" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "new"]
+
+
+def test_convert_failed_write_leaves_no_file(tmp_path):
+    out = tmp_path / "sub" / "cora.h5"
+    proc = run(200_000, "ignore", "convert", "--dataset", "cora", "--out", out,
+               prefix=("-c", FSIZE_WRAPPER))
+    line = error_line(proc)
+    assert line.startswith(f"preprocess: error: {out}: write failed") and "no file was left" in line
+    assert list(out.parent.iterdir()) == []                      # no file, no temporary
 
 
 def test_out_is_a_file(cli, tmp_path):

@@ -78,6 +78,7 @@ def messy_h5(path: Path) -> dict:
            "features": rng.standard_normal((N_MESSY, 5)).astype(np.float32),
            "labels": rng.integers(-1, 3, N_MESSY), "train_idx": np.arange(0, N_MESSY, 4),
            "val_idx": np.arange(1, N_MESSY, 4), "test_idx": np.arange(2, N_MESSY, 4)}
+    raw["labels"][raw["train_idx"]] %= 3            # training nodes labelled (the reader checks)
     with h5py.File(path, "w") as f:
         for k, v in raw.items():
             f[k] = v
@@ -218,6 +219,43 @@ def test_bad_requests_fail_on_every_rank(ptscotch, inputs, tmp_path):
         assert len(got) == 2, (case, proc.stdout)            # both ranks
         assert all("rc=1" in ln and text in ln for ln in got), got
         assert not (tmp_path / case / "meta.json").exists()
+
+
+@pytest.mark.mpi
+def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
+    """The npz reader's checks run on each rank's slice of an h5 input: a NaN feature is
+    reported with the input file and its dataset (not the part file it would have gone to),
+    an unlabelled training node likewise, on both ranks, and nothing is written."""
+    from _graphs import save_h5
+    feats = np.arange(10, dtype=np.float32).reshape(5, 2)
+    feats[3, 1] = np.nan
+    cases = {"nan": (save_h5(tmp_path / "nan.h5", features=feats),
+                     "nan.h5 (dataset 'features'): features hold NaN or inf (in 1 rows, first row 3)"),
+             "unlabelled": (save_h5(tmp_path / "unl.h5", labels=np.array([0, 1, 0, 1, -1]),
+                                    train_idx=np.array([0, 4])),
+                            "unl.h5: train_idx holds an unlabelled node (4) (label -1)")}
+    for case, (path, want) in cases.items():
+        out = tmp_path / case
+        proc = run_mpi(2, ["-m", "preprocess", "--dataset", f"h5:{path}", "--parts", "2",
+                           "--partitioner", "random", "--out", str(out), "-q"], timeout=90)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+        assert len(lines) == 2 and all(want in ln for ln in lines), proc.stderr   # both ranks
+        assert "part-" not in proc.stderr
+        assert not (out / "meta.json").exists() and not list(out.glob("part-*.h5"))
+
+
+@pytest.mark.mpi
+def test_sliced_generator_without_training_nodes_is_refused_on_every_rank(tmp_path):
+    """A per-node training probability can select no node: counted across the ranks (one
+    Allreduce, the same sum everywhere), refused on both, nothing written."""
+    spec = "csbm-sliced:nodes=20,train=0.001,seed=1"
+    proc = run_mpi(2, ["-m", "preprocess", "--dataset", spec, "--parts", "2", "--partitioner",
+                       "random", "--out", str(tmp_path / "s"), "-q"], timeout=90)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2 and all(f"{spec}: no labelled training node" in ln for ln in lines)
+    assert not (tmp_path / "s" / "meta.json").exists()
 
 
 # --- the MPI worker ----------------------------------------------------------------------------

@@ -3,6 +3,7 @@ rank 0 with the ranks that hit it (no rank left waiting); a rank killed mid-trai
 job down quickly."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -13,8 +14,12 @@ from pathlib import Path
 
 import pytest
 
+import numpy as np
+
+from _graphs import tamper
 from _mpi import mpi_command, mpi_env
-from conftest import train
+from conftest import refused_before_torch, train
+from hpcgnn.data.shard import sha256_file
 
 pytestmark = pytest.mark.mpi
 
@@ -41,6 +46,71 @@ def test_corrupt_shard_on_one_rank(shards, tmp_path):
     assert "preprocess" in proc.stderr                                  # the fix
     assert "[rank 0/2] ERROR rank 0: no error; stopping with the others" in proc.stderr
     assert "[rank 1/2]" not in proc.stderr
+
+
+def _edit_meta(directory: Path, change) -> None:
+    meta = json.loads((directory / "meta.json").read_text())
+    change(meta)
+    (directory / "meta.json").write_text(json.dumps(meta))
+
+
+def _no_training(directory: Path, counted: bool) -> None:
+    """Every part's training mask cleared and re-signed; ``counted``: meta.json says num_train
+    = 0, else it has no num_train (a set written before it counted them)."""
+    for part in (0, 1):
+        tamper(directory, part, "nodes/train_mask", np.zeros_like, num_train=0 if counted else None)
+
+
+def _swap_part_1(directory: Path, other: Path) -> None:
+    """Another set's part 1 put in, its sha256 recomputed in meta.json (the counts are not)."""
+    shutil.copy(other / "part-00001.h5", directory / "part-00001.h5")
+    _edit_meta(directory, lambda m: m["parts"][1].update(sha256=sha256_file(directory / "part-00001.h5")))
+
+
+# meta.json and part problems: (how, the ERROR line's text (a regex where not refused before
+# torch), refused before torch is imported)
+SHARD_CASES = {
+    "num_parts-string": (lambda d, o: _edit_meta(d, lambda m: m.update(num_parts="2")),
+                         "meta.json: field 'num_parts' is '2' (str), expected an integer >= 1; "
+                         "meta.json is written by `python -m preprocess`", True),
+    "file-null": (lambda d, o: _edit_meta(d, lambda m: m["parts"][1].update(file=None)),
+                  "meta.json: field 'parts[1].file' is None (NoneType), expected 'part-00001.h5'",
+                  True),
+    "no-training": (lambda d, o: _no_training(d, True),
+                    "meta.json: the shard set has no labelled training node (its parts' "
+                    "num_train sum to 0)", True),
+    "no-training-older-meta": (lambda d, o: _no_training(d, False),
+                               r"the shard set has no labelled training node \(no part's "
+                               r"nodes/train_mask selects a labelled node\)", False),
+    "num_classes-too-small": (lambda d, o: _edit_meta(d, lambda m: m.update(num_classes=3)),
+                              "nodes/label holds 6, but meta.json says num_classes = 3", False),
+    "swapped-part": (_swap_part_1, r"part-00001.h5: holds \d+ for num_(owned|halo|edges), "
+                     r"meta.json says \d+ \(a part of another shard set\?\)", False),
+}
+
+
+@pytest.mark.parametrize("case", SHARD_CASES)
+def test_bad_meta_or_part_ends_the_job_on_every_rank(shards, tmp_path, case):
+    """Refused at start-up with the file, the field and the fix, exit code 2, before any
+    exchange: meta.json's fields by type and range (before torch), the training split's size,
+    and each loaded part against what meta.json records of it (num_classes too)."""
+    import re
+    make, want, early = SHARD_CASES[case]
+    bad = tmp_path / "shards"
+    shutil.copytree(shards("cora", 2, "metis"), bad)
+    make(bad, shards("cora", 2, "random"))
+    proc = train(2, bad, tmp_path / "run", "train.epochs=2", timeout=90,
+                 env={"PYTHONPROFILEIMPORTTIME": "1"} if early else None)
+    if early:
+        refused_before_torch(proc, 2, want)
+        return
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if " ERROR " in ln]
+    assert errors and all(re.search(want, ln) for ln in errors if "no error" not in ln), errors
+    assert "re-run `python -m preprocess`" in proc.stderr                 # the fix
+    if case != "swapped-part":                                            # every rank hits it
+        assert "no error; stopping" not in proc.stderr, errors
+    assert "finished" not in proc.stderr and not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
 def test_unknown_config_key_and_bad_value(shards, tmp_path):

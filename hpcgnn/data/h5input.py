@@ -8,7 +8,11 @@ Datasets at the file's root: ``num_nodes`` (int64 scalar), ``adj_indptr``, ``adj
 
 A slice of rows ``lo:hi`` reads ``adj_indptr[lo:hi+1]``, the matching run of ``adj_indices``,
 feature rows ``lo:hi`` and ``labels[lo:hi]``; the split arrays are read in chunks and filtered,
-so a rank holds O(N/P + E/P + chunk) of the input.
+so a rank holds O(N/P + E/P + chunk) of the input. The checks of the npz reader
+(``hpcgnn.data.validate``) run on what the slice reads, chunk by chunk: every rank checks every
+split id's range and that ``train_idx`` is not empty; repeats, unlabelled training nodes, labels
+and NaN features are checked by the rank whose rows they fall in. An optional ``num_classes``
+scalar bounds the labels, as in the npz format.
 """
 from __future__ import annotations
 
@@ -23,10 +27,14 @@ import scipy.sparse as sp
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.npz import REQUIRED, SPARSE_FEATURES
-from hpcgnn.data.validate import FORMAT_HINT
+from hpcgnn.data.shard import _fsync
+from hpcgnn.data.validate import (FORMAT_HINT, check_label_values, check_split_ids,
+                                   fail_empty_train, fail_nonfinite, fail_repeat,
+                                   fail_unlabelled_train, nonfinite_rows, warn_unlabelled)
 
 SPLITS = ("train_idx", "val_idx", "test_idx")
 READ_CHUNK = 1 << 22          # split-array entries read at once
+CHECK_BYTES = 1 << 24         # feature bytes checked for NaN/inf at once
 H5_HINT = "write it with `python -m preprocess convert --dataset SPEC --out FILE.h5`"
 
 
@@ -94,32 +102,98 @@ def h5_num_nodes(path: str | os.PathLike) -> int:
         if "features" not in f and not all(k in f for k in SPARSE_FEATURES):
             raise DatasetError(f"{path}: no features: add 'features' (float32 N x F) or "
                                f"{list(SPARSE_FEATURES)}; {H5_HINT}")
-        return int(np.asarray(f["num_nodes"][()]).reshape(-1)[0])
+        n = int(np.asarray(f["num_nodes"][()]).reshape(-1)[0])
+    if n < 1:
+        raise DatasetError(f"{path}: num_nodes is {n}; a graph needs at least one node")
+    return n
+
+
+def _check_finite(source: str, x: np.ndarray | sp.csr_matrix, row0: int) -> None:
+    """No NaN/inf in ``x`` (rows ``row0..``), checked in blocks of CHECK_BYTES."""
+    if sp.issparse(x):
+        rows = nonfinite_rows(x)
+    else:
+        step = max(1, CHECK_BYTES // max(1, x.shape[1] * x.itemsize))
+        rows = np.concatenate([a + nonfinite_rows(x[a:a + step])
+                               for a in range(0, x.shape[0], step)] or [np.zeros(0, np.int64)])
+    if rows.size:
+        fail_nonfinite(source, rows.size, row0 + int(rows[0]))
 
 
 def _slice_features(f, path: Path, lo: int, hi: int) -> np.ndarray:
     if "features" in f:
-        return np.asarray(_dataset(f, path, "features", "fiub")[lo:hi], dtype=np.float32)
+        x = np.asarray(_dataset(f, path, "features", "fiub")[lo:hi], dtype=np.float32)
+        if x.ndim != 2:
+            raise DatasetError(f"{path}: dataset 'features' has shape {f['features'].shape}, "
+                               f"expected (num_nodes, F); {H5_HINT}")
+        _check_finite(f"{path} (dataset 'features')", x, lo)
+        return x
     shape = tuple(int(s) for s in _int(f, path, "feat_shape"))
     ptr = _int(f, path, "feat_indptr", slice(lo, hi + 1))
+    if len(shape) != 2 or len(ptr) != hi - lo + 1 or bool(np.any(np.diff(ptr) < 0)):
+        raise DatasetError(f"{path}: feat_shape/feat_indptr are not a CSR matrix of (num_nodes, "
+                           f"F) rows (feat_shape {shape}); {H5_HINT}")
     cols = _int(f, path, "feat_indices", slice(ptr[0], ptr[-1]))
-    data = np.asarray(f["feat_data"][ptr[0]:ptr[-1]], dtype=np.float32)
-    return sp.csr_matrix((data, cols, ptr - ptr[0]), shape=(hi - lo, shape[1])).toarray()
+    data = np.asarray(_dataset(f, path, "feat_data", "fiub")[ptr[0]:ptr[-1]], dtype=np.float32)
+    if len(cols) != ptr[-1] - ptr[0] or len(data) != len(cols):
+        raise DatasetError(f"{path}: feat_indices holds {f['feat_indices'].shape[0]} entries "
+                           f"and feat_data {f['feat_data'].shape[0]}; feat_indptr needs "
+                           f"{int(ptr[-1])} of each; {H5_HINT}")
+    if cols.size and (cols.min() < 0 or cols.max() >= shape[1]):
+        raise DatasetError(f"{path}: feat_indices holds a column outside 0..{shape[1] - 1} "
+                           f"(feat_shape {shape}); {H5_HINT}")
+    x = sp.csr_matrix((data, cols, ptr - ptr[0]), shape=(hi - lo, shape[1]))
+    _check_finite(f"{path} (dataset 'feat_data')", x, lo)
+    return x.toarray()
 
 
-def _slice_masks(f, path: Path, lo: int, hi: int) -> dict:
+def _slice_split(d: h5py.Dataset, path: Path, split: str, n: int, lo: int, hi: int) -> np.ndarray:
+    """Rows ``lo:hi`` of a split as a mask, the split array read in chunks: every id in
+    range, none of this slice's repeated."""
+    if d.ndim != 1:
+        check_split_ids(str(path), n, split, np.broadcast_to(np.int64(0), d.shape))
+    m = np.zeros(hi - lo, dtype=bool)
+    for start in range(0, d.shape[0], READ_CHUNK):
+        idx = np.asarray(d[start:start + READ_CHUNK], dtype=np.int64)
+        check_split_ids(str(path), n, split, idx)
+        local = np.sort(idx[(idx >= lo) & (idx < hi)] - lo)
+        again = local[1:][local[1:] == local[:-1]]
+        seen = local[m[local]]
+        if again.size or seen.size:
+            fail_repeat(str(path), split, lo + int((again if again.size else seen)[0]))
+        m[local] = True
+    return m
+
+
+def _slice_masks(f, path: Path, n: int, lo: int, hi: int, labels: np.ndarray) -> dict:
     masks = {}
     for split in SPLITS:
-        d, m = _dataset(f, path, split), np.zeros(hi - lo, dtype=bool)
-        for start in range(0, d.shape[0], READ_CHUNK):
-            idx = np.asarray(d[start:start + READ_CHUNK], dtype=np.int64)
-            m[idx[(idx >= lo) & (idx < hi)] - lo] = True
+        d = _dataset(f, path, split)
+        if split == "train_idx" and d.size == 0:
+            fail_empty_train(str(path))
+        m = _slice_split(d, path, split, n, lo, hi)
+        unlabelled = np.flatnonzero(m & (labels < 0))
+        if split == "train_idx" and unlabelled.size:
+            fail_unlabelled_train(str(path), lo + int(unlabelled[0]))
+        where = str(path) if (lo, hi) == (0, n) else f"{path} (rows {lo}:{hi})"
+        warn_unlabelled(where, split, unlabelled.size, int(m.sum()))
         masks[split.replace("_idx", "_mask")] = m
     return masks
 
 
+def _slice_labels(f, path: Path, n: int, lo: int, hi: int) -> np.ndarray:
+    labels = _int(f, path, "labels", slice(lo, hi))
+    if "num_classes" in f:
+        top = int(np.asarray(_dataset(f, path, "num_classes")[()]).reshape(-1)[0])
+        check_label_values(str(path), labels, top, True)
+    else:
+        check_label_values(str(path), labels, n, False)
+    return labels
+
+
 def read_h5_slice(path: str | os.PathLike, lo: int, hi: int, name: str | None = None) -> GraphSlice:
-    """Rows ``lo:hi`` of an h5 input file, checked (CSR offsets, ids in range, shapes)."""
+    """Rows ``lo:hi`` of an h5 input file, checked (CSR offsets, ids in range, shapes, and the
+    npz reader's checks of labels, splits and features on what it reads)."""
     path = Path(path)
     n = h5_num_nodes(path)
     with _open(path) as f:
@@ -129,19 +203,23 @@ def read_h5_slice(path: str | os.PathLike, lo: int, hi: int, name: str | None = 
         ptr = _int(f, path, "adj_indptr", slice(lo, hi + 1))
         indices = _int(f, path, "adj_indices", slice(int(ptr[0]), int(ptr[-1])))
         local = ptr - ptr[0]
-        if bool(np.any(np.diff(ptr) < 0)) or (hi == n and ptr[-1] != f["adj_indices"].shape[0]):
+        if bool(np.any(np.diff(ptr) < 0)) or (lo == 0 and ptr[0] != 0) or \
+                (hi == n and ptr[-1] != f["adj_indices"].shape[0]):
             raise DatasetError(f"{path}: adj_indptr is not a CSR row pointer (rows {lo}:{hi} "
-                               f"decrease, or it does not end at len(adj_indices)); {H5_HINT}")
+                               f"decrease, or it does not start at 0 and end at "
+                               f"len(adj_indices)); {H5_HINT}")
         if indices.size and (indices.min() < 0 or indices.max() >= n):
             bad = int(indices.min()) if indices.min() < 0 else int(indices.max())
             raise DatasetError(f"{path}: adj_indices holds node id {bad}, outside 0..{n - 1}; "
                                f"fix the file or num_nodes")
+        labels = _slice_labels(f, path, n, lo, hi)
+        if labels.shape[0] != hi - lo:
+            raise DatasetError(f"{path}: labels have fewer than num_nodes = {n} rows; {H5_HINT}")
         feats = _slice_features(f, path, lo, hi)
-        labels = _int(f, path, "labels", slice(lo, hi))
-        if feats.shape[0] != hi - lo or labels.shape[0] != hi - lo:
-            raise DatasetError(f"{path}: features/labels have fewer than num_nodes = {n} rows; "
+        if feats.shape[0] != hi - lo:
+            raise DatasetError(f"{path}: features have fewer than num_nodes = {n} rows; "
                                f"{H5_HINT}")
-        masks = _slice_masks(f, path, lo, hi)
+        masks = _slice_masks(f, path, n, lo, hi, labels)
     return GraphSlice(name or f"h5:{path}", n, lo, hi, local, indices, feats, labels, masks)
 
 
@@ -160,7 +238,9 @@ def write_h5(graph: Graph, path: str | os.PathLike) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     rows = max(1, min(graph.num_nodes, (1 << 20) // max(1, 4 * graph.feature_dim)))
     try:
-        with h5py.File(tmp, "w") as f:
+        # no chunk cache: each chunk is written as its dataset is made, so a failed write
+        # (disk full) raises there, not when HDF5 flushes the cache on close (crashed h5py)
+        with h5py.File(tmp, "w", rdcc_nbytes=0) as f:
             f["num_nodes"] = np.int64(graph.num_nodes)
             f.create_dataset("adj_indptr", data=graph.indptr.astype(np.int64), chunks=True)
             f.create_dataset("adj_indices", data=graph.indices.astype(np.int64), chunks=True)
@@ -177,6 +257,7 @@ def write_h5(graph: Graph, path: str | os.PathLike) -> None:
             for split in SPLITS:
                 f.create_dataset(split, data=getattr(graph, split).astype(np.int64),
                                  chunks=True if len(getattr(graph, split)) else None)
+        _fsync(tmp)                 # on disk before the name says it is complete
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

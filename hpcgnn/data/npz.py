@@ -54,7 +54,12 @@ def _features(z, path: Path, num_nodes: int) -> np.ndarray | sp.csr_matrix:
                 (indices.size and (indices.min() < 0 or indices.max() >= shape[1])):
             raise DatasetError(f"{path}: feat_indptr/feat_indices are not a CSR matrix of shape "
                                f"{shape}; {FORMAT_HINT}")
-        return sp.csr_matrix((z["feat_data"].astype(np.float32), indices, indptr), shape=shape)
+        data = z["feat_data"]
+        if data.dtype.kind not in "fiub" or data.shape != indices.shape:
+            raise DatasetError(f"{path}: feat_data has shape {data.shape} and dtype {data.dtype}; "
+                               f"it must hold one float32 value per entry of feat_indices (shape "
+                               f"{indices.shape}); rewrite the sparse keys ({FORMAT_HINT})")
+        return sp.csr_matrix((data.astype(np.float32), indices, indptr), shape=shape)
     missing = [k for k in SPARSE_FEATURES if k not in keys]
     raise DatasetError(f"{path}: no features: add key 'features' (float32 N x F) or the sparse "
                        f"keys {list(SPARSE_FEATURES)} (missing {missing}); {FORMAT_HINT}")

@@ -26,6 +26,12 @@ META_NAME = "meta.json"
 META_KEYS = ("format_version", "dataset", "num_nodes", "num_edges", "feature_dim",
              "num_classes", "num_parts", "partitioner", "seed", "edge_cut", "parts")
 PART_KEYS = ("file", "num_owned", "num_halo", "num_edges", "sha256")
+# optional in a part entry (sets written before it lack it): the part's labelled training nodes
+NUM_TRAIN = "num_train"
+# meta.json's numbers and the least each may be (seed: any integer)
+META_INTS = {"format_version": None, "num_nodes": 1, "num_edges": 0, "feature_dim": 1,
+             "num_classes": 1, "num_parts": 1, "seed": None, "edge_cut": 0}
+PART_INTS = {"num_owned": 0, "num_halo": 0, "num_edges": 0, NUM_TRAIN: 0}
 
 # field name -> (HDF5 path, dtype)
 DATASETS = {
@@ -97,6 +103,17 @@ class Shard:
     @property
     def num_edges(self) -> int:
         return int(self.indices.shape[0])
+
+
+def num_train(s: Shard) -> int:
+    """Labelled training nodes of a part (``meta.json``'s ``parts[i].num_train``)."""
+    return int(np.count_nonzero(s.train_mask & (s.label >= 0)))
+
+
+def part_entry(path: Path, s: Shard) -> dict:
+    """The ``meta.json`` entry of the part ``s`` just written to ``path``."""
+    return {"file": path.name, "num_owned": s.n_owned, "num_halo": s.n_halo,
+            "num_edges": s.num_edges, NUM_TRAIN: num_train(s), "sha256": sha256_file(path)}
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -264,13 +281,57 @@ def read_meta(directory: str | os.PathLike) -> dict:
     if meta["format_version"] != FORMAT_VERSION:
         raise ShardFormatError(f"{path}: format_version {meta['format_version']!r}, this hpcgnn "
                                f"reads {FORMAT_VERSION}; {fix}")
+    _check_meta_types(path, meta)
     if len(meta["parts"]) != meta["num_parts"]:
         raise ShardFormatError(f"{path}: lists {len(meta['parts'])} parts, num_parts is "
                                f"{meta['num_parts']}; {fix}")
     for i, part in enumerate(meta["parts"]):
-        if not isinstance(part, dict) or any(k not in part for k in PART_KEYS):
-            raise ShardFormatError(f"{path}: parts[{i}] lacks one of {list(PART_KEYS)}; {fix}")
+        _check_part_entry(path, i, part)
     return meta
+
+
+META_FIX = ("meta.json is written by `python -m preprocess`, not by hand: re-run it with --force "
+            "to rewrite the shard set")
+
+
+def _meta_field(path: Path, field: str, value, want: str) -> ShardFormatError:
+    return ShardFormatError(f"{path}: field '{field}' is {value!r} ({type(value).__name__}), "
+                            f"expected {want}; {META_FIX}")
+
+
+def _check_int(path: Path, field: str, value, least: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            (least is not None and value < least):
+        raise _meta_field(path, field, value, "an integer" if least is None
+                          else f"an integer >= {least}")
+
+
+def _check_meta_types(path: Path, meta: dict) -> None:
+    """Every field of ``meta.json`` has its type and range (a message names the field)."""
+    for key, least in META_INTS.items():
+        _check_int(path, key, meta[key], least)
+    for key in ("dataset", "partitioner"):
+        if not isinstance(meta[key], str):
+            raise _meta_field(path, key, meta[key], "a string")
+    if not isinstance(meta["parts"], list):
+        raise _meta_field(path, "parts", meta["parts"], "a list with one entry per part")
+
+
+def _check_part_entry(path: Path, i: int, part) -> None:
+    """``parts[i]``: its file name, counts and sha256 (``num_train`` where present)."""
+    if not isinstance(part, dict) or any(k not in part for k in PART_KEYS):
+        raise ShardFormatError(f"{path}: parts[{i}] lacks one of {list(PART_KEYS)}; {META_FIX}")
+    if part["file"] != part_name(i):
+        raise _meta_field(path, f"parts[{i}].file", part["file"], repr(part_name(i)))
+    for key, least in PART_INTS.items():
+        if key in part:
+            _check_int(path, f"parts[{i}].{key}", part[key], least)
+    sha = part["sha256"]
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise _meta_field(path, f"parts[{i}].sha256", sha, "64 hex digits")
+    if part.get(NUM_TRAIN, 0) > part["num_owned"]:
+        raise _meta_field(path, f"parts[{i}].{NUM_TRAIN}", part[NUM_TRAIN],
+                          f"at most num_owned = {part['num_owned']}")
 
 
 def _fsync(path: Path) -> None:

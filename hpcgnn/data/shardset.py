@@ -11,11 +11,12 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 from hpcgnn.data.merge import member_parts, merge_parts
-from hpcgnn.data.shard import (META_NAME, Shard, ShardFormatError, part_name, read_global_ids,
-                               read_meta, read_shard, sha256_file)
+from hpcgnn.data.shard import (DATASETS, META_NAME, NUM_TRAIN, Shard, ShardFormatError, num_train,
+                               part_name, read_global_ids, read_meta, read_shard, sha256_file)
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,13 @@ class ShardSet:
 
     @classmethod
     def open(cls, path: str | Path) -> "ShardSet":
-        """Read and check ``path/meta.json``; raises ``ShardFormatError`` naming the fix."""
+        """Read and check ``path/meta.json`` (and, where it counts them, that the parts hold a
+        training node); raises ``ShardFormatError`` naming the fix."""
         path = Path(path)
         meta = read_meta(path)
+        counts = [p.get(NUM_TRAIN) for p in meta["parts"]]
+        if None not in counts and sum(counts) == 0:
+            _no_training_node(path / META_NAME, "its parts' num_train sum to 0")
         return cls(path, meta, hashlib.sha256((path / META_NAME).read_bytes()).hexdigest())
 
     @property
@@ -65,14 +70,70 @@ class ShardSet:
         self.check_ranks(size)
         parts = member_parts(rank, size, self.num_parts)
         if len(parts) == 1:
-            return self.read_part(parts[0], verify_hash)
-        # merged: the members' features go from their files straight into the merged array
-        members = [self.read_part(p, verify_hash, features=False) for p in parts]
-        return merge_parts(members, rank, size, [self.part_path(p) for p in parts])
+            shard = self.read_part(parts[0], verify_hash)
+        else:
+            # merged: the members' features go from their files straight into the merged array
+            members = [self.read_part(p, verify_hash, features=False) for p in parts]
+            shard = merge_parts(members, rank, size, [self.part_path(p) for p in parts])
+        if num_train(shard) == 0:
+            self._check_some_training(parts)
+        return shard
+
+    def _check_some_training(self, mine: list[int]) -> None:
+        """A set whose ``meta.json`` does not count training nodes (written before it did),
+        seen from a rank whose parts hold none: the other parts' masks are read (no message
+        passing, so every such rank decides alike) until one holds a labelled training node."""
+        if all(NUM_TRAIN in p for p in self.meta["parts"]):
+            return                                      # counted: open() checked the sum
+        for part in (p for p in range(self.num_parts) if p not in mine):
+            if read_train_count(self.part_path(part)):
+                return
+        _no_training_node(self.path, "no part's nodes/train_mask selects a labelled node")
 
     def read_part(self, part: int, verify_hash: bool = True, features: bool = True) -> Shard:
         path = self.part_path(part)
         if verify_hash and path.is_file() and sha256_file(path) != self.meta["parts"][part]["sha256"]:
             raise ShardFormatError(f"{path}: sha256 differs from meta.json (corrupt or replaced "
                                    f"file); re-run `python -m preprocess` to rewrite the shard set")
-        return read_shard(path, part_id=part, num_parts=self.num_parts, features=features)
+        shard = read_shard(path, part_id=part, num_parts=self.num_parts, features=features)
+        self._check_against_meta(shard, path, self.meta["parts"][part])
+        return shard
+
+    def _check_against_meta(self, s: Shard, path: Path, entry: dict) -> None:
+        """What ``meta.json`` records of this part, and its labels against ``num_classes``:
+        checks on the arrays already read (a part swapped in with a recomputed sha256)."""
+        meta, fix = self.meta, "re-run `python -m preprocess` to rewrite the shard set"
+        for key, value in (("num_owned", s.n_owned), ("num_halo", s.n_halo),
+                           ("num_edges", s.num_edges), (NUM_TRAIN, num_train(s))):
+            if entry.get(key, value) != value:
+                raise ShardFormatError(f"{path}: holds {value} for {key}, {META_NAME} says "
+                                       f"{entry[key]} (a part of another shard set?); {fix}")
+        if s.n_owned and s.feature_dim != meta["feature_dim"]:
+            raise ShardFormatError(f"{path}: features have {s.feature_dim} columns, {META_NAME} "
+                                   f"says feature_dim = {meta['feature_dim']}; {fix}")
+        low, high = (int(s.label.min()), int(s.label.max())) if s.n_owned else (-1, -1)
+        if low < -1 or high >= meta["num_classes"]:
+            raise ShardFormatError(
+                f"{path}: nodes/label holds {low if low < -1 else high}, but {META_NAME} says "
+                f"num_classes = {meta['num_classes']} (labels must be -1 or 0..num_classes-1); {fix}")
+        if bool(np.any(s.train_mask & (s.label < 0))):
+            raise ShardFormatError(f"{path}: nodes/train_mask selects an unlabelled node (label "
+                                   f"-1); {fix} from an input whose training nodes are labelled")
+
+
+def read_train_count(path: Path) -> int:
+    """Labelled training nodes of one part file, from its mask and labels alone."""
+    try:
+        with h5py.File(path, "r") as f:
+            mask = np.asarray(f[DATASETS["train_mask"][0]][...], dtype=bool)
+            label = np.asarray(f[DATASETS["label"][0]][...], dtype=np.int64)
+    except (OSError, KeyError) as exc:
+        raise ShardFormatError(f"{path}: cannot read nodes/train_mask ({exc}); re-run "
+                               f"`python -m preprocess` to rewrite the shard set") from exc
+    return int(np.count_nonzero(mask & (label >= 0))) if mask.shape == label.shape else 0
+
+
+def _no_training_node(where: Path, why: str) -> None:
+    raise ShardFormatError(f"{where}: the shard set has no labelled training node ({why}), so "
+                           f"training would learn nothing; re-run `python -m preprocess` on an "
+                           f"input with a training split (train_idx of labelled nodes)")

@@ -20,6 +20,7 @@ import numpy as np
 
 from hpcgnn.data.clean import edges_to_csr
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.synthetic import check_options
 
 CHUNK = 1 << 20         # edges per seeded chunk
 BLOCK = 1 << 16         # nodes per seeded block of features, labels, split
@@ -49,6 +50,9 @@ def rmat_spec(name: str = "rmat-sliced", *, scale: int = 12, edge_factor: int = 
               a: float = 0.57, b: float = 0.19, c: float = 0.19, features: int = 16,
               classes: int = 4, symmetric: bool = True, train: float = 0.1, val: float = 0.2,
               seed: int = 0) -> Spec:
+    check_options(name, "rmat-sliced", False, scale=scale, edge_factor=edge_factor, a=a, b=b,
+                  c=c, features=features, classes=classes, symmetric=symmetric, train=train,
+                  val=val, seed=seed)
     n = 1 << scale
     return Spec("rmat", n, edge_factor * n, features, classes, train, val, seed, symmetric,
                 (a, b, c), scale)
@@ -57,6 +61,9 @@ def rmat_spec(name: str = "rmat-sliced", *, scale: int = 12, edge_factor: int = 
 def csbm_spec(name: str = "csbm-sliced", *, nodes: int = 2000, classes: int = 4,
               degree: float = 10.0, homophily: float = 0.8, features: int = 32,
               signal: float = 1.0, train: float = 0.1, val: float = 0.2, seed: int = 0) -> Spec:
+    check_options(name, "csbm-sliced", False, nodes=nodes, classes=classes, degree=degree,
+                  homophily=homophily, features=features, signal=signal, train=train, val=val,
+                  seed=seed)
     return Spec("csbm", nodes, int(nodes * degree / 2), features, classes, train, val, seed,
                 True, homophily=homophily, signal=signal)
 

@@ -3,15 +3,82 @@ and R-MAT with Graph500 parameters (scale). Deterministic for a given seed; vect
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from hpcgnn.data.clean import edges_to_csr
+from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.graph import Graph
 
 log = logging.getLogger("hpcgnn.data")
 CHUNK = 1 << 22     # edges generated per batch: bounds the temporaries of R-MAT
+
+
+@dataclass(frozen=True)
+class Option:
+    """A generator option's type and allowed range (``None``: unbounded; ``open_low``: the
+    lower bound itself is excluded), and a value to show as an example."""
+
+    kind: type
+    example: object
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+
+    def allowed(self) -> str:
+        if self.kind is bool:
+            return "true or false"
+        what = "an integer" if self.kind is int else "a number"
+        if self.high is not None:
+            return f"{what} in {'(' if self.open_low else '['}{self.low}, {self.high}]"
+        return f"a finite {what[2:]}" if self.low is None else f"{what} >= {self.low}"
+
+    def accepts(self, value) -> bool:
+        if self.kind is bool or isinstance(value, bool):
+            return self.kind is bool and isinstance(value, bool)
+        if not isinstance(value, int if self.kind is int else (int, float)) or \
+                not math.isfinite(value):
+            return False
+        low_ok = self.low is None or (value > self.low if self.open_low else value >= self.low)
+        return low_ok and (self.high is None or value <= self.high)
+
+
+# the options of csbm/rmat and their sliced variants (docs/preprocessing.md, 'Dataset specs')
+OPTIONS = {"nodes": Option(int, 2000, 1), "classes": Option(int, 4, 2),
+           "degree": Option(float, 10, 0), "homophily": Option(float, 0.8, 0, 1),
+           "features": Option(int, 32, 1), "signal": Option(float, 1.0),
+           "train": Option(float, 0.1, 0, 1, open_low=True), "val": Option(float, 0.2, 0, 1),
+           "seed": Option(int, 0, 0), "scale": Option(int, 12, 1, 62),
+           "edge_factor": Option(int, 16, 1), "a": Option(float, 0.57, 0, 1),
+           "b": Option(float, 0.19, 0, 1), "c": Option(float, 0.19, 0, 1),
+           "symmetric": Option(bool, "true")}
+
+
+def check_options(spec: str, kind: str, whole: bool, **opts) -> None:
+    """Every option of generator ``kind`` (csbm, rmat) of ``spec`` in its range, and the
+    fractions adding up: a DatasetError names the option, its range and an example.
+    ``whole``: the split takes ``round(train * nodes)`` nodes (not a per-node probability,
+    as in the sliced generators), so a ``train`` that selects no node is refused here."""
+    for key, value in opts.items():
+        option = OPTIONS[key]
+        if not option.accepts(value):
+            raise DatasetError(f"dataset spec '{spec}': option {key}={value} is not allowed: "
+                               f"{key} must be {option.allowed()}, e.g. "
+                               f"{kind}:{key}={option.example}")
+    if opts["train"] + opts["val"] > 1:
+        raise DatasetError(f"dataset spec '{spec}': train={opts['train']} + val={opts['val']} is "
+                           f"more than 1 (the test set is the rest): lower them, e.g. "
+                           f"{kind}:train=0.1,val=0.2")
+    if "a" in opts and opts["a"] + opts["b"] + opts["c"] > 1:
+        raise DatasetError(f"dataset spec '{spec}': a + b + c = "
+                           f"{opts['a'] + opts['b'] + opts['c']:g} is more than 1 (d = 1 - a - b "
+                           f"- c is the fourth quadrant's share): e.g. {kind}:a=0.57,b=0.19,c=0.19")
+    nodes = opts["nodes"] if "nodes" in opts else 1 << opts["scale"]
+    if whole and int(round(opts["train"] * nodes)) < 1:
+        raise DatasetError(f"dataset spec '{spec}': train={opts['train']} of {nodes} nodes is no "
+                           f"training node: raise train to at least {1 / nodes:.3g} (or nodes)")
 
 
 @dataclass(frozen=True)
@@ -43,6 +110,8 @@ def csbm(name: str = "csbm", *, nodes: int = 2000, classes: int = 4, degree: flo
     uniform node to a node of its own class with probability ``homophily``, else of another
     class; features are ``signal * mu_class + N(0, I)`` with unit-norm class means ``mu``. With a
     weak signal the features alone classify poorly and neighbours' features carry the accuracy."""
+    check_options(name, "csbm", True, nodes=nodes, classes=classes, degree=degree, homophily=homophily, features=features,
+                  signal=signal, train=train, val=val, seed=seed)
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(nodes, dtype=np.int64) % classes)
     members = np.argsort(labels, kind="stable")
@@ -86,6 +155,9 @@ def rmat(name: str = "rmat", *, scale: int = 12, edge_factor: int = 16, a: float
     """R-MAT (Graph500 a=0.57, b=0.19, c=0.19, d=0.05): ``2**scale`` nodes, ``edge_factor *
     2**scale`` generated edges (undirected unless ``symmetric=False``), random labels and
     Gaussian features: a graph for timing and memory, not for accuracy."""
+    check_options(name, "rmat", True, scale=scale, edge_factor=edge_factor, a=a, b=b, c=c,
+                  features=features, classes=classes, symmetric=symmetric, train=train, val=val,
+                  seed=seed)
     rng = np.random.default_rng(seed)
     n = 1 << scale
     log.info("%s: generating %s edges over %s nodes", name, f"{edge_factor * n:,}", f"{n:,}")

@@ -38,13 +38,25 @@ def check_features(source: str, num_nodes: int, features: np.ndarray | sp.csr_ma
     if features.ndim != 2 or features.shape[0] != num_nodes:
         _fail(source, f"features have shape {features.shape}, expected ({num_nodes}, F)",
               "one feature row per node")
-    values = features.data if sp.issparse(features) else features
-    finite = np.isfinite(values)
-    if not bool(finite.all()):
-        rows = np.nonzero(~finite)[0] if not sp.issparse(features) else \
-            np.unique(np.repeat(np.arange(num_nodes), np.diff(features.indptr))[~finite])
-        _fail(source, f"features hold NaN or inf (in {len(np.unique(rows))} rows, first "
-              f"row {int(rows.min())})", "replace them (e.g. with 0) before preprocessing")
+    rows = nonfinite_rows(features)
+    if rows.size:
+        fail_nonfinite(source, rows.size, int(rows[0]))
+
+
+def nonfinite_rows(features: np.ndarray | sp.csr_matrix) -> np.ndarray:
+    """The rows (ascending) that hold a NaN or inf."""
+    if sp.issparse(features):
+        bad = ~np.isfinite(features.data)
+        if not bad.any():
+            return np.zeros(0, dtype=np.int64)
+        rows = np.repeat(np.arange(features.shape[0]), np.diff(features.indptr))
+        return np.unique(rows[bad])
+    return np.flatnonzero(~np.isfinite(features).all(axis=1))
+
+
+def fail_nonfinite(source: str, count: int, first: int) -> None:
+    _fail(source, f"features hold NaN or inf (in {count} rows, first row {first})",
+          "replace them (e.g. with 0) before preprocessing")
 
 
 def check_labels(source: str, num_nodes: int, labels: np.ndarray,
@@ -53,35 +65,66 @@ def check_labels(source: str, num_nodes: int, labels: np.ndarray,
     if labels.shape != (num_nodes,):
         _fail(source, f"labels have shape {labels.shape}, expected ({num_nodes},)",
               "one label per node, -1 for unlabelled")
+    check_label_values(source, labels, num_nodes if num_classes is None else num_classes,
+                       num_classes is not None)
+
+
+def check_label_values(source: str, labels: np.ndarray, top: int, is_num_classes: bool) -> None:
+    """Every label is -1 or a class id below ``top`` (``num_classes`` if the input gives it;
+    any block of the labels can be checked alone)."""
     if labels.size and labels.min() < -1:
         _fail(source, f"labels hold {int(labels.min())}",
               "use -1 for unlabelled, 0..C-1 for classes")
-    top = num_nodes if num_classes is None else num_classes
     if labels.size and labels.max() >= top:
         _fail(source, f"labels hold class {int(labels.max())}, outside 0..{top - 1}"
-              + ("" if num_classes is None else " (num_classes)"),
+              + (" (num_classes)" if is_num_classes else ""),
               "class ids must be 0..C-1 with C classes")
 
 
-def check_split(source: str, num_nodes: int, labels: np.ndarray, name: str,
-                idx: np.ndarray) -> None:
-    """A split index is 1-D, in range, without repeats; training nodes are labelled."""
+def check_split_ids(source: str, num_nodes: int, name: str, idx: np.ndarray) -> None:
+    """A split index (or a chunk of one) is 1-D with every id in range."""
     if idx.ndim != 1:
         _fail(source, f"{name} has shape {idx.shape}", f"{name} must be a 1-D list of node ids")
     if idx.size and (idx.min() < 0 or idx.max() >= num_nodes):
         bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
         _fail(source, f"{name} holds node id {bad}, outside 0..{num_nodes - 1}",
               f"{name} must list nodes of the graph")
-    if len(np.unique(idx)) != len(idx):
-        _fail(source, f"{name} lists a node twice", f"list each node of {name} once")
-    if name == "train_idx" and idx.size and labels[idx].min() < 0:
-        _fail(source, "train_idx holds an unlabelled node (label -1)",
-              "train only on labelled nodes: drop it from train_idx or give it a label")
-    unlabelled = int((labels[idx] < 0).sum()) if idx.size else 0
+
+
+def fail_repeat(source: str, name: str, node: int | None = None) -> None:
+    _fail(source, f"{name} lists a node{'' if node is None else f' ({node})'} twice",
+          f"list each node of {name} once")
+
+
+def fail_empty_train(source: str) -> None:
+    _fail(source, "train_idx is empty: the graph has no training node",
+          "list at least one labelled node in train_idx (training on none learns nothing)")
+
+
+def fail_unlabelled_train(source: str, node: int | None = None) -> None:
+    _fail(source, f"train_idx holds an unlabelled node{'' if node is None else f' ({node})'} "
+          "(label -1)", "train only on labelled nodes: drop it from train_idx or give it a label")
+
+
+def warn_unlabelled(source: str, name: str, unlabelled: int, total: int) -> None:
     if unlabelled:
         log.warning("%s: %s selects %d unlabelled node(s) (label -1) of %d; accuracy counts "
                     "labelled nodes only (drop them from %s to silence this)", source, name,
-                    unlabelled, idx.size, name)
+                    unlabelled, total, name)
+
+
+def check_split(source: str, num_nodes: int, labels: np.ndarray, name: str,
+                idx: np.ndarray) -> None:
+    """A split index is 1-D, in range, without repeats; training nodes are labelled, and
+    there is at least one."""
+    check_split_ids(source, num_nodes, name, idx)
+    if name == "train_idx" and idx.size == 0:
+        fail_empty_train(source)
+    if len(np.unique(idx)) != len(idx):
+        fail_repeat(source, name)
+    if name == "train_idx" and labels[idx].min() < 0:
+        fail_unlabelled_train(source)
+    warn_unlabelled(source, name, int((labels[idx] < 0).sum()) if idx.size else 0, idx.size)
 
 
 def check_graph(graph: Graph, source: str, num_classes: int | None = None) -> None:
