@@ -17,6 +17,7 @@ import numpy as np
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.shard import FORMAT_VERSION, META_NAME, part_entry, part_name, write_meta, \
     write_shard
+from hpcgnn.data.validate import PREDICT_ONLY
 from preprocess.errors import PreprocessError
 from preprocess.halo import HaloPairs, PartLayout, build_shard, check_key_range, masks
 
@@ -57,11 +58,11 @@ def prepare_out_dir(out: Path, force: bool) -> None:
 
 
 def check_trainable(dataset: str, labelled_train: int) -> None:
-    """Refuse a graph without a labelled training node (a set that trains with loss 0)."""
+    """Warn of a graph without a labelled training node: its shard set is one to predict on
+    (``hpcgnn train`` refuses it; ``hpcgnn predict`` uses it)."""
     if labelled_train == 0:
-        raise PreprocessError(f"{dataset}: no labelled training node (train_idx is empty, or "
-                              f"all its nodes have label -1), so training would learn nothing; "
-                              f"give the input a training split (csbm:/rmat: a larger train=)")
+        log.warning("%s: no labelled training node (train_idx is empty): %s", dataset,
+                    PREDICT_ONLY)
 
 
 def check_part_array(graph: Graph, parts: np.ndarray, num_parts: int) -> np.ndarray:

@@ -58,6 +58,15 @@ def test_predictions_equal_the_trainers_evaluation(shards, tmp_path):
     check_ok(predict(1, run, shards("cora", 1), tmp_path / "p2"))
     assert not (tmp_path / "p2" / "part-00001.h5").exists()
     assert np.array_equal(read_predictions(tmp_path / "p2")["pred"], one["pred"])
+    # a graph to predict on (no training split: train refuses its shard set) predicts alike
+    from dataclasses import replace
+
+    from preprocess import partition_graph, write_shards
+    bare = replace(graph, train_idx=np.zeros(0, np.int64))
+    write_shards(bare, partition_graph(bare, 1, "metis"), tmp_path / "bare", partitioner="metis",
+                 seed=0)
+    check_ok(predict(1, run, tmp_path / "bare", tmp_path / "pb"))
+    assert np.array_equal(read_predictions(tmp_path / "pb")["pred"], one["pred"])
 
 
 def test_logits_and_embedding_equal_a_dense_gcn(tmp_path):

@@ -107,30 +107,43 @@ def test_meta_json_matches_the_contract(cora, tmp_path):
     assert reconstruct(tmp_path)["edges"].size == meta["num_edges"]
 
 
-def test_meta_json_counts_training_nodes_and_a_graph_without_is_refused(cora, tmp_path):
+def test_meta_json_counts_training_nodes_and_a_graph_without_is_one_to_predict_on(
+        cora, tmp_path, caplog):
+    """A graph without a training split (one to predict on) is written with a warning; its
+    ``meta.json`` counts 0 training nodes, which ``hpcgnn train`` refuses."""
     from dataclasses import replace
 
-    from preprocess.errors import PreprocessError
+    from hpcgnn.data.shardset import ShardSet
     parts = partition_graph(cora, 2, "metis", seed=0)
     write_shards(cora, parts, tmp_path / "ok", partitioner="metis", seed=0)
     counts = [p["num_train"] for p in read_meta(tmp_path / "ok")["parts"]]
     assert counts == np.bincount(parts[cora.train_idx], minlength=2).tolist() and sum(counts) == 140
-    unlabelled = cora.labels.copy()
-    unlabelled[cora.train_idx] = -1
-    for graph in (replace(cora, train_idx=np.zeros(0, np.int64)), replace(cora, labels=unlabelled)):
-        with pytest.raises(PreprocessError, match="cora: no labelled training node.*training split"):
-            write_shards(graph, parts, tmp_path / "empty", partitioner="metis", seed=0)
-        assert not (tmp_path / "empty").exists()
+    ShardSet.open(tmp_path / "ok").check_trainable()
+    with caplog.at_level("WARNING", logger="hpcgnn.preprocess"):
+        write_shards(replace(cora, train_idx=np.zeros(0, np.int64)), parts, tmp_path / "empty",
+                     partitioner="metis", seed=0)
+    assert "cora: no labelled training node" in caplog.text and "predict" in caplog.text
+    assert [p["num_train"] for p in read_meta(tmp_path / "empty")["parts"]] == [0, 0]
+    with pytest.raises(ShardFormatError, match="no labelled training node.*a set to predict on"):
+        ShardSet.open(tmp_path / "empty").check_trainable()
 
 
 @pytest.mark.parametrize("counted", [True, False], ids=["num_train", "older-meta"])
-def test_verify_refuses_a_set_without_training_nodes(cora, tmp_path, counted):
+def test_a_set_without_training_nodes_verifies_with_a_warning_and_is_not_trainable(
+        cora, tmp_path, counted, caplog):
+    from hpcgnn.data.shardset import ShardSet
     write_shards(cora, partition_graph(cora, 2, "metis", seed=0), tmp_path,
                  partitioner="metis", seed=0)
     for part in (0, 1):
         tamper(tmp_path, part, "nodes/train_mask", np.zeros_like, num_train=0 if counted else None)
-    with pytest.raises(ShardFormatError, match="no part holds a labelled training node"):
+    with caplog.at_level("WARNING", logger="hpcgnn.preprocess"):
         verify_shards(tmp_path)
+    assert "no part holds a labelled training node" in caplog.text
+    shards = ShardSet.open(tmp_path)
+    if not counted:                       # an older meta.json: only a rank without any decides
+        shards.check_trainable(own=None)
+    with pytest.raises(ShardFormatError, match="no labelled training node"):
+        shards.check_trainable(own=0)
 
 
 def test_metis_balances_training_nodes_clustered_in_one_community():

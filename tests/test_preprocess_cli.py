@@ -135,12 +135,15 @@ def test_bad_npz_through_the_cli(cli, tmp_path):
     assert_no_complete_set(cli, tmp_path / "s")
 
 
-def test_empty_training_split_through_the_cli(cli, tmp_path):
+def test_empty_training_split_through_the_cli(cli, tmp_path, caplog):
+    """A graph to predict on: written, with a warning that train will refuse it."""
     path = save_npz(tmp_path / "no-train.npz", train_idx=np.zeros(0, np.int64))
-    line = error_line(cli("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
-    assert line.startswith(f"preprocess: error: {path}: train_idx is empty") and \
-        "list at least one labelled node in train_idx" in line
-    assert_no_complete_set(cli, tmp_path / "s")
+    with caplog.at_level("WARNING", logger="hpcgnn.preprocess"):
+        res = cli("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s")
+    assert res.returncode == 0, res.stderr
+    assert "no labelled training node (train_idx is empty): the shard set is one to predict " \
+        "on" in caplog.text
+    assert cli("verify", tmp_path / "s").returncode == 0
 
 
 def test_convert_makes_missing_folders_and_refuses_bad_outs(cli, tmp_path):

@@ -29,7 +29,7 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.data.npz import REQUIRED, SPARSE_FEATURES
 from hpcgnn.data.shard import _fsync
 from hpcgnn.data.validate import (FORMAT_HINT, check_label_values, check_split_ids,
-                                   fail_empty_train, fail_nonfinite, fail_repeat,
+                                   fail_nonfinite, fail_repeat,
                                    fail_unlabelled_train, nonfinite_rows, warn_unlabelled)
 
 SPLITS = ("train_idx", "val_idx", "test_idx")
@@ -169,8 +169,6 @@ def _slice_masks(f, path: Path, n: int, lo: int, hi: int, labels: np.ndarray) ->
     masks = {}
     for split in SPLITS:
         d = _dataset(f, path, split)
-        if split == "train_idx" and d.size == 0:
-            fail_empty_train(str(path))
         m = _slice_split(d, path, split, n, lo, hi)
         unlabelled = np.flatnonzero(m & (labels < 0))
         if split == "train_idx" and unlabelled.size:

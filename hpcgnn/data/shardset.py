@@ -30,13 +30,9 @@ class ShardSet:
 
     @classmethod
     def open(cls, path: str | Path) -> "ShardSet":
-        """Read and check ``path/meta.json`` (and, where it counts them, that the parts hold a
-        training node); raises ``ShardFormatError`` naming the fix."""
+        """Read and check ``path/meta.json``; raises ``ShardFormatError`` naming the fix."""
         path = Path(path)
         meta = read_meta(path)
-        counts = [p.get(NUM_TRAIN) for p in meta["parts"]]
-        if None not in counts and sum(counts) == 0:
-            _no_training_node(path / META_NAME, "its parts' num_train sum to 0")
         return cls(path, meta, hashlib.sha256((path / META_NAME).read_bytes()).hexdigest())
 
     @property
@@ -75,20 +71,20 @@ class ShardSet:
             # merged: the members' features go from their files straight into the merged array
             members = [self.read_part(p, verify_hash, features=False) for p in parts]
             shard = merge_parts(members, rank, size, [self.part_path(p) for p in parts])
-        if num_train(shard) == 0:
-            self._check_some_training(parts)
         return shard
 
-    def _check_some_training(self, mine: list[int]) -> None:
-        """A set whose ``meta.json`` does not count training nodes (written before it did),
-        seen from a rank whose parts hold none: the other parts' masks are read (no message
-        passing, so every such rank decides alike) until one holds a labelled training node."""
-        if all(NUM_TRAIN in p for p in self.meta["parts"]):
-            return                                      # counted: open() checked the sum
-        for part in (p for p in range(self.num_parts) if p not in mine):
-            if read_train_count(self.part_path(part)):
-                return
-        _no_training_node(self.path, "no part's nodes/train_mask selects a labelled node")
+    def check_trainable(self, own: int | None = None) -> None:
+        """Raise ``ShardFormatError`` for a set without a labelled training node (one to predict
+        on), from ``meta.json``'s counts. A set written before ``meta.json`` counted them is
+        checked by a rank whose own rows hold ``own = 0`` training nodes: it reads the other
+        parts' masks (no message passing, so every such rank decides alike)."""
+        counts = [p.get(NUM_TRAIN) for p in self.meta["parts"]]
+        if None not in counts:
+            if sum(counts) == 0:
+                _no_training_node(self.path / META_NAME, "its parts' num_train sum to 0")
+            return
+        if own == 0 and not any(read_train_count(self.part_path(p)) for p in range(self.num_parts)):
+            _no_training_node(self.path, "no part's nodes/train_mask selects a labelled node")
 
     def read_part(self, part: int, verify_hash: bool = True, features: bool = True) -> Shard:
         path = self.part_path(part)
@@ -135,5 +131,6 @@ def read_train_count(path: Path) -> int:
 
 def _no_training_node(where: Path, why: str) -> None:
     raise ShardFormatError(f"{where}: the shard set has no labelled training node ({why}), so "
-                           f"training would learn nothing; re-run `python -m preprocess` on an "
-                           f"input with a training split (train_idx of labelled nodes)")
+                           f"training would learn nothing (it is a set to predict on); re-run "
+                           f"`python -m preprocess` on an input with a training split (train_idx "
+                           f"of labelled nodes)")

@@ -96,11 +96,6 @@ def fail_repeat(source: str, name: str, node: int | None = None) -> None:
           f"list each node of {name} once")
 
 
-def fail_empty_train(source: str) -> None:
-    _fail(source, "train_idx is empty: the graph has no training node",
-          "list at least one labelled node in train_idx (training on none learns nothing)")
-
-
 def fail_unlabelled_train(source: str, node: int | None = None) -> None:
     _fail(source, f"train_idx holds an unlabelled node{'' if node is None else f' ({node})'} "
           "(label -1)", "train only on labelled nodes: drop it from train_idx or give it a label")
@@ -115,14 +110,12 @@ def warn_unlabelled(source: str, name: str, unlabelled: int, total: int) -> None
 
 def check_split(source: str, num_nodes: int, labels: np.ndarray, name: str,
                 idx: np.ndarray) -> None:
-    """A split index is 1-D, in range, without repeats; training nodes are labelled, and
-    there is at least one."""
+    """A split index is 1-D, in range, without repeats; training nodes are labelled. An empty
+    ``train_idx`` is a graph to predict on (preprocess warns; ``hpcgnn train`` refuses it)."""
     check_split_ids(source, num_nodes, name, idx)
-    if name == "train_idx" and idx.size == 0:
-        fail_empty_train(source)
     if len(np.unique(idx)) != len(idx):
         fail_repeat(source, name)
-    if name == "train_idx" and labels[idx].min() < 0:
+    if name == "train_idx" and idx.size and labels[idx].min() < 0:
         fail_unlabelled_train(source)
     warn_unlabelled(source, name, int((labels[idx] < 0).sum()) if idx.size else 0, idx.size)
 
@@ -135,3 +128,7 @@ def check_graph(graph: Graph, source: str, num_classes: int | None = None) -> No
     check_labels(source, n, graph.labels, num_classes)
     for name in ("train_idx", "val_idx", "test_idx"):
         check_split(source, n, graph.labels, name, getattr(graph, name))
+
+
+PREDICT_ONLY = ("the shard set is one to predict on: `hpcgnn predict` uses it, `hpcgnn train` "
+                "refuses it (give the input a training split to train on it)")

@@ -30,7 +30,7 @@ from hpcgnn.comm.progress import Progress
 from hpcgnn.comm.settings import CommSettings
 from hpcgnn.comm.stale import StaleExchange
 from hpcgnn.config import Config
-from hpcgnn.data.shard import Shard
+from hpcgnn.data.shard import Shard, num_train
 from hpcgnn.nn.graph import LocalGraph
 from hpcgnn.nn.model import GNN, LAYERS
 from hpcgnn.nn.propagation import (ConstantPropagation, HaloPropagation, SpmmPropagation,
@@ -192,14 +192,18 @@ def with_cuda_aware(ctx: CommContext, comm: CommSettings) -> CommContext:
 # -- the trainer -------------------------------------------------------------------------------
 def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
                     policy: CompressionPolicy = FULL_PRECISION, resume: bool = False,
-                    force: bool = False, stop_after: int | None = None) -> Trainer:
+                    force: bool = False, stop_after: int | None = None,
+                    training: bool = True) -> Trainer:
     """Check the combination, read this rank's shard (and, on rank 0, the checkpoint), build
-    the model and the trainer of ``train.method``. Local work only (no collectives)."""
+    the model and the trainer of ``train.method``; ``training``: refuse a shard set without a
+    training node (``predict`` passes False). Local work only (no collectives)."""
     check_combination(cfg, policy)
     ctx = with_cuda_aware(ctx, CommSettings.resolve(cfg.comm))
     policy = policy.bind(cfg.train.epochs, cfg.model.layers, silent=silent_layers(cfg, ctx))
     shard_set = ShardSet.open(shards)                  # meta.json, read once
     setup = ALGORITHMS[cfg.parallel.algorithm](ctx, cfg, shard_set)
+    if training:
+        shard_set.check_trainable(num_train(setup.shard))
     data = part_tensors(setup.shard, cfg.data.normalize_features, ctx.device)
     model = build_model(ctx, cfg, policy, setup)
     run_dir = Path(run_dir)

@@ -33,6 +33,7 @@ def train_checks(args, size: int) -> None:
     cfg = load_config(args.config, args.set)
     check_run_dir(Path(args.out or cfg.run.out), args.resume, getattr(args, "force", False))
     shards = ShardSet.open(args.shards)
+    shards.check_trainable()                   # from meta.json's counts (older sets: later)
     if cfg.parallel.algorithm == "halo":
         shards.check_ranks(size)
 
