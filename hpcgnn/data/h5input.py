@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.npz import REQUIRED, SPARSE_FEATURES
-from hpcgnn.data.shard import _fsync
+from hpcgnn.data.shard import fsync_file
 from hpcgnn.data.validate import (FORMAT_HINT, check_label_values, check_split_ids,
                                    fail_nonfinite, fail_repeat,
                                    fail_unlabelled_train, nonfinite_rows, warn_unlabelled)
@@ -255,7 +255,7 @@ def write_h5(graph: Graph, path: str | os.PathLike) -> None:
             for split in SPLITS:
                 f.create_dataset(split, data=getattr(graph, split).astype(np.int64),
                                  chunks=True if len(getattr(graph, split)) else None)
-        _fsync(tmp)                 # on disk before the name says it is complete
+        fsync_file(tmp)                 # on disk before the name says it is complete
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -141,7 +141,7 @@ def write_shard(path: str | os.PathLike, shard: Shard) -> None:
             f.attrs["num_parts"] = shard.num_parts
             for name, (h5path, dtype) in DATASETS.items():
                 f.create_dataset(h5path, data=np.ascontiguousarray(getattr(shard, name), dtype=dtype))
-        _fsync(tmp)
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -254,7 +254,7 @@ def write_meta(directory: str | os.PathLike, meta: dict) -> None:
     tmp = _tmp_name(path)
     try:
         tmp.write_text(json.dumps(meta, indent=2) + "\n")
-        _fsync(tmp)
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -334,7 +334,7 @@ def _check_part_entry(path: Path, i: int, part) -> None:
                           f"at most num_owned = {part['num_owned']}")
 
 
-def _fsync(path: Path) -> None:
+def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
