@@ -23,14 +23,25 @@ hpcgnn_run_dir() {
     fi
 }
 
-# The task count must fit the shard set: a divisor of num_parts (each rank loads num_parts/ntasks
-# parts) or, for parallel.algorithm = 1.5d, num_parts * c; say so before any rank starts (the
-# trainer checks the exact rule again).
+# The task count must fit the shard set with some parallel algorithm: a divisor of num_parts
+# (halo: each rank loads num_parts/ntasks parts), num_parts * c (1.5d), q^2 with q dividing
+# num_parts (2d) or q^3 with q^2 dividing it (3d); say so before any rank starts (the trainer
+# checks the config's algorithm's exact rule again, on every rank, before it imports torch).
+hpcgnn_fits() {
+    local k=$1 p=$2 q
+    (( k % p == 0 || p % k == 0 )) && return 0
+    for (( q = 2; q * q <= p; q++ )); do
+        (( q * q == p && k % q == 0 )) && return 0
+        (( q * q * q == p && k % (q * q) == 0 )) && return 0
+    done
+    return 1
+}
+
 hpcgnn_check_shards() {
     local shards=$1 ntasks=$2 parts
     [[ -f $shards/meta.json ]] || hpcgnn_die "$shards/meta.json not found: preprocess first (jobs/preprocess.sbatch) or fix SHARDS"
     parts=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_parts"])' "$shards/meta.json")
-    (( parts % ntasks == 0 || ntasks % parts == 0 )) || hpcgnn_die "$shards has num_parts=$parts but the job has $ntasks tasks: submit with --ntasks=$parts or a divisor of $parts (each rank then loads num_parts/ntasks parts), or num_parts * c for parallel.algorithm = 1.5d"
+    hpcgnn_fits "$parts" "$ntasks" || hpcgnn_die "$shards has num_parts=$parts but the job has $ntasks tasks: submit with --ntasks=$parts or a divisor of $parts (each rank then loads num_parts/ntasks parts), or num_parts * c for parallel.algorithm = 1.5d, q^2 with q dividing $parts for 2d, q^3 with q^2 dividing $parts for 3d"
 }
 
 # The job log's name in RUN_DIR: slurm-<job>.out, one file per start of a requeued job.

@@ -1,0 +1,40 @@
+"""``jobs/lib/train.sh``'s check of the task count against the shard set, before a SLURM job
+launches any rank: every layout one of the parallel algorithms trains is let through (halo: R
+divides K; 1.5D: R = K c; 2D: R = q^2, q dividing K; 3D: R = q^3, q^2 dividing K), the others
+are refused naming the rules. The trainer's own check of the config's algorithm is tested
+with the algorithms (``test_cagnet*.py``)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _mpi import REPO
+
+
+def check(tmp_path, parts: int, ntasks: int) -> subprocess.CompletedProcess:
+    (tmp_path / "meta.json").write_text(json.dumps({"num_parts": parts}))
+    script = ("source jobs/lib/common.sh && source jobs/lib/train.sh && "
+              f"hpcgnn_check_shards {tmp_path} {ntasks}")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=env)
+
+
+@pytest.mark.parametrize("parts,ntasks", [(4, 4), (4, 2), (4, 1), (4, 8), (4, 12), (6, 9),
+                                          (6, 4), (4, 16), (9, 27)])
+def test_every_trainable_layout_passes(tmp_path, parts, ntasks):
+    proc = check(tmp_path, parts, ntasks)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("parts,ntasks", [(4, 3), (3, 4), (6, 27), (6, 10)])
+def test_other_task_counts_are_refused_with_the_rules(tmp_path, parts, ntasks):
+    proc = check(tmp_path, parts, ntasks)
+    assert proc.returncode != 0
+    assert f"num_parts={parts} but the job has {ntasks} tasks" in proc.stderr
+    assert "q^2 with q dividing" in proc.stderr and "q^3 with q^2 dividing" in proc.stderr
