@@ -231,13 +231,17 @@ def _need(ok: bool, where: str, key: str, value: Any, fix: str) -> None:
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Read the run config at ``path`` (defaults only if None), apply ``overrides``, validate."""
-    where = str(path) if path is not None else "<defaults>"
     raw = _read_toml(path) if path is not None else {}
     for item in overrides:
         section, key, value = _parse_override(item)
         raw.setdefault(section, {})[key] = value
-    where = where + (" (with --set overrides)" if overrides else "")
-    return build_config(raw, where)
+    return build_config(raw, config_source(path, overrides))
+
+
+def config_source(path: str | Path | None, overrides: list[str] = ()) -> str:
+    """How errors name a run config: its file (or ``<defaults>``), and whether --set changed it."""
+    where = str(path) if path is not None else "<defaults>"
+    return where + (" (with --set overrides)" if overrides else "")
 
 
 def build_config(raw: dict, where: str = "<config>") -> Config:

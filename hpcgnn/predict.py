@@ -124,7 +124,8 @@ def build_predictor(ctx: CommContext, args) -> Predictor:
     if (run_dir / SCHEDULE_NAME).is_file():
         from hpcgnn.schedule import load_schedule
         policy = load_schedule(run_dir / SCHEDULE_NAME)
-    trainer = prepare_trainer(ctx, cfg, args.shards, run_dir, policy, training=False)
+    trainer = prepare_trainer(ctx, cfg, args.shards, run_dir, policy, training=False,
+                              source=str(run_dir / CONFIG_NAME))
     data = _checked_checkpoint(trainer) if ctx.is_root else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

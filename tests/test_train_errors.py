@@ -119,8 +119,12 @@ def test_unknown_config_key_and_bad_value(shards, tmp_path):
             "--out", str(tmp_path), "--config", "configs/cora.toml"]
     for sets, words in ((["train.epocs=3"], ["unknown key train.epocs",
                                               "did you mean 'train.epochs'?", "valid keys"]),
-                        (["model.dropout=1.5"], ["model.dropout = 1.5", "[0, 1)"])):
-        proc = subprocess.run(base + ["--set", sets[0]], capture_output=True, text=True,
+                        (["model.dropout=1.5"], ["model.dropout = 1.5", "[0, 1)"]),
+                        (["parallel.algorithm=2d", "--schedule",   # refused with the schedule
+                          "configs/schedules/quant2-all.toml"],
+                         ["configs/cora.toml (with --set overrides): --schedule = ",
+                          "parallel.algorithm = '2d' runs uncompressed"])):
+        proc = subprocess.run(base + ["--set", *sets], capture_output=True, text=True,
                               timeout=60, stdin=subprocess.DEVNULL, env=mpi_env())
         assert proc.returncode == 2, proc.stderr
         assert all(w in proc.stderr for w in words) and "configs/cora.toml" in proc.stderr

@@ -193,11 +193,12 @@ def with_cuda_aware(ctx: CommContext, comm: CommSettings) -> CommContext:
 def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: str | Path,
                     policy: CompressionPolicy = FULL_PRECISION, resume: bool = False,
                     force: bool = False, stop_after: int | None = None,
-                    training: bool = True) -> Trainer:
+                    training: bool = True, source: str = "<config>") -> Trainer:
     """Check the combination, read this rank's shard (and, on rank 0, the checkpoint), build
     the model and the trainer of ``train.method``; ``training``: refuse a shard set without a
-    training node (``predict`` passes False). Local work only (no collectives)."""
-    check_combination(cfg, policy)
+    training node (``predict`` passes False); ``source``: how errors name the config (its file).
+    Local work only (no collectives)."""
+    check_combination(cfg, policy, source)
     ctx = with_cuda_aware(ctx, CommSettings.resolve(cfg.comm))
     policy = policy.bind(cfg.train.epochs, cfg.model.layers, silent=silent_layers(cfg, ctx))
     shard_set = ShardSet.open(shards)                  # meta.json, read once

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
 from hpcgnn.comm.context import CommContext
-from hpcgnn.config import ConfigError, load_config
+from hpcgnn.config import ConfigError, config_source, load_config
 from hpcgnn.train.agreement import agree, digest, report_differences, startup_facts
 from hpcgnn.train.build import prepare_trainer
 from hpcgnn.train.early import USER_ERRORS, gather_errors, report_failures
@@ -42,7 +42,8 @@ def build_trainer(ctx: CommContext, args) -> Trainer:
     check_run_dir(run_dir, args.resume, getattr(args, "force", False))
     return prepare_trainer(ctx, cfg, args.shards, run_dir, policy, resume=args.resume,
                            force=getattr(args, "force", False),
-                           stop_after=getattr(args, "stop_after", None))
+                           stop_after=getattr(args, "stop_after", None),
+                           source=config_source(args.config, args.set))
 
 
 def prepare_or_report(ctx: CommContext, args, build=build_trainer):
