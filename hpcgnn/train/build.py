@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from hpcgnn.codecs import native
 from hpcgnn.codecs.base import FULL_PRECISION, CompressionPolicy
 from hpcgnn.combinations import check_combination
 from hpcgnn.comm.context import CommContext
@@ -199,6 +200,8 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
     training node (``predict`` passes False); ``source``: how errors name the config (its file).
     Local work only (no collectives)."""
     check_combination(cfg, policy, source)
+    if ctx.device.type == "cpu":     # load the C kernels now (or build them, once: seconds), not
+        native.lib()                 # inside epoch 0's timing where env/setup.sh did not build them
     ctx = with_cuda_aware(ctx, CommSettings.resolve(cfg.comm))
     policy = policy.bind(cfg.train.epochs, cfg.model.layers, silent=silent_layers(cfg, ctx))
     shard_set = ShardSet.open(shards)                  # meta.json, read once
