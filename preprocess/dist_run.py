@@ -12,7 +12,7 @@ from preprocess.dist_halo import build_shards
 from preprocess.distributed import add_reverse, collective, csr_of_keys, local_keys, \
     move_to_writers, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
-from preprocess.write import check_out_dir, check_trainable, meta_fields, prepare_out_dir, \
+from preprocess.write import check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
     shard_files, write_failed
 
 log = logging.getLogger("hpcgnn.preprocess")
@@ -96,7 +96,7 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     sl = collective(comm, read_slice, spec, comm, symmetrize)
     n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
     collective(comm, _check_request, comm, n, num_parts)
-    check_trainable(sl.name, comm.allreduce(  # the same count, so the same outcome, on every rank
+    warn_untrainable(sl.name, comm.allreduce(  # the same count, so the same outcome, on every rank
         int(np.count_nonzero(sl.masks["train_mask"] & (sl.labels >= 0)))))
     (indptr, cols), (sym_indptr, sym_cols) = _clean_slice(comm, sl, symmetrize, bounds)
     log.log(_level(comm), "rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s, peak %s)",

@@ -1,5 +1,7 @@
 """Independent re-check of a shard set: checksums, counts, each part's edges, the halo
-invariant. It shares only the file format with the writer, none of its logic."""
+invariant. It shares only the file format with the writer, none of its logic; the check of a
+part against its ``meta.json`` entry is the one training's load runs
+(``hpcgnn.data.shardset.check_part_against_meta``)."""
 from __future__ import annotations
 
 import logging
@@ -8,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.data.shard import Shard, ShardFormatError, num_train, part_name, read_meta, \
+    read_shard, sha256_file
+from hpcgnn.data.shardset import check_part_against_meta
 from hpcgnn.data.validate import PREDICT_ONLY
-from hpcgnn.data.shard import NUM_TRAIN, Shard, ShardFormatError, num_train, part_name, \
-    read_meta, read_shard, sha256_file
 
 log = logging.getLogger("hpcgnn.preprocess")
 FIX = "re-run `python -m preprocess ... --force` to rewrite the shard set"
@@ -57,19 +60,6 @@ def _check_file(directory: Path, p: int, entry: dict) -> Path:
     return path
 
 
-def _check_counts(s: Shard, path: Path, entry: dict, meta: dict) -> None:
-    for key, value in (("num_owned", s.n_owned), ("num_halo", s.n_halo),
-                       ("num_edges", s.num_edges), (NUM_TRAIN, num_train(s))):
-        _need(entry.get(key, value) == value, path,
-              f"holds {value} for {key}, meta.json says {entry.get(key)}")
-    _need(not bool(np.any(s.train_mask & (s.label < 0))), path,
-          "nodes/train_mask selects an unlabelled node (label -1)")
-    _need(s.n_owned == 0 or s.feature_dim == meta["feature_dim"], path,
-          f"features have {s.feature_dim} columns, meta.json says {meta['feature_dim']}")
-    _need(s.label.size == 0 or (s.label.min() >= -1 and s.label.max() < meta["num_classes"]),
-          path, f"nodes/label outside -1..{meta['num_classes'] - 1}")
-
-
 def _check_edges(s: Shard, path: Path) -> None:
     """Local CSR: full in-neighbourhoods, no self-loops, no duplicates, every halo slot used."""
     n, width = s.n_owned, s.n_owned + s.n_halo
@@ -94,7 +84,7 @@ def _read_part(directory: Path, p: int, meta: dict) -> tuple[PartPlan, int, int]
     entry = meta["parts"][p]
     path = _check_file(directory, p, entry)
     s = read_shard(path, part_id=p, num_parts=meta["num_parts"])
-    _check_counts(s, path, entry, meta)
+    check_part_against_meta(s, path, entry, meta, FIX)
     _check_edges(s, path)
     _check_halo_groups(s, path)
     plan = PartPlan(s.global_id, s.degree, s.halo_global_id, s.halo_degree, s.recv_counts,

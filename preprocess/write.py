@@ -57,7 +57,7 @@ def prepare_out_dir(out: Path, force: bool) -> None:
                               f"choose another --out") from exc
 
 
-def check_trainable(dataset: str, labelled_train: int) -> None:
+def warn_untrainable(dataset: str, labelled_train: int) -> None:
     """Warn of a graph without a labelled training node: its shard set is one to predict on
     (``hpcgnn train`` refuses it; ``hpcgnn predict`` uses it)."""
     if labelled_train == 0:
@@ -139,7 +139,7 @@ def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partit
     out = Path(out_dir)
     num_parts = int(np.max(parts)) + 1 if num_parts is None else int(num_parts)
     parts = check_part_array(graph, parts, num_parts)
-    check_trainable(graph.name, int(np.count_nonzero(graph.labels[graph.train_idx] >= 0)))
+    warn_untrainable(graph.name, int(np.count_nonzero(graph.labels[graph.train_idx] >= 0)))
     prepare_out_dir(out, force)
     t0 = time.perf_counter()
     layout = PartLayout.build(parts, num_parts)

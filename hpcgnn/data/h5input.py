@@ -10,9 +10,9 @@ A slice of rows ``lo:hi`` reads ``adj_indptr[lo:hi+1]``, the matching run of ``a
 feature rows ``lo:hi`` and ``labels[lo:hi]``; the split arrays are read in chunks and filtered,
 so a rank holds O(N/P + E/P + chunk) of the input. The checks of the npz reader
 (``hpcgnn.data.validate``) run on what the slice reads, chunk by chunk: every rank checks every
-split id's range and that ``train_idx`` is not empty; repeats, unlabelled training nodes, labels
-and NaN features are checked by the rank whose rows they fall in. An optional ``num_classes``
-scalar bounds the labels, as in the npz format.
+split id's range; repeats, unlabelled training nodes, labels and NaN features are checked by the
+rank whose rows they fall in. An optional ``num_classes`` scalar bounds the labels, as in the
+npz format.
 """
 from __future__ import annotations
 

@@ -66,12 +66,10 @@ class ShardSet:
         self.check_ranks(size)
         parts = member_parts(rank, size, self.num_parts)
         if len(parts) == 1:
-            shard = self.read_part(parts[0], verify_hash)
-        else:
-            # merged: the members' features go from their files straight into the merged array
-            members = [self.read_part(p, verify_hash, features=False) for p in parts]
-            shard = merge_parts(members, rank, size, [self.part_path(p) for p in parts])
-        return shard
+            return self.read_part(parts[0], verify_hash)
+        # merged: the members' features go from their files straight into the merged array
+        members = [self.read_part(p, verify_hash, features=False) for p in parts]
+        return merge_parts(members, rank, size, [self.part_path(p) for p in parts])
 
     def check_trainable(self, own: int | None = None) -> None:
         """Raise ``ShardFormatError`` for a set without a labelled training node (one to predict
@@ -92,29 +90,32 @@ class ShardSet:
             raise ShardFormatError(f"{path}: sha256 differs from meta.json (corrupt or replaced "
                                    f"file); re-run `python -m preprocess` to rewrite the shard set")
         shard = read_shard(path, part_id=part, num_parts=self.num_parts, features=features)
-        self._check_against_meta(shard, path, self.meta["parts"][part])
+        check_part_against_meta(shard, path, self.meta["parts"][part], self.meta)
         return shard
 
-    def _check_against_meta(self, s: Shard, path: Path, entry: dict) -> None:
-        """What ``meta.json`` records of this part, and its labels against ``num_classes``:
-        checks on the arrays already read (a part swapped in with a recomputed sha256)."""
-        meta, fix = self.meta, "re-run `python -m preprocess` to rewrite the shard set"
-        for key, value in (("num_owned", s.n_owned), ("num_halo", s.n_halo),
-                           ("num_edges", s.num_edges), (NUM_TRAIN, num_train(s))):
-            if entry.get(key, value) != value:
-                raise ShardFormatError(f"{path}: holds {value} for {key}, {META_NAME} says "
-                                       f"{entry[key]} (a part of another shard set?); {fix}")
-        if s.n_owned and s.feature_dim != meta["feature_dim"]:
-            raise ShardFormatError(f"{path}: features have {s.feature_dim} columns, {META_NAME} "
-                                   f"says feature_dim = {meta['feature_dim']}; {fix}")
-        low, high = (int(s.label.min()), int(s.label.max())) if s.n_owned else (-1, -1)
-        if low < -1 or high >= meta["num_classes"]:
-            raise ShardFormatError(
-                f"{path}: nodes/label holds {low if low < -1 else high}, but {META_NAME} says "
-                f"num_classes = {meta['num_classes']} (labels must be -1 or 0..num_classes-1); {fix}")
-        if bool(np.any(s.train_mask & (s.label < 0))):
-            raise ShardFormatError(f"{path}: nodes/train_mask selects an unlabelled node (label "
-                                   f"-1); {fix} from an input whose training nodes are labelled")
+
+def check_part_against_meta(s: Shard, path: Path, entry: dict, meta: dict,
+                            fix: str = "re-run `python -m preprocess` to rewrite the shard "
+                                       "set") -> None:
+    """What ``meta.json`` records of a part (its ``entry``) against the arrays read from
+    ``path``, and its labels against ``num_classes`` (a part swapped in with a recomputed
+    sha256); training's load and ``python -m preprocess verify`` both run it."""
+    for key, value in (("num_owned", s.n_owned), ("num_halo", s.n_halo),
+                       ("num_edges", s.num_edges), (NUM_TRAIN, num_train(s))):
+        if entry.get(key, value) != value:
+            raise ShardFormatError(f"{path}: holds {value} for {key}, {META_NAME} says "
+                                   f"{entry[key]} (a part of another shard set?); {fix}")
+    if s.n_owned and s.feature_dim != meta["feature_dim"]:
+        raise ShardFormatError(f"{path}: features have {s.feature_dim} columns, {META_NAME} "
+                               f"says feature_dim = {meta['feature_dim']}; {fix}")
+    low, high = (int(s.label.min()), int(s.label.max())) if s.n_owned else (-1, -1)
+    if low < -1 or high >= meta["num_classes"]:
+        raise ShardFormatError(
+            f"{path}: nodes/label holds {low if low < -1 else high}, but {META_NAME} says "
+            f"num_classes = {meta['num_classes']} (labels must be -1 or 0..num_classes-1); {fix}")
+    if bool(np.any(s.train_mask & (s.label < 0))):
+        raise ShardFormatError(f"{path}: nodes/train_mask selects an unlabelled node (label "
+                               f"-1); {fix} from an input whose training nodes are labelled")
 
 
 def read_train_count(path: Path) -> int:

@@ -110,8 +110,9 @@ def csbm(name: str = "csbm", *, nodes: int = 2000, classes: int = 4, degree: flo
     uniform node to a node of its own class with probability ``homophily``, else of another
     class; features are ``signal * mu_class + N(0, I)`` with unit-norm class means ``mu``. With a
     weak signal the features alone classify poorly and neighbours' features carry the accuracy."""
-    check_options(name, "csbm", True, nodes=nodes, classes=classes, degree=degree, homophily=homophily, features=features,
-                  signal=signal, train=train, val=val, seed=seed)
+    check_options(name, "csbm", True, nodes=nodes, classes=classes, degree=degree,
+                  homophily=homophily, features=features, signal=signal, train=train, val=val,
+                  seed=seed)
     rng = np.random.default_rng(seed)
     labels = rng.permutation(np.arange(nodes, dtype=np.int64) % classes)
     members = np.argsort(labels, kind="stable")

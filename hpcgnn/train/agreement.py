@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -34,6 +35,7 @@ from hpcgnn.train.records import flatten
 # GPU kernels' use: the wire bytes are the same bit for bit).
 LOCAL_ENV = frozenset({"HPCGNN_LOG_ALL_RANKS", "HPCGNN_MALLOC", "HPCGNN_CUDA_AWARE",
                        "HPCGNN_NATIVE", "HPCGNN_TRITON"})
+SHARDS = "shard set meta.json"     # "sha256 <12 hex> (<path>)": only the sha256 must agree
 FIX = ("fix: start every rank with the same --config, --set, --schedule, HPCGNN_* environment "
        "and hpcgnn install, and a copy of the same shard set (`python -m preprocess verify DIR` "
        "on each node; recopy a stale one)")
@@ -48,7 +50,7 @@ def startup_facts(record, args, version: str) -> dict[str, str]:
     text = record.schedule_text
     facts["schedule"] = "none" if text is None else (
         f"{record.schedule_path} (sha256 {hashlib.sha256(text.encode()).hexdigest()[:12]})")
-    facts["shard set meta.json"] = f"sha256 {record.meta_sha256[:12]} ({record.shards_path})"
+    facts[SHARDS] = f"sha256 {record.meta_sha256[:12]} ({record.shards_path})"
     for opt in ("out", "resume", "force", "stop_after"):
         facts[f"--{opt.replace('_', '-')}"] = repr(getattr(args, opt, None))
     facts["hpcgnn version"] = f"{version} (source sha256 {source_digest()})"
@@ -71,9 +73,13 @@ def source_digest() -> str:
 def digest(facts: dict[str, str]) -> int:
     """62 bits of the facts' sha256 (so that its negation fits an int64). The shard set's path
     is left out: equal contents at other paths (node-local copies) are the same input."""
-    same = {k: (v.split(" (")[0] if k == "shard set meta.json" else v) for k, v in facts.items()}
-    blob = json.dumps(same, sort_keys=True).encode()
+    blob = json.dumps({k: _compared(k, v) for k, v in facts.items()}, sort_keys=True).encode()
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 2
+
+
+def _compared(key: str, value: str) -> str:
+    """The part of a fact that must agree: all of it, but the shard set's sha256 alone."""
+    return value.split(" (")[0] if key == SHARDS else value
 
 
 def agree(ctx: CommContext, failed: bool, mine: int) -> tuple[bool, bool]:
@@ -95,11 +101,7 @@ def differences(all_facts: list[dict[str, str]]) -> list[str]:
         groups: dict[str, list[int]] = {}
         for rank, facts in enumerate(all_facts):
             groups.setdefault(facts.get(key, "(unset)"), []).append(rank)
-        if key == "shard set meta.json":
-            sha = {v.split(" (")[0] for v in groups}
-            if len(sha) == 1:
-                continue
-        if len(groups) > 1:
+        if len({_compared(key, v) for v in groups}) > 1:
             lines.append(f"{key}: " + "; ".join(f"{rank_list(r)} {v}" for v, r in groups.items()))
     return lines
 
@@ -118,4 +120,3 @@ def report_differences(ctx: CommContext, facts: dict[str, str]) -> None:
     for line in lines:
         log.error("  %s", line)
     log.error("%s", FIX)
-

@@ -1,9 +1,10 @@
 """Start-up of a training job: every rank builds its trainer from local files only, then all
 ranks agree (one small Allreduce) whether anyone failed and whether all started from the same
 inputs (``hpcgnn.train.agreement``), so a bad config or shard, or a rank started with other
-inputs, ends the job with no rank left waiting in a collective; rank 0 then prints each
-distinct message once, with the ranks that hit it (one gather, only on failure; ``hpcgnn.train.early``, which also checks
-the config, ``--out``, ``meta.json`` and the rank count before torch is imported).
+inputs, ends the job with no rank left waiting in a collective; rank 0 then prints each distinct
+message once, with the ranks that hit it (one gather, only on failure; ``hpcgnn.train.early``,
+which also checks the config, ``--out``, ``meta.json`` and the rank count before torch is
+imported).
 """
 from __future__ import annotations
 

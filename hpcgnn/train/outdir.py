@@ -14,10 +14,10 @@ from pathlib import Path
 
 import h5py
 
+from hpcgnn.data.shard import META_NAME                           # a shard set's name too
 from hpcgnn.train.rundir import check_dir_path, describe_run     # torch-free too
 
 PRED_VERSION = 1
-META_NAME = "meta.json"
 FIELDS = ("global_id", "pred", "logits", "embedding")
 PART_GLOB = "part-*.h5"
 
@@ -34,7 +34,8 @@ def check_out_dir(out: Path, shards: Path, run: Path) -> None:
     for name, other in (("--shards", shards), ("--run", run)):
         if out.resolve() == Path(other).resolve():
             raise PredictError(f"--out {out}: is the {name} directory; predict writes "
-                               f"part-NNNNN.h5 and meta.json there and would replace its files; {fix}")
+                               f"part-NNNNN.h5 and {META_NAME} there and would replace its "
+                               f"files; {fix}")
     check_dir_path(out, "--out", fix)
     if not out.is_dir():
         return
@@ -42,11 +43,13 @@ def check_out_dir(out: Path, shards: Path, run: Path) -> None:
     if what is not None:
         raise PredictError(f"--out {out}: holds {what}; predict would write beside it; {fix}")
     meta = out / META_NAME
-    if meta.is_file() and not _is_prediction_meta(meta):
+    if meta.is_file():
+        if _is_prediction_meta(meta):
+            return          # an earlier prediction: no part file opened (every rank runs this)
         holds = "a shard set" if (out / "part-00000.h5").is_file() else "another tool's meta.json"
         raise PredictError(f"--out {out}: holds {holds} ({META_NAME} is not a prediction's); "
                            f"predict would replace its meta.json and part files; {fix}")
-    for part in sorted(out.glob(PART_GLOB)):
+    for part in sorted(out.glob(PART_GLOB)):    # no meta.json: an interrupted predict's, or not
         if not is_prediction_part(part):
             raise PredictError(f"--out {out}: {part.name} is not a prediction part (a shard's, "
                                f"or another file); predict would replace it; {fix}")
@@ -55,7 +58,7 @@ def check_out_dir(out: Path, shards: Path, run: Path) -> None:
 def stale_parts(out: Path, num_parts: int) -> list[Path]:
     """Prediction parts in ``out`` beyond ``num_parts`` (an earlier predict on more ranks)."""
     return [p for p in sorted(Path(out).glob(PART_GLOB))
-            if _index(p) is not None and _index(p) >= num_parts and is_prediction_part(p)]
+            if (_index(p) or 0) >= num_parts and is_prediction_part(p)]
 
 
 def is_prediction_part(path: Path) -> bool:
