@@ -156,7 +156,8 @@ class GATLayer(HaloLayer):
                  input_needs_grad: bool = True, heads: int = 1, concat: bool = True,
                  attn_dropout: float = 0.0, **common):
         transform_first, width = choose_order(in_dim, heads * out_dim, input_needs_grad)
-        super().__init__(graph, prop, in_dim if prop.exchanges_input else width, **common)
+        super().__init__(graph, prop, in_dim if prop.exchanges_input else width, sync_width=width,
+                         **common)
         self.transform_first, self.heads, self.out_dim = transform_first, heads, out_dim
         self.concat, self.attn_dropout = concat, attn_dropout
         self.weight = nn.Parameter(glorot_(torch.empty(in_dim, heads * out_dim)))

@@ -69,10 +69,13 @@ class HaloLayer(nn.Module):
 
     def __init__(self, graph: LocalGraph, prop, width: int, dropout: float = 0.0,
                  codec_modules: tuple[nn.Module | None, nn.Module | None] = (None, None),
-                 sparse_input: bool = False):
+                 sparse_input: bool = False, sync_width: int | None = None):
         super().__init__()
         self.graph, self.prop, self.p = graph, prop, dropout
         self.width = width                     # channels of the rows the exchange carries
+        # channels of the rows a synchronous step exchanges: evaluation's exchange, also in a
+        # stale layer, whose training steps exchange its input (``width``) instead
+        self.sync_width = width if sync_width is None else sync_width
         self.encoder, self.decoder = codec_modules
         self.sparse_input = sparse_input       # the (constant) features: cache their non-zeros
         self._nz: dict[str, tuple] = {}
@@ -208,7 +211,8 @@ class GCNLayer(HaloLayer):
     def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, prop,
                  input_needs_grad: bool = True, **common):
         transform_first, width = choose_order(in_dim, out_dim, input_needs_grad)
-        super().__init__(graph, prop, in_dim if prop.exchanges_input else width, **common)
+        super().__init__(graph, prop, in_dim if prop.exchanges_input else width, sync_width=width,
+                         **common)
         self.transform_first = transform_first
         self.weight = nn.Parameter(glorot_(torch.empty(in_dim, out_dim)))
         self.bias = nn.Parameter(torch.zeros(out_dim))
@@ -258,7 +262,8 @@ class SAGELayer(HaloLayer):
     def __init__(self, in_dim: int, out_dim: int, graph: LocalGraph, prop,
                  input_needs_grad: bool = True, **common):
         transform_first, width = choose_order(in_dim, out_dim, input_needs_grad)
-        super().__init__(graph, prop, in_dim if prop.exchanges_input else width, **common)
+        super().__init__(graph, prop, in_dim if prop.exchanges_input else width, sync_width=width,
+                         **common)
         self.transform_first = transform_first
         self.out_dim = out_dim
         # [W_s | W_n] as one parameter (one optimiser entry); used as two column views

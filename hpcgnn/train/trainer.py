@@ -346,10 +346,13 @@ class Trainer:
         if not codecs:
             return Step(epoch, training, self.cfg.train.seed)
         n = len(self.model.layers)
+        # the width of the rows the step's exchange carries: a stale layer's training steps
+        # exchange its input, evaluation exchanges synchronously (``HaloLayer.sync_width``)
+        widths = [layer.width if training else layer.sync_width for layer in self.model.layers]
         exchanges = tuple(
-            ExchangeSettings(epoch, self.policy.forward_codec(epoch, i, n, layer.width),
-                             self.policy.backward_codec(epoch, i, n, layer.width))
-            for i, layer in enumerate(self.model.layers))
+            ExchangeSettings(epoch, self.policy.forward_codec(epoch, i, n, widths[i]),
+                             self.policy.backward_codec(epoch, i, n, widths[i]))
+            for i in range(n))
         if training and self.policy.adaptive:          # kind = "auto": what this step measures
             exchanges = tuple(with_probes(ex, self.policy, epoch, i, n)
                               for i, ex in enumerate(exchanges))

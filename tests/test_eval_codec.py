@@ -1,0 +1,55 @@
+"""``train.eval_codec = "train"``: evaluation exchanges through the training schedule's codecs,
+built for the rows evaluation sends. A stale layer's training steps exchange its input, while
+evaluation exchanges synchronously (the transformed rows where that is narrower), so the codec
+of an evaluation must be made for the synchronous width: made for the input width, a channel
+codec kept too many channels (silently less compression than the schedule says) or more
+channels than the row has (a ValueError in the first evaluation, after training had begun)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest import check_ok, read_metrics, train_together  # noqa: E402
+
+from hpcgnn.data.shard import read_shard  # noqa: E402
+
+GRAPH = "csbm:nodes=600,classes=4,degree=6,features=48,seed=5"
+HIDDEN, CLASSES, RATIO = 16, 4, 4
+# 48 features > 2 x 16 hidden and 16 > 2 x 4 classes: a synchronous layer transforms first and
+# sends 16 and 4 channels; a stale layer's training steps send their inputs, 48 and 16 wide
+SYNC_WIDTHS = (HIDDEN, CLASSES)
+SCHEDULE = f'codec = "truncate"\nkind = "constant"\nratio = {RATIO}.0\ncompress_last_layer = true\n'
+
+
+def eval_bytes_by_hand(shard_dir: Path, ranks: int, layers: tuple[int, ...]) -> int:
+    """One evaluation's bytes: every boundary row of ``layers``, truncated to
+    ``max(1, w // RATIO)`` fp32 channels of its synchronous width ``w``."""
+    rows = sum(int(read_shard(shard_dir / f"part-{p:05d}.h5").send_counts.sum())
+               for p in range(ranks))
+    return rows * sum(4 * max(1, SYNC_WIDTHS[i] // RATIO) for i in layers)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("arch", ["gcn", "gat"])
+def test_stale_evaluation_codecs_fit_the_synchronous_rows(arch, shards, tmp_path):
+    ranks = 2
+    shard_dir = shards(GRAPH, ranks, "metis")
+    (tmp_path / "s.toml").write_text(SCHEDULE)
+    base = [f"model.arch={arch!r}", f"model.hidden={HIDDEN}", "model.layers=2", "train.epochs=2",
+            "train.eval_codec='train'"]
+    runs = {"sync": base + ["train.eval_features='exchange'"],
+            "stale": base + ["train.staleness=1", "train.eval_features='exchange'"],
+            "stale-kept": base + ["train.staleness=1"]}          # the first layer on kept rows
+    procs = train_together(ranks, [(shard_dir, tmp_path / name, sets, {},
+                                    ("--schedule", str(tmp_path / "s.toml")))
+                                   for name, sets in runs.items()], tmp_path / "work")
+    for proc in procs:
+        check_ok(proc)
+    both = eval_bytes_by_hand(shard_dir, ranks, (0, 1))
+    want = {"sync": both, "stale": both, "stale-kept": eval_bytes_by_hand(shard_dir, ranks, (1,))}
+    for name in runs:
+        assert [r["eval_bytes"] for r in read_metrics(tmp_path / name)] == [want[name]] * 2, name
