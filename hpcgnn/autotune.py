@@ -532,6 +532,9 @@ class AutoPolicy(CompressionPolicy):
     def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
         return FP32 / self.bits(layer, num_layers, "forward")
 
+    def compresses_layer(self, layer: int, num_layers: int) -> bool:
+        return any(self.compresses(layer, num_layers, d) for d in ("forward", "backward"))
+
     def forward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
         return quant_codec(self.bits(layer, num_layers, "forward"))
 

@@ -24,6 +24,11 @@ What is refused, and why:
 - ``train.eval_features = 'kept'`` with an algorithm other than ``halo`` (no halo rows), with
   ``train.method = 'retexo'``, or with ``train.eval_codec = 'train'`` where training exchanges
   its first layer (its rows go through the training codecs; kept rows would be exact).
+- a schedule that compresses no exchange of the run: where ``train.staleness >= 1`` or
+  ``train.keep_features = true`` keeps the first layer's halo rows, one that compresses the
+  first layer and no later one (``compress_last_layer = false`` on a 2-layer model), unless
+  evaluation exchanges the first layer through it (``eval_codec = 'train'``,
+  ``eval_features = 'exchange'``).
 - ``model.arch = 'gat'`` with a schedule whose ``sample`` stage is on at any epoch of any layer,
   forward or backward: a dropped halo row would enter the softmax as a zero row, not as a
   missing edge.
@@ -79,6 +84,7 @@ def check_combination(cfg, policy: CompressionPolicy | None = None,
           "train.keep_features = true does not combine with the 'learned' codec (the first "
           "layer's encoder would never see a row); use truncate, random, quant or sample, or "
           "train.keep_features = false")
+    _check_kept_first_layer(cfg, bound, sched, where)
     if bound.adaptive:
         _check_auto(cfg, sched)
     if cfg.model.arch == "gat":
@@ -95,6 +101,30 @@ def _check_auto(cfg, sched: str) -> None:
           "train.staleness >= 1 hides the wire time kind = 'auto' weighs against the codec's "
           "error; use a curve kind (e.g. codec = 'quant', bits = 2) with staleness, or "
           "train.staleness = 0 with kind = 'auto'")
+
+
+def _check_kept_first_layer(cfg, policy: CompressionPolicy, sched: str, where: str) -> None:
+    """A schedule that would change nothing: it compresses the first layer's exchange, which
+    training never makes (``train.staleness >= 1`` or ``train.keep_features`` keep its halo
+    rows; the halo algorithm's full training), and none of the later layers'."""
+    t, layers = cfg.train, cfg.model.layers
+    if not (t.staleness or t.keep_features) or t.method != "full" \
+            or cfg.parallel.algorithm != "halo":
+        return
+    if not policy.compresses_layer(0, layers) or (t.eval_codec == "train"
+                                                  and t.eval_features == "exchange"):
+        return       # nothing of the schedule is lost, or evaluation's first layer uses it
+    key = "train.staleness >= 1" if t.staleness else "train.keep_features = true"
+    _need(layers > 1, f"{where} with {sched}", "model.layers", layers,
+          f"with {key} the only layer of a 1-layer model runs on the first layer's halo rows "
+          f"fetched once and kept, so no training step exchanges and the schedule would change "
+          f"nothing; drop --schedule")
+    _need(any(policy.compresses_layer(i, layers) for i in range(1, layers)), sched,
+          "compress_last_layer", False,
+          f"with {key} the first layer's halo rows are fetched once and kept, so of the "
+          f"model.layers = {layers} layers only the later ones exchange, and this schedule "
+          f"compresses none of them (it would change nothing); set compress_last_layer = true, "
+          f"or drop --schedule")
 
 
 def _check_method(cfg, where: str) -> None:

@@ -381,6 +381,7 @@ class SchedulePolicy(CompressionPolicy):
         self.path, self.default, self.layers = path, default, layers
         self.compress_last_layer, self.compress_backward = compress_last_layer, compress_backward
         self.epochs, self.num_layers = epochs, None
+        self.silent: frozenset = frozenset()
         self._codec = lru_cache(maxsize=4096)(self._build)
 
     def bind(self, epochs: int, num_layers: int,
@@ -392,7 +393,7 @@ class SchedulePolicy(CompressionPolicy):
                               f"(0..{num_layers - 1})", "remove the override or add layers")
         bound = copy.copy(self)
         bound.epochs = self.epochs if self.epochs is not None else int(epochs)
-        bound.num_layers = int(num_layers)
+        bound.num_layers, bound.silent = int(num_layers), frozenset(silent)
         bound._codec = lru_cache(maxsize=4096)(bound._build)
         return bound
 
@@ -410,8 +411,16 @@ class SchedulePolicy(CompressionPolicy):
                 "the trainer calls policy.bind(epochs, num_layers), or write epochs = T")
         return rule.curve.at(epoch, self.epochs)
 
+    def compresses_layer(self, layer: int, num_layers: int) -> bool:
+        """As the base's: the layer's rules reach it and name a codec other than ``none``."""
+        rules = self._rules(layer)
+        codecs = [rules.forward.codec] + [rules.backward.codec] * self.compress_backward
+        return self._compressed(layer, num_layers) and any(
+            c.sample or c.channels or c.quant for c in codecs)
+
     def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
-        if not self._compressed(layer, num_layers):
+        """As the base's; 1.0 for a layer whose training steps exchange nothing (``silent``)."""
+        if layer in self.silent or not self._compressed(layer, num_layers):
             return 1.0
         return self._ratio(self._rules(layer).forward, epoch)
 

@@ -210,3 +210,44 @@ def test_predict_of_a_kept_features_run_gives_the_trainers_accuracy(shards, tmp_
     idx = graph.test_idx[graph.labels[graph.test_idx] >= 0]
     acc = float((got["pred"][idx] == graph.labels[idx]).sum()) / len(idx)
     assert acc == json.loads((run / "summary.json").read_text())["final_test_acc"]
+
+
+@pytest.mark.mpi
+def test_a_schedule_only_the_kept_first_layer_would_use_is_refused(shards, tmp_path):
+    """Staleness and ``keep_features`` keep the first layer's halo rows, so a schedule that
+    compresses the first layer and no later one (``compress_last_layer = false`` on 2 layers)
+    would change nothing: refused on every rank before any exchange, naming the schedule and
+    the fix (it trained uncompressed, its metrics saying ratio 8 for layer 0). Accepted: a
+    deeper model (the metrics give the first layer ratio 1: it sends nothing), and a schedule
+    that compresses nothing itself (``codec = "none"``, the baseline)."""
+    from hpcgnn.combinations import check_combination
+    from hpcgnn.config import ConfigError, load_config
+    from hpcgnn.schedule import load_schedule
+    from conftest import train
+    shard_dir = shards(CSBM, 2, "metis")
+    (tmp_path / "t8.toml").write_text('codec = "truncate"\nkind = "constant"\nratio = 8.0\n')
+    (tmp_path / "none.toml").write_text('codec = "none"\nkind = "constant"\nratio = 1.0\n')
+    sched = ("--schedule", str(tmp_path / "t8.toml"))
+    proc = train(2, shard_dir, tmp_path / "refused", "train.staleness=1", "train.epochs=2",
+                 extra=sched)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "t8.toml: compress_last_layer = False is not allowed" in proc.stderr
+    assert "set compress_last_layer = true, or drop --schedule" in proc.stderr
+    assert not (tmp_path / "refused" / "metrics.jsonl").exists()
+    (tmp_path / "t8-all.toml").write_text('codec = "truncate"\nkind = "constant"\nratio = 8.0\n'
+                                          'compress_last_layer = true\n')
+    for sets, name in ((["train.keep_features=true"], "t8"),
+                       (["train.keep_features=true", "model.layers=1"], "t8-all")):
+        with pytest.raises(ConfigError, match=r"would change nothing"):
+            check_combination(load_config(None, sets), load_schedule(tmp_path / f"{name}.toml"))
+    check_combination(load_config(None, ["train.keep_features=true", "train.eval_codec=train",
+                                         "train.eval_features=exchange"]),
+                      load_schedule(tmp_path / "t8.toml"))   # evaluation's first layer uses it
+    runs = [(shard_dir, tmp_path / "deep", ["train.staleness=1", "train.epochs=2",
+                                            "model.layers=3"], {}, sched),
+            (shard_dir, tmp_path / "none", ["train.staleness=1", "train.epochs=2"], {},
+             ("--schedule", str(tmp_path / "none.toml")))]
+    for proc in train_together(2, runs, tmp_path / "jobs"):
+        check_ok(proc)
+    assert [r["ratio"] for r in read_metrics(tmp_path / "deep")] == [[1.0, 8.0, 1.0]] * 2
+    assert [r["ratio"] for r in read_metrics(tmp_path / "none")] == [[1.0, 1.0]] * 2

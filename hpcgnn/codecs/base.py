@@ -266,7 +266,8 @@ class CompressionPolicy:
         formula divides by ``T - 2``), and per-layer overrides are checked against the layer
         count here, so a bad schedule fails before any rank communicates. ``silent``: the layers
         whose training steps exchange nothing (a first layer on kept feature rows,
-        ``train.keep_features``); a closed-loop policy leaves them out. Returns the policy
+        ``train.keep_features`` or staleness): a schedule gives them ratio 1 in the metrics, a
+        closed-loop policy leaves them out. Returns the policy
         (this base needs nothing and returns itself).
         """
         return self
@@ -274,6 +275,11 @@ class CompressionPolicy:
     def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
         """Compression ratio (fp32 bytes / bytes sent) of ``layer``'s exchange at ``epoch``."""
         return 1.0
+
+    def compresses_layer(self, layer: int, num_layers: int) -> bool:
+        """Whether the policy's settings reach ``layer``'s exchange at all (its layer rules,
+        e.g. ``compress_last_layer``), whatever the codec and the epoch."""
+        return False
 
     def forward_codec(self, epoch: int, layer: int, num_layers: int, width: int) -> WireCodec:
         """Codec of the forward (activation) exchange."""
