@@ -110,13 +110,13 @@ class TrainConfig:
     first s epochs exchange synchronously (a warm-up instead of PipeGCN's zeros)"""
     smoothing: float = 0.0
     """PipeGCN's correction of stale rows and gradients: avg <- m * avg + (1 - m) * received
-    (0 = off; PipeGCN uses 0.95)"""
+    (0 = off; PipeGCN uses 0.95); with staleness >= 1 only"""
     method: str = "full"
     """full (every layer's halo rows exchanged every step) | retexo (RETEXO's lazy message
     passing: train layer by layer, each layer's input rows exchanged once; hpcgnn.train.retexo)"""
     rounds_per_layer: int = 200
-    """retexo: rounds (full-batch steps) spent on each layer. ``train.epochs`` counts rounds over
-    all layers, so it must equal ``model.layers * rounds_per_layer``"""
+    """retexo (only): rounds (full-batch steps) spent on each layer. ``train.epochs`` counts
+    rounds over all layers, so it must equal ``model.layers * rounds_per_layer``"""
 
     def check(self, where: str) -> None:
         _need(self.epochs >= 1, where, "train.epochs", self.epochs, "use an integer >= 1")
@@ -140,6 +140,14 @@ class TrainConfig:
               "use 'full' or 'retexo'")
         _need(self.rounds_per_layer >= 1, where, "train.rounds_per_layer", self.rounds_per_layer,
               "use an integer >= 1")
+        # keys that only one method reads: set elsewhere they would change nothing
+        _need(self.smoothing == 0.0 or self.staleness >= 1, where, "train.smoothing",
+              self.smoothing, "it corrects stale rows, so it applies with train.staleness >= 1 "
+              "only; remove it, or set train.staleness")
+        _need(self.method == "retexo" or self.rounds_per_layer == _default(TrainConfig,
+                                                                           "rounds_per_layer"),
+              where, "train.rounds_per_layer", self.rounds_per_layer,
+              "it applies to train.method = 'retexo' only; remove it")
 
 
 ALGORITHMS = ("halo", "1.5d", "2d", "3d")
@@ -222,6 +230,11 @@ METHODS = ("full", "retexo")
 
 _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "comm": CommConfig,
                   "parallel": ParallelConfig, "run": RunConfig}
+
+
+def _default(cls: type, key: str) -> Any:
+    """The default of field ``key`` of the config section ``cls``."""
+    return next(f.default for f in fields(cls) if f.name == key)
 
 
 def _need(ok: bool, where: str, key: str, value: Any, fix: str) -> None:

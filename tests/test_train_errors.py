@@ -131,6 +131,24 @@ def test_unknown_config_key_and_bad_value(shards, tmp_path):
         assert "Traceback" not in proc.stderr
 
 
+def test_a_key_its_method_does_not_read_is_refused(shards, tmp_path):
+    """``train.smoothing`` corrects stale rows and ``train.rounds_per_layer`` paces RETEXO's
+    stages: set for a run without them they changed nothing (the run trained as without
+    them). Refused on every rank before torch is imported, naming the config and the fix."""
+    from hpcgnn.config import ConfigError, load_config
+    proc = train(2, shards("cora", 2), tmp_path / "run", "train.smoothing=0.95",
+                 "train.epochs=2", config="configs/cora.toml",
+                 env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=90)
+    refused_before_torch(proc, 2, "configs/cora.toml (with --set overrides): train.smoothing = "
+                                  "0.95 is not allowed")
+    assert "applies with train.staleness >= 1 only; remove it" in proc.stderr
+    with pytest.raises(ConfigError, match=r"train.rounds_per_layer = 100 .*'retexo' only"):
+        load_config("configs/cora.toml", ["train.rounds_per_layer=100"])
+    for sets in (["train.staleness=1", "train.smoothing=0.95"],
+                 ["train.method='retexo'", "train.rounds_per_layer=100", "train.epochs=200"]):
+        load_config("configs/cora.toml", sets)                       # where they apply
+
+
 def test_killed_rank_takes_the_job_down(shards, tmp_path):
     args = ["-m", "hpcgnn", "train", "--shards", str(shards("cora", 2, "metis")), "--out",
             str(tmp_path), "--config", "configs/cora.toml", "--set", "train.epochs=100000"]
