@@ -83,7 +83,8 @@ class TrainConfig:
     """evaluate every this many epochs (and always at the last)"""
     eval_codec: str = "none"
     """none (evaluation exchanges uncompressed, the default) | train (through the training
-    schedule's codecs of the evaluated epoch: what the compressed model sees)"""
+    schedule's codecs of the evaluated epoch: what the compressed model sees). RETEXO evaluates
+    on each stage's input rows as its one exchange sent them (through the schedule) either way"""
     keep_features: bool = False
     """a synchronous run fetches the features' halo rows once and keeps them on the rank (n_halo
     x F_in fp32): its first layer then computes the halo terms itself (dropout on the receiving
