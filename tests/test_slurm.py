@@ -505,6 +505,28 @@ def test_sweep_without_hpcgnn_home_runs_every_schedule(slurm, chain_run, tmp_pat
 
 
 @pytest.mark.slurm
+def test_chain_from_paths_with_spaces_finds_the_repository_and_moves_the_logs(slurm, tmp_path):
+    """The repository, the submission directory and the shard set under names with spaces, and
+    no HPCGNN_HOME: each job finds the repository from its Command= (the script's path, then
+    its arguments, joined by spaces) and moves its log out of the submission directory."""
+    repo = tmp_path / "my repo"
+    repo.symlink_to(REPO)
+    work = tmp_path / "sub dir"
+    work.mkdir()
+    env = {k: v for k, v in job_env().items() if k != "HPCGNN_HOME"}
+    ids = slurm.script(repo / "jobs" / "chain.sh", "cora", 2, work / "shards" / "cora 2", CORA,
+                       "--set", "train.epochs=2", cwd=work, env=env)
+    prep, train = ids.split()
+    prep_log = work / "runs" / "logs" / f"hpcgnn-prep-{prep}.out"
+    slurm.completed(prep, 120, prep_log)
+    log = work / "runs" / f"slurm-{train}" / f"slurm-{train}.out"
+    slurm.completed(train, 240, log)
+    assert "job log moved to" in prep_log.read_text() and "job log moved to" in log.read_text()
+    assert json.loads((log.parent / "summary.json").read_text())["epochs"] == 2
+    assert not list(work.glob("*.out")), "job logs left in the submission directory"
+
+
+@pytest.mark.slurm
 def test_four_ranks_run_on_the_local_node_and_log_under_the_run_dir(slurm, tmp_path):
     """The README's `sbatch --ntasks=4` on the local SLURM, whatever the machine's cores (the
     node declares at least 8 CPUs); the job's log moves from the submission directory into
