@@ -58,6 +58,31 @@ def test_preprocess_job_reuses_a_verified_set_and_refuses_other_settings(tmp_pat
     assert "meta.json has seed=0, this job asks for 3; pass --force" in other.stderr
 
 
+def test_preprocess_job_does_not_reuse_a_set_made_without_symmetrize(tmp_path):
+    """A directed input preprocessed without --symmetrize, then asked for with it: the job must
+    not hand back the directed set as if it were the symmetrised one."""
+    import numpy as np
+    from tests._graphs import save_npz
+    n = 6                                              # a one-way cycle: row j lists j - 1
+    npz = save_npz(tmp_path / "one-way.npz", n=n, adj_indptr=np.arange(n + 1),
+                   adj_indices=(np.arange(n) - 1) % n, labels=np.arange(n) % 2)
+    out = tmp_path / "set"
+    first = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out], env=job_env())
+    assert first.returncode == 0, first.stderr
+    assert json.loads((out / "meta.json").read_text())["num_edges"] == n
+    sym = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out, "--symmetrize"],
+              env=job_env())
+    assert sym.returncode != 0 and "reusing" not in sym.stderr, sym.stderr
+    assert "meta.json has symmetrize=False, this job asks for True; pass --force" in sym.stderr
+    forced = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out, "--symmetrize",
+                  "--force"], env=job_env())
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads((out / "meta.json").read_text())["num_edges"] == 2 * n
+    again = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out, "--symmetrize"],
+                env=job_env())
+    assert again.returncode == 0 and "reusing the verified shard set" in again.stderr
+
+
 def test_preprocess_job_rewrites_a_set_that_does_not_verify(tmp_path):
     out = tmp_path / "cora-2"
     assert run(["bash", JOBS / "preprocess.sbatch", "cora", 2, out], env=job_env()).returncode == 0

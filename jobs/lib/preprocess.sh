@@ -1,6 +1,7 @@
 # The body of jobs/preprocess.sbatch (sourced after common.sh): reuse, or partition and verify.
 
-# Does OUT_DIR's meta.json describe DATASET in PARTS parts with the asked partitioner and seed?
+# Does OUT_DIR's meta.json describe DATASET in PARTS parts with the asked partitioner, seed and
+# --symmetrize (a set written before meta.json recorded it counts as not symmetrised)?
 # Prints the first difference; exit 0 when there is none.
 hpcgnn_same_settings() {
     python - "$@" <<'PY'
@@ -9,9 +10,12 @@ dataset, parts, out, *rest = sys.argv[1:]
 ap = argparse.ArgumentParser(add_help=False)
 ap.add_argument("--partitioner", default="metis")
 ap.add_argument("--seed", type=int, default=0)
+ap.add_argument("--symmetrize", action="store_true")
 asked, _ = ap.parse_known_args(rest)
 meta = json.load(open(f"{out}/meta.json"))
-want = {"dataset": dataset, "num_parts": int(parts), "partitioner": asked.partitioner, "seed": asked.seed}
+meta.setdefault("symmetrize", False)    # sets written before meta.json recorded it
+want = {"dataset": dataset, "num_parts": int(parts), "partitioner": asked.partitioner, "seed": asked.seed,
+        "symmetrize": asked.symmetrize}
 for key, value in want.items():
     if meta.get(key) != value:
         print(f"{out}/meta.json has {key}={meta.get(key)!r}, this job asks for {value!r}")
