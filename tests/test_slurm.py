@@ -461,6 +461,39 @@ def test_job_requeued_by_slurm_resumes_once_without_a_duplicate(slurm, chain_run
 
 
 @pytest.mark.slurm
+def test_resubmitted_job_keeps_its_limits_and_counts_towards_max_restarts(slurm, chain_run, tmp_path):
+    """HPCGNN_ON_PREEMPT=resubmit: the new job resumes the run with the time limit and memory
+    given to sbatch on the command line (not the script's defaults), and its own preemption
+    counts as a restart, so HPCGNN_MAX_RESTARTS=1 stops the loop there."""
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_ON_PREEMPT="resubmit",
+                  HPCGNN_MAX_RESTARTS="1")
+    run_dir = tmp_path / "runs" / "resub"
+    first = slurm.sbatch(f"--output={tmp_path}/first.out", "--ntasks=2", "--time=7", "--mem=500",
+                         JOBS / "train.sbatch", chain_run.shards, CORA, "--set",
+                         "train.epochs=100000", "--out", run_dir, cwd=tmp_path, env=env)
+    wait_for_epochs(run_dir, 0, tmp_path / "first.out")
+    slurm.signal(first, "USR1")
+    slurm.completed(first, 60, tmp_path / "first.out")
+    out = (tmp_path / "first.out").read_text()
+    second = re.search(r"submitted job (\d+) to resume", out).group(1)
+    rec = slurm.job(second)
+    assert rec["TimeLimit"] == "00:07:00" and rec["MinMemoryNode"] == "500M", rec
+    log = run_dir / f"slurm-{second}.out"
+    deadline = time.monotonic() + 120
+    while not log.exists() or "resumed from" not in log.read_text():
+        assert time.monotonic() < deadline, f"job {second} did not resume:\n{out[-3000:]}"
+        time.sleep(0.2)
+    slurm.signal(second, "USR1")
+    rec = slurm.wait(second, 60, log)
+    text = log.read_text()
+    assert rec["JobState"] == "FAILED", (rec, text[-3000:])
+    assert "preempted after 1 restarts (HPCGNN_MAX_RESTARTS=1)" in text, text[-3000:]
+    assert "submitted job" not in text, text[-3000:]
+    queue = run(["squeue", "-h", "-o", "%i %j"], env={**os.environ, **slurm.env})
+    assert "hpcgnn-train" not in queue.stdout, queue.stdout
+
+
+@pytest.mark.slurm
 @pytest.mark.parametrize("launcher", ["srun", "mpirun"])
 def test_term_to_the_batch_shell_reaches_every_rank_as_usr1(slurm, tmp_path, launcher):
     """A TERM to the job script (a preemption, scancel --signal=TERM) goes on to the launcher as

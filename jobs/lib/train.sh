@@ -80,10 +80,17 @@ with open(path, "a") as f:
 PY
 }
 
+# How many times this run was started again: SLURM's requeues of this job plus the jobs
+# resubmitted before it (HPCGNN_RESUBMITS, set by hpcgnn_resubmit).
+hpcgnn_restarts() {
+    echo $(( ${SLURM_RESTART_COUNT:-0} + ${HPCGNN_RESUBMITS:-0} ))
+}
+
 # After a preempted segment: put the job back in the queue (same id, same RUN_DIR).
 hpcgnn_continue_later() {
     local run_dir=$1; shift
-    local restarts=${SLURM_RESTART_COUNT:-0} max=${HPCGNN_MAX_RESTARTS:-20}
+    local restarts max=${HPCGNN_MAX_RESTARTS:-20}
+    restarts=$(hpcgnn_restarts)
     (( restarts < max )) || hpcgnn_die "preempted after $restarts restarts (HPCGNN_MAX_RESTARTS=$max); resume by hand: HPCGNN_RUN_DIR=$run_dir sbatch ..."
     case ${HPCGNN_ON_PREEMPT:-requeue} in
         requeue)
@@ -112,12 +119,23 @@ hpcgnn_ended_by_slurm() {
     hpcgnn_say "SLURM is ending the job itself (JobState=$state, Restarts=$restarts): not resubmitting"
 }
 
-# Submit the same training again as a new job that resumes RUN_DIR once this one has ended.
+# Submit the same training again as a new job that resumes RUN_DIR once this one has ended,
+# with this job's time limit, nodes, memory, account and QOS (sbatch options given on the
+# command line are not in the script: without them the new job would get its defaults).
 hpcgnn_resubmit() {
     local run_dir=$1; shift
     local opts=(--dependency="afterany:$(hpcgnn_job_ref)" --ntasks="$SLURM_NTASKS"
                 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --job-name="$SLURM_JOB_NAME"
-                --export="ALL,HPCGNN_RUN_DIR=$run_dir")
+                --export="ALL,HPCGNN_RUN_DIR=$run_dir,HPCGNN_RESUBMITS=$(( $(hpcgnn_restarts) + 1 ))")
+    local limit
+    limit=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | sed -n 's/.* TimeLimit=\([^ ]*\).*/\1/p' | head -n 1)
+    [[ $limit =~ ^[0-9][-0-9:]*$ ]] && opts+=(--time="$limit")
+    [[ -n ${SLURM_JOB_NUM_NODES:-} ]] && opts+=(--nodes="$SLURM_JOB_NUM_NODES")
+    [[ -n ${SLURM_NTASKS_PER_NODE:-} ]] && opts+=(--ntasks-per-node="$SLURM_NTASKS_PER_NODE")
+    [[ -n ${SLURM_MEM_PER_NODE:-} ]] && opts+=(--mem="$SLURM_MEM_PER_NODE")
+    [[ -n ${SLURM_MEM_PER_CPU:-} ]] && opts+=(--mem-per-cpu="$SLURM_MEM_PER_CPU")
+    [[ -n ${SLURM_JOB_ACCOUNT:-} ]] && opts+=(--account="$SLURM_JOB_ACCOUNT")
+    [[ -n ${SLURM_JOB_QOS:-} ]] && opts+=(--qos="$SLURM_JOB_QOS")
     [[ -n ${SLURM_JOB_PARTITION:-} ]] && opts+=(--partition="$SLURM_JOB_PARTITION")
     [[ -n ${SLURM_GPUS_PER_TASK:-} ]] && opts+=(--gpus-per-task="$SLURM_GPUS_PER_TASK")
     local id
