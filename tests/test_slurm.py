@@ -532,6 +532,41 @@ def test_a_cancelled_training_job_stays_cancelled(slurm, chain_run, tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize("on_preempt", ["requeue", "resubmit"])
+def test_a_cancelled_job_that_checkpointed_is_not_requeued_or_resubmitted(slurm, tmp_path,
+                                                                          on_preempt):
+    """The moment after a scancel when the ranks have checkpointed and exited 0 (whether they
+    get there before SLURM kills the step is a race, so the job script is put there itself):
+    the job is CANCELLED, and the script's next step (jobs/lib/train.sh) must not undo that."""
+    script = tmp_path / "cancelled.sbatch"
+    script.write_text(f"""#!/usr/bin/env bash
+#SBATCH --ntasks=1 --time=2
+set -euo pipefail
+source "$HPCGNN_HOME/jobs/lib/common.sh"
+source "$HPCGNN_HOME/jobs/lib/train.sh"
+trap '' TERM                                   # the training script's TERM trap, in short
+scancel "$SLURM_JOB_ID"
+for _ in $(seq 50); do
+    scontrol show job -o "$SLURM_JOB_ID" | grep -q JobState=RUNNING || break
+    sleep 0.1
+done
+hpcgnn_continue_later {tmp_path / 'run'} shards config
+echo "continue_later returned"
+""")
+    log = tmp_path / "job.out"
+    env = job_env(HPCGNN_ON_PREEMPT=on_preempt, SLURM_CONF=slurm.env["SLURM_CONF"])
+    job = slurm.sbatch(f"--output={log}", script, cwd=tmp_path, env=env)
+    rec = slurm.wait(job, 60, log)
+    time.sleep(2)                      # a requeue or resubmission would show by now
+    out = log.read_text()
+    assert rec["JobState"] == "CANCELLED" and slurm.job(job)["Restarts"] == "0", (rec, out)
+    assert "SLURM is ending the job itself" in out, out
+    assert "submitted job" not in out and "requeueing" not in out, out
+    queue = run(["squeue", "-h", "-o", "%i %j"], env={**os.environ, **slurm.env})
+    assert "hpcgnn-train" not in queue.stdout and "cancelled" not in queue.stdout, queue.stdout
+
+
+@pytest.mark.slurm
 def test_sweep_without_hpcgnn_home_runs_every_schedule(slurm, chain_run, tmp_path):
     """One array task per schedule, each training with its own schedule, and
     ``HPCGNN_TRAIN_OPTS`` reaching sbatch. No HPCGNN_HOME: each array task finds the

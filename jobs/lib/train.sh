@@ -101,7 +101,9 @@ hpcgnn_continue_later() {
             hpcgnn_ended_by_slurm && exit 0
             hpcgnn_say "scontrol requeue failed; resubmitting instead"
             hpcgnn_resubmit "$run_dir" "$@" ;;
-        resubmit) hpcgnn_resubmit "$run_dir" "$@" ;;
+        resubmit)
+            hpcgnn_ended_by_slurm && exit 0   # a scancel must not be undone here either
+            hpcgnn_resubmit "$run_dir" "$@" ;;
         exit) hpcgnn_say "checkpointed; resume with: HPCGNN_RUN_DIR=$run_dir sbatch jobs/train.sbatch $*" ;;
         *) hpcgnn_die "HPCGNN_ON_PREEMPT=${HPCGNN_ON_PREEMPT} is not one of requeue, resubmit, exit" ;;
     esac
