@@ -110,6 +110,28 @@ def test_train_job_names_its_usage():
     assert res.returncode != 0 and "usage: sbatch [--ntasks=K] jobs/train.sbatch SHARDS CONFIG" in res.stderr
 
 
+def test_sweep_refuses_tasks_that_would_share_a_run_directory(tmp_path):
+    """Two schedules with one file name, an --out, or HPCGNN_RUN_DIR would make several array
+    tasks write one run directory (the later ones failed in the queue, or raced): refused
+    before anything is submitted."""
+    shards = tmp_path / "cora-2"
+    assert run(["bash", JOBS / "preprocess.sbatch", "cora", 2, shards], env=job_env()).returncode == 0
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "s.toml").write_text((REPO / "configs" / "schedules" / "full.toml").read_text())
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"))
+    same = run(["bash", JOBS / "sweep.sh", shards, CORA, tmp_path / "a" / "s.toml",
+                tmp_path / "b" / "s.toml"], env=env, cwd=tmp_path)
+    assert same.returncode == 2 and "would share the run directory sweep-<array id>/s" in same.stderr
+    out = run(["bash", JOBS / "sweep.sh", shards, CORA, tmp_path / "a" / "s.toml", "--", "--out",
+               tmp_path / "r"], env=env, cwd=tmp_path)
+    assert out.returncode == 2 and "--out would give every task one run directory" in out.stderr
+    fixed = run(["bash", JOBS / "sweep.sh", shards, CORA, tmp_path / "a" / "s.toml"],
+                env={**env, "HPCGNN_RUN_DIR": str(tmp_path / "r")}, cwd=tmp_path)
+    assert fixed.returncode == 2 and "HPCGNN_RUN_DIR" in fixed.stderr and "unset it" in fixed.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("visible, local_env, want", [
     ("0,1,2,3", {"SLURM_LOCALID": "2"}, "2"),                 # srun
     ("4,5", {"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, "5"),        # Open MPI's mpirun
@@ -617,6 +639,28 @@ def test_chain_from_paths_with_spaces_finds_the_repository_and_moves_the_logs(sl
     assert "job log moved to" in prep_log.read_text() and "job log moved to" in log.read_text()
     assert json.loads((log.parent / "summary.json").read_text())["epochs"] == 2
     assert not list(work.glob("*.out")), "job logs left in the submission directory"
+
+
+@pytest.mark.slurm
+def test_sweep_waits_for_the_preprocessing_job_that_makes_its_shards(slurm, tmp_path):
+    """HPCGNN_DEPENDENCY on the job that writes SHARDS: meta.json is not there at submission,
+    so the part count comes from HPCGNN_PARTS (without it: refused, naming it)."""
+    shards = tmp_path / "cora-2"
+    schedule = REPO / "configs" / "schedules" / "full.toml"
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"))
+    prep = slurm.sbatch("--begin=now+3", f"--output={tmp_path}/prep.out", JOBS / "preprocess.sbatch",
+                        "cora", 2, shards, cwd=tmp_path, env=env)
+    res = run(["bash", JOBS / "sweep.sh", shards, CORA, schedule], cwd=tmp_path,
+              env={**env, **slurm.env, "HPCGNN_DEPENDENCY": f"afterok:{prep}"})
+    assert res.returncode == 2 and "give its part count as HPCGNN_PARTS" in res.stderr, res.stderr
+    array = slurm.script(JOBS / "sweep.sh", shards, CORA, schedule, "--", "--set", "train.epochs=2",
+                         cwd=tmp_path, env={**env, "HPCGNN_DEPENDENCY": f"afterok:{prep}",
+                                            "HPCGNN_PARTS": "2"})
+    slurm.completed(prep, 120, tmp_path / "prep.out")
+    run_dir = tmp_path / "runs" / f"sweep-{array}" / "full"
+    slurm.completed(f"{array}_0", 240, run_dir / f"slurm-{array}_0.out")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["epochs"] == 2
 
 
 @pytest.mark.slurm
