@@ -664,6 +664,32 @@ def test_sweep_waits_for_the_preprocessing_job_that_makes_its_shards(slurm, tmp_
 
 
 @pytest.mark.slurm
+def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
+    """sbatch --ntasks=2 jobs/preprocess.sbatch ... --partitioner ptscotch runs the distributed
+    path on the job's 2 ranks (it ran one process and left a task idle); METIS on 2 tasks is
+    refused, naming the fix."""
+    from preprocess.ptscotch import PtScotchError, _find_library
+    try:
+        _find_library()
+    except PtScotchError as exc:
+        pytest.skip(f"PT-Scotch not installed: {exc}")
+    log = tmp_path / "prep.out"
+    job = slurm.sbatch("--ntasks=2", f"--output={log}", JOBS / "preprocess.sbatch",
+                       "rmat-sliced:scale=8", 3, tmp_path / "r8", "--partitioner", "ptscotch",
+                       cwd=tmp_path)
+    slurm.completed(job, 120, log)
+    out = log.read_text()
+    assert "done on 2 ranks" in out and "OK " in out, out
+    assert json.loads((tmp_path / "r8" / "meta.json").read_text())["partitioner"] == "ptscotch"
+    log = tmp_path / "metis.out"
+    job = slurm.sbatch("--ntasks=2", f"--output={log}", JOBS / "preprocess.sbatch", "cora", 2,
+                       tmp_path / "c2", cwd=tmp_path)
+    assert slurm.wait(job, 60, log)["JobState"] == "FAILED"
+    assert "the job has 2 tasks, but --partitioner metis runs in one process" in log.read_text()
+    assert not (tmp_path / "c2").exists()
+
+
+@pytest.mark.slurm
 def test_four_ranks_run_on_the_local_node_and_log_under_the_run_dir(slurm, tmp_path):
     """The README's `sbatch --ntasks=4` on the local SLURM, whatever the machine's cores (the
     node declares at least 8 CPUs); the job's log moves from the submission directory into

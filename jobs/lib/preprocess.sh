@@ -25,6 +25,16 @@ PY
 
 has_arg() { local want=$1; shift; for a in "$@"; do [[ $a == "$want" ]] && return 0; done; return 1; }
 
+# The --partitioner among the preprocess args (metis when none is given).
+partitioner_arg() {
+    local found=metis
+    while [[ $# -gt 0 ]]; do
+        case $1 in --partitioner) found=${2:-}; shift ;; --partitioner=*) found=${1#--partitioner=} ;; esac
+        shift
+    done
+    echo "$found"
+}
+
 hpcgnn_preprocess_main() {
     local dataset=$1 parts=$2 out=$3; shift 3
     hpcgnn_env
@@ -40,7 +50,17 @@ hpcgnn_preprocess_main() {
         hpcgnn_say "$out holds a shard set that does not verify (an interrupted run?): rewriting it"
         has_arg --force "$@" || force=(--force)
     fi
-    hpcgnn_say "partitioning $dataset into $parts parts -> $out"
-    python -m preprocess --dataset "$dataset" --parts "$parts" --out "$out" "${force[@]}" "$@"
+    local ntasks=${SLURM_NTASKS:-1} partitioner
+    partitioner=$(partitioner_arg "$@")
+    if (( ntasks > 1 )); then   # the distributed path: PT-Scotch or random across the ranks
+        [[ $partitioner == ptscotch || $partitioner == random ]] || hpcgnn_die "the job has $ntasks tasks, but --partitioner $partitioner runs in one process: submit with --ntasks=1, or pass --partitioner ptscotch (or random) to partition across the $ntasks ranks"
+        hpcgnn_launcher
+        hpcgnn_say "partitioning $dataset into $parts parts on $ntasks ranks ($partitioner) -> $out"
+        "${LAUNCH[@]}" python -m mpi4py -m preprocess --dataset "$dataset" --parts "$parts" \
+            --out "$out" "${force[@]}" "$@"
+    else
+        hpcgnn_say "partitioning $dataset into $parts parts -> $out"
+        python -m preprocess --dataset "$dataset" --parts "$parts" --out "$out" "${force[@]}" "$@"
+    fi
     python -m preprocess verify "$out"
 }
