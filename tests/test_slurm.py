@@ -690,6 +690,20 @@ def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
 
 
 @pytest.mark.slurm
+def test_chain_passes_preprocess_args(slurm, tmp_path):
+    """HPCGNN_PREP_ARGS reach `python -m preprocess` in the chain's preprocessing job."""
+    shards = tmp_path / "cora-2"
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_PREP_ARGS="--partitioner random --seed 3")
+    prep, train = slurm.script(JOBS / "chain.sh", "cora", 2, shards, CORA, "--set", "train.epochs=2",
+                               cwd=tmp_path, env=env).split()
+    slurm.completed(prep, 120, tmp_path / "runs" / "logs" / f"hpcgnn-prep-{prep}.out")
+    meta = json.loads((shards / "meta.json").read_text())
+    assert (meta["partitioner"], meta["seed"]) == ("random", 3)
+    log = tmp_path / "runs" / f"slurm-{train}" / f"slurm-{train}.out"
+    slurm.completed(train, 240, log)
+
+
+@pytest.mark.slurm
 def test_four_ranks_run_on_the_local_node_and_log_under_the_run_dir(slurm, tmp_path):
     """The README's `sbatch --ntasks=4` on the local SLURM, whatever the machine's cores (the
     node declares at least 8 CPUs); the job's log moves from the submission directory into
