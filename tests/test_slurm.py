@@ -515,6 +515,43 @@ def test_resubmitted_job_keeps_its_limits_and_counts_towards_max_restarts(slurm,
     assert "hpcgnn-train" not in queue.stdout, queue.stdout
 
 
+def wait_for_text(path: Path, text: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or text not in path.read_text():
+        assert time.monotonic() < deadline, f"no {text!r} in {path} after {timeout} s"
+        time.sleep(0.2)
+    return path.read_text()
+
+
+@pytest.mark.slurm
+def test_resubmitted_array_task_is_its_own_job_and_keeps_the_schedule(slurm, chain_run, tmp_path):
+    """HPCGNN_ON_PREEMPT=resubmit from a sweep task: the new job is not an array task, and must
+    not take itself for the old one (an inherited SLURM_ARRAY_* made it look the old, finished
+    task up, conclude "SLURM is ending the job itself" at its own preemption and stop, leaving
+    the run unfinished); it resumes with the task's schedule and resubmits again."""
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_ON_PREEMPT="resubmit")
+    schedule = REPO / "configs" / "schedules" / "fixed-128.toml"
+    array = slurm.script(JOBS / "sweep.sh", chain_run.shards, CORA, schedule, "--", "--set",
+                         "train.epochs=100000", cwd=tmp_path, env=env)
+    run_dir = tmp_path / "runs" / f"sweep-{array}" / "fixed-128"
+    first = run_dir / f"slurm-{array}_0.out"
+    wait_for_epochs(run_dir, 0, first)
+    slurm.signal(f"{array}_0", "USR1")
+    second = re.search(r"submitted job (\d+) to resume", wait_for_text(first, "to resume")).group(1)
+    log = run_dir / f"slurm-{second}.out"                # moved into the run directory
+    wait_for_text(log, "resumed from")
+    slurm.signal(second, "USR1")
+    out = wait_for_text(log, "training ended")
+    third = re.search(r"submitted job (\d+) to resume", out)
+    run(["scancel", "--signal=KILL", third.group(1) if third else second],
+        env={**os.environ, **slurm.env})
+    assert third and "SLURM is ending the job itself" not in out, out[-3000:]
+    starts = segments(run_dir)
+    assert [(s["job_id"], s["array_task_id"], s["resumed"]) for s in starts[:2]] == \
+        [(array, "0", False), (second, None, True)], starts
+    assert (run_dir / "schedule.toml").read_text() == schedule.read_text()
+
+
 @pytest.mark.slurm
 @pytest.mark.parametrize("launcher", ["srun", "mpirun"])
 def test_term_to_the_batch_shell_reaches_every_rank_as_usr1(slurm, tmp_path, launcher):

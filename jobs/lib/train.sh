@@ -141,7 +141,10 @@ hpcgnn_resubmit() {
     [[ -n ${SLURM_JOB_PARTITION:-} ]] && opts+=(--partition="$SLURM_JOB_PARTITION")
     [[ -n ${SLURM_GPUS_PER_TASK:-} ]] && opts+=(--gpus-per-task="$SLURM_GPUS_PER_TASK")
     local id
-    id=$(sbatch --parsable "${opts[@]}" "$HPCGNN_HOME/jobs/train.sbatch" "$@")
+    # --export=ALL would hand the new job this one's identity (an array task's ids, the
+    # restart count), which SLURM does not set for it: it would take itself for this job.
+    id=$(env -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID -u SLURM_RESTART_COUNT \
+         -u HPCGNN_SCHEDULES sbatch --parsable "${opts[@]}" "$HPCGNN_HOME/jobs/train.sbatch" "$@")
     hpcgnn_say "checkpointed; submitted job $id to resume $run_dir"
 }
 
@@ -170,7 +173,9 @@ hpcgnn_train_main() {
     hpcgnn_run_forwarding "${LAUNCH[@]}" python -m mpi4py -m hpcgnn train \
         --shards "$shards" --config "$config" "$@" "${extra[@]}" || rc=$?
     if [[ $rc -eq 0 && -f $run_dir/preempted.json && $run_dir/preempted.json -nt $started ]]; then
-        hpcgnn_continue_later "$run_dir" "$shards" "$config" "$@"
+        local again=("$shards" "$config" "$@")   # an array task's schedule goes with it
+        [[ -n $schedule ]] && again+=(--schedule "$schedule")
+        hpcgnn_continue_later "$run_dir" "${again[@]}"
     fi
     hpcgnn_say "training ended with status $rc"
     return $rc
