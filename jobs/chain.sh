@@ -3,7 +3,10 @@
 #
 #   jobs/chain.sh DATASET PARTS SHARDS CONFIG [train args]
 #   HPCGNN_PREP_OPTS="--mem=64G" HPCGNN_TRAIN_OPTS="--time=4:00:00 --gpus-per-task=1" jobs/chain.sh ...
+#   HPCGNN_PREP_OPTS="--ntasks=8" HPCGNN_PREP_ARGS="--partitioner ptscotch" jobs/chain.sh ...
 #
+# HPCGNN_*_OPTS are sbatch options; HPCGNN_PREP_ARGS are `python -m preprocess` arguments
+# (--partitioner, --seed, --symmetrize), split on spaces.
 # The training job gets --ntasks=PARTS. A verified shard set already in SHARDS is reused by the
 # preprocessing job, so re-running the chain costs one short job. Prints "PREP_ID TRAIN_ID".
 set -euo pipefail
@@ -14,7 +17,7 @@ dataset=$1 parts=$2 shards=$3 config=$4; shift 4
 [[ -f $config ]] || { echo "chain: config $config not found" >&2; exit 2; }
 
 # shellcheck disable=SC2086  # the *_OPTS are lists of sbatch options, split on spaces
-prep=$(sbatch --parsable ${HPCGNN_PREP_OPTS:-} "$jobs/preprocess.sbatch" "$dataset" "$parts" "$shards")
+prep=$(sbatch --parsable ${HPCGNN_PREP_OPTS:-} "$jobs/preprocess.sbatch" "$dataset" "$parts" "$shards" ${HPCGNN_PREP_ARGS:-})
 # shellcheck disable=SC2086
 train=$(sbatch --parsable --dependency="afterok:${prep%%;*}" --kill-on-invalid-dep=yes \
         --ntasks="$parts" ${HPCGNN_TRAIN_OPTS:-} "$jobs/train.sbatch" "$shards" "$config" "$@")

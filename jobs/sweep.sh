@@ -8,7 +8,8 @@
 # name> (HPCGNN_RUNS changes "runs"), with the task's log, slurm-<array id>_<task>.out. Every task
 # has --ntasks = the shard set's num_parts.
 # HPCGNN_ARRAY_MAX caps how many tasks run at once; HPCGNN_DEPENDENCY (e.g. afterok:123) waits
-# for another job. Prints the array job id.
+# for another job: when that job makes SHARDS (jobs/preprocess.sbatch), give its part count as
+# HPCGNN_PARTS, since SHARDS/meta.json is not there yet. Prints the array job id.
 set -euo pipefail
 jobs=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 usage() { echo "usage: $0 SHARDS CONFIG SCHEDULE.toml... [-- train args]" >&2; exit 2; }
@@ -16,14 +17,30 @@ usage() { echo "usage: $0 SHARDS CONFIG SCHEDULE.toml... [-- train args]" >&2; e
 [[ $# -ge 3 ]] || usage
 shards=$1 config=$2; shift 2
 schedules=()
+declare -A named=()   # each task's run directory is named after its schedule file
 while [[ $# -gt 0 && $1 != -- ]]; do
     [[ -f $1 ]] || { echo "sweep: schedule file $1 not found" >&2; exit 2; }
+    name=$(basename "$1" .toml)
+    [[ -z ${named[$name]:-} ]] || { echo "sweep: $1 and ${named[$name]} would share the run directory sweep-<array id>/$name: rename one" >&2; exit 2; }
+    named[$name]=$1
     schedules+=("$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"); shift
 done
 [[ $# -gt 0 ]] && shift  # the --
 [[ ${#schedules[@]} -gt 0 ]] || usage
-[[ -f $shards/meta.json ]] || { echo "sweep: $shards/meta.json not found: preprocess first" >&2; exit 2; }
-parts=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_parts"])' "$shards/meta.json")
+for arg in "$@"; do
+    case $arg in --out|--out=*)
+        echo "sweep: $arg would give every task one run directory; each task writes runs/sweep-<array id>/<schedule name> (HPCGNN_RUNS sets where): drop it" >&2; exit 2 ;;
+    esac
+done
+[[ -z ${HPCGNN_RUN_DIR:-} ]] || { echo "sweep: HPCGNN_RUN_DIR=$HPCGNN_RUN_DIR would give every task one run directory: unset it (HPCGNN_RUNS sets where runs go)" >&2; exit 2; }
+if [[ -f $shards/meta.json ]]; then
+    parts=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_parts"])' "$shards/meta.json")
+elif [[ -n ${HPCGNN_DEPENDENCY:-} && ${HPCGNN_PARTS:-} =~ ^[1-9][0-9]*$ ]]; then
+    parts=$HPCGNN_PARTS   # the job it waits for makes the shard set
+else
+    echo "sweep: $shards/meta.json not found: preprocess first, or, when HPCGNN_DEPENDENCY waits for the job that makes it, give its part count as HPCGNN_PARTS" >&2
+    exit 2
+fi
 
 runs=${HPCGNN_RUNS:-runs}
 mkdir -p "$runs/sweep-lists"

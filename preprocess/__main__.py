@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace) -> None:
              graph.num_classes, time.perf_counter() - t0)
     parts = partition_graph(graph, args.parts, args.partitioner, args.seed)
     write_shards(graph, parts, args.out, partitioner=args.partitioner, seed=args.seed,
-                 force=args.force, num_parts=args.parts)
+                 force=args.force, num_parts=args.parts, symmetrize=args.symmetrize)
     log.info("done in %.1f s; check with `python -m preprocess verify %s`",
              time.perf_counter() - t0, args.out)
 

@@ -119,7 +119,7 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     del moved
     meta = meta_fields(meta["dataset"], n, comm.allreduce(sum(s.num_edges for s in shards)),
                        meta["feature_dim"], comm.allreduce(labels_max, op=_max()) + 1,
-                       num_parts, partitioner, seed, comm.allreduce(cut))
+                       num_parts, partitioner, seed, comm.allreduce(cut), symmetrize=symmetrize)
     meta = _write_set(comm, out, force, shards, meta)
     log.log(_level(comm), "rank %d: wrote parts %s (%.1f s)", comm.rank,
             [s.part_id for s in shards], time.perf_counter() - t0)

@@ -2,7 +2,7 @@
 
 Why the native call and not PT-Scotch's ParMETIS-compatible ``ParMETIS_V3_PartKway``: the
 native API says its own integer width (``SCOTCH_numSizeof``), takes the seed
-(``SCOTCH_randomSeed``) and a strategy with the imbalance ratio, and needs no extra library;
+(``SCOTCH_randomSeed``; on Scotch 7 a deterministic context seeded with it) and a strategy with the imbalance ratio, and needs no extra library;
 the ParMETIS shim is a wrapper over the same call (it would add only "a site's ParMETIS can
 stand in", at the price of ParMETIS's licence for those who use it).
 
@@ -34,6 +34,8 @@ log = logging.getLogger("hpcgnn.preprocess")
 ENV_LIB = "HPCGNN_PTSCOTCH_LIB"
 DEBIAN_NAMES = ("libptscotch.so", "libptscotch-7.0.so", "libptscotch-6.1.so")
 STRAT_BYTES = 256        # SCOTCH_Strat is an opaque struct of a few doubles: room to spare
+CONTEXT_DOUBLES = 16     # SCOTCH_Context: 3 doubles in Scotch 7.0 (scotch.h); room to spare
+OPTION_DETERMINISTIC, OPTION_FIXED_SEED = 0, 1   # SCOTCH_OPTIONNUM* in scotch.h (Scotch 7)
 # HPCGNN_PTSCOTCH_STRATEGY: "fast" (the default: fast_strategy() below), or SCOTCH_STRAT* flags
 # (scotch.h) for PT-Scotch's own strategy, SCOTCH_stratDgraphMapBuild: "default" (no flag), or
 # e.g. "speed,balance"
@@ -335,11 +337,15 @@ class PtScotch:
         if hasattr(self.lib, "SCOTCH_randomSeed"):
             self.lib.SCOTCH_randomSeed(num(seed))
             self.lib.SCOTCH_randomReset()
+        context, bound = self._context(seed), None
         self._call("SCOTCH_dgraphInit", graph, self.c_comm(MPI._handleof(self.comm)))
         try:
             self._call("SCOTCH_dgraphBuild", graph, num(0), num(n_local), num(n_local),
                        ptr(vert), None, None if velo is None else ptr(velo), None,
                        num(len(edge)), num(len(edge)), ptr(edge), None, None)
+            if context is not None:        # the graph as the seeded context sees it
+                bound = (ctypes.c_double * (self.lib.SCOTCH_dgraphSizeof() // 8 + 1))()
+                self._call("SCOTCH_contextBindDgraph", context, graph, bound)
             self.lib.SCOTCH_stratInit(strat)
             try:
                 if string is not None:
@@ -347,9 +353,29 @@ class PtScotch:
                 else:
                     self._call("SCOTCH_stratDgraphMapBuild", strat, num(self.flags),
                                num(self.comm.size), num(nparts), ctypes.c_double(imbalance))
-                self._call("SCOTCH_dgraphPart", graph, num(nparts), strat, ptr(part))
+                self._call("SCOTCH_dgraphPart", graph if bound is None else bound, num(nparts),
+                           strat, ptr(part))
             finally:
                 self.lib.SCOTCH_stratExit(strat)
         finally:
+            if bound is not None:
+                self.lib.SCOTCH_dgraphExit(bound)
             self.lib.SCOTCH_dgraphExit(graph)
+            if context is not None:
+                self.lib.SCOTCH_contextExit(context)
         return part[:n_local].astype(np.int64)
+
+    def _context(self, seed: int):
+        """A Scotch 7 context that is deterministic and seeded with ``seed`` (the plain API's
+        default context draws a time-dependent seed unless Scotch was built with a fixed one,
+        so SCOTCH_randomSeed alone did not make a run repeatable); None before Scotch 7."""
+        if not hasattr(self.lib, "SCOTCH_contextInit"):
+            return None
+        context = (ctypes.c_double * CONTEXT_DOUBLES)()
+        self._call("SCOTCH_contextInit", context)
+        self._call("SCOTCH_contextOptionSetNum", context, ctypes.c_int(OPTION_DETERMINISTIC),
+                   self.c_num(1))
+        self._call("SCOTCH_contextOptionSetNum", context, ctypes.c_int(OPTION_FIXED_SEED),
+                   self.c_num(1))
+        self.lib.SCOTCH_contextRandomSeed(context, self.c_num(seed))
+        return context

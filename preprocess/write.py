@@ -117,25 +117,29 @@ def _write_parts(graph: Graph, layout: PartLayout, pairs: HaloPairs, out: Path) 
 
 def meta_fields(dataset: str, num_nodes: int, num_edges: int, feature_dim: int,
                 num_classes: int, num_parts: int, partitioner: str, seed: int, edge_cut: int,
-                entries: list[dict] | None = None) -> dict:
-    """The ``meta.json`` dict (DESIGN.md, 'Preprocess')."""
+                entries: list[dict] | None = None, symmetrize: bool = False) -> dict:
+    """The ``meta.json`` dict (DESIGN.md, 'Preprocess'), with ``symmetrize`` (--symmetrize:
+    the input's edges were not all there as written; jobs/preprocess.sbatch compares it)."""
     return {"format_version": FORMAT_VERSION, "dataset": dataset, "num_nodes": num_nodes,
             "num_edges": num_edges, "feature_dim": feature_dim, "num_classes": num_classes,
             "num_parts": num_parts, "partitioner": partitioner, "seed": seed,
-            "edge_cut": edge_cut, "parts": entries or []}
+            "symmetrize": bool(symmetrize), "edge_cut": edge_cut, "parts": entries or []}
 
 
 def _meta(graph: Graph, num_parts: int, partitioner: str, seed: int, edge_cut: int,
-          entries: list[dict]) -> dict:
+          entries: list[dict], symmetrize: bool) -> dict:
     return meta_fields(graph.name, graph.num_nodes, graph.num_edges, graph.feature_dim,
-                       graph.num_classes, num_parts, partitioner, seed, edge_cut, entries)
+                       graph.num_classes, num_parts, partitioner, seed, edge_cut, entries,
+                       symmetrize)
 
 
 def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partitioner: str,
-                 seed: int, force: bool = False, num_parts: int | None = None) -> dict:
+                 seed: int, force: bool = False, num_parts: int | None = None,
+                 symmetrize: bool = False) -> dict:
     """Write the shard set of ``graph`` split by ``parts`` into ``out_dir``; return its meta.
 
-    ``num_parts`` defaults to ``parts.max() + 1`` (pass it when trailing parts are empty)."""
+    ``num_parts`` defaults to ``parts.max() + 1`` (pass it when trailing parts are empty);
+    ``symmetrize`` is recorded in ``meta.json`` (the graph was loaded with it)."""
     out = Path(out_dir)
     num_parts = int(np.max(parts)) + 1 if num_parts is None else int(num_parts)
     parts = check_part_array(graph, parts, num_parts)
@@ -148,7 +152,7 @@ def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partit
              f"{pairs.edge_cut:,}", time.perf_counter() - t0)
     try:
         entries = _write_parts(graph, layout, pairs, out)
-        meta = _meta(graph, num_parts, partitioner, seed, pairs.edge_cut, entries)
+        meta = _meta(graph, num_parts, partitioner, seed, pairs.edge_cut, entries, symmetrize)
         try:
             write_meta(out, meta)
         except OSError as exc:

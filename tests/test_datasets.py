@@ -79,6 +79,19 @@ def test_rmat_graph500_is_skewed_simple_and_symmetric():
     assert 0.5 * 8 * n < g.num_edges <= 2 * 8 * n
 
 
+@pytest.mark.parametrize("gen", ["rmat", "rmat-sliced"])
+def test_symmetrize_wins_over_a_directed_generator(gen):
+    """``--symmetrize`` on ``rmat:...,symmetric=false`` adds the reverse of every edge, as it
+    does for a file (and as the distributed path always did): it was silently ignored."""
+    spec = f"{gen}:scale=7,edge_factor=4,symmetric=false,seed=3"
+    directed, sym = load_dataset(spec), load_dataset(spec, symmetrize=True)
+    n = directed.num_nodes
+    one_way = edge_keys(directed.indptr, directed.indices, n)
+    assert not np.array_equal(one_way, np.sort((one_way % n) * n + one_way // n))
+    both = np.union1d(one_way, (one_way % n) * n + one_way // n)
+    np.testing.assert_array_equal(edge_keys(sym.indptr, sym.indices, n), both)
+
+
 def test_spec_parsing():
     assert parse_spec("csbm:nodes=10,homophily=0.5,name=x") == \
         ("csbm", {"nodes": 10, "homophily": 0.5, "name": "x"})

@@ -58,6 +58,31 @@ def test_preprocess_job_reuses_a_verified_set_and_refuses_other_settings(tmp_pat
     assert "meta.json has seed=0, this job asks for 3; pass --force" in other.stderr
 
 
+def test_preprocess_job_does_not_reuse_a_set_made_without_symmetrize(tmp_path):
+    """A directed input preprocessed without --symmetrize, then asked for with it: the job must
+    not hand back the directed set as if it were the symmetrised one."""
+    import numpy as np
+    from tests._graphs import save_npz
+    n = 6                                              # a one-way cycle: row j lists j - 1
+    npz = save_npz(tmp_path / "one-way.npz", n=n, adj_indptr=np.arange(n + 1),
+                   adj_indices=(np.arange(n) - 1) % n, labels=np.arange(n) % 2)
+    out = tmp_path / "set"
+    first = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out], env=job_env())
+    assert first.returncode == 0, first.stderr
+    assert json.loads((out / "meta.json").read_text())["num_edges"] == n
+    sym = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out, "--symmetrize"],
+              env=job_env())
+    assert sym.returncode != 0 and "reusing" not in sym.stderr, sym.stderr
+    assert "meta.json has symmetrize=False, this job asks for True; pass --force" in sym.stderr
+    forced = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out, "--symmetrize",
+                  "--force"], env=job_env())
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads((out / "meta.json").read_text())["num_edges"] == 2 * n
+    again = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out, "--symmetrize"],
+                env=job_env())
+    assert again.returncode == 0 and "reusing the verified shard set" in again.stderr
+
+
 def test_preprocess_job_rewrites_a_set_that_does_not_verify(tmp_path):
     out = tmp_path / "cora-2"
     assert run(["bash", JOBS / "preprocess.sbatch", "cora", 2, out], env=job_env()).returncode == 0
@@ -83,6 +108,28 @@ def test_train_job_refuses_a_rank_count_other_than_the_parts(tmp_path):
 def test_train_job_names_its_usage():
     res = run(["bash", JOBS / "train.sbatch", "only-one-arg"], env=job_env())
     assert res.returncode != 0 and "usage: sbatch [--ntasks=K] jobs/train.sbatch SHARDS CONFIG" in res.stderr
+
+
+def test_sweep_refuses_tasks_that_would_share_a_run_directory(tmp_path):
+    """Two schedules with one file name, an --out, or HPCGNN_RUN_DIR would make several array
+    tasks write one run directory (the later ones failed in the queue, or raced): refused
+    before anything is submitted."""
+    shards = tmp_path / "cora-2"
+    assert run(["bash", JOBS / "preprocess.sbatch", "cora", 2, shards], env=job_env()).returncode == 0
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "s.toml").write_text((REPO / "configs" / "schedules" / "full.toml").read_text())
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"))
+    same = run(["bash", JOBS / "sweep.sh", shards, CORA, tmp_path / "a" / "s.toml",
+                tmp_path / "b" / "s.toml"], env=env, cwd=tmp_path)
+    assert same.returncode == 2 and "would share the run directory sweep-<array id>/s" in same.stderr
+    out = run(["bash", JOBS / "sweep.sh", shards, CORA, tmp_path / "a" / "s.toml", "--", "--out",
+               tmp_path / "r"], env=env, cwd=tmp_path)
+    assert out.returncode == 2 and "--out would give every task one run directory" in out.stderr
+    fixed = run(["bash", JOBS / "sweep.sh", shards, CORA, tmp_path / "a" / "s.toml"],
+                env={**env, "HPCGNN_RUN_DIR": str(tmp_path / "r")}, cwd=tmp_path)
+    assert fixed.returncode == 2 and "HPCGNN_RUN_DIR" in fixed.stderr and "unset it" in fixed.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("visible, local_env, want", [
@@ -436,6 +483,76 @@ def test_job_requeued_by_slurm_resumes_once_without_a_duplicate(slurm, chain_run
 
 
 @pytest.mark.slurm
+def test_resubmitted_job_keeps_its_limits_and_counts_towards_max_restarts(slurm, chain_run, tmp_path):
+    """HPCGNN_ON_PREEMPT=resubmit: the new job resumes the run with the time limit and memory
+    given to sbatch on the command line (not the script's defaults), and its own preemption
+    counts as a restart, so HPCGNN_MAX_RESTARTS=1 stops the loop there."""
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_ON_PREEMPT="resubmit",
+                  HPCGNN_MAX_RESTARTS="1")
+    run_dir = tmp_path / "runs" / "resub"
+    first = slurm.sbatch(f"--output={tmp_path}/first.out", "--ntasks=2", "--time=7", "--mem=500",
+                         JOBS / "train.sbatch", chain_run.shards, CORA, "--set",
+                         "train.epochs=100000", "--out", run_dir, cwd=tmp_path, env=env)
+    wait_for_epochs(run_dir, 0, tmp_path / "first.out")
+    slurm.signal(first, "USR1")
+    slurm.completed(first, 60, tmp_path / "first.out")
+    out = (tmp_path / "first.out").read_text()
+    second = re.search(r"submitted job (\d+) to resume", out).group(1)
+    rec = slurm.job(second)
+    assert rec["TimeLimit"] == "00:07:00" and rec["MinMemoryNode"] == "500M", rec
+    log = run_dir / f"slurm-{second}.out"
+    deadline = time.monotonic() + 120
+    while not log.exists() or "resumed from" not in log.read_text():
+        assert time.monotonic() < deadline, f"job {second} did not resume:\n{out[-3000:]}"
+        time.sleep(0.2)
+    slurm.signal(second, "USR1")
+    rec = slurm.wait(second, 60, log)
+    text = log.read_text()
+    assert rec["JobState"] == "FAILED", (rec, text[-3000:])
+    assert "preempted after 1 restarts (HPCGNN_MAX_RESTARTS=1)" in text, text[-3000:]
+    assert "submitted job" not in text, text[-3000:]
+    queue = run(["squeue", "-h", "-o", "%i %j"], env={**os.environ, **slurm.env})
+    assert "hpcgnn-train" not in queue.stdout, queue.stdout
+
+
+def wait_for_text(path: Path, text: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or text not in path.read_text():
+        assert time.monotonic() < deadline, f"no {text!r} in {path} after {timeout} s"
+        time.sleep(0.2)
+    return path.read_text()
+
+
+@pytest.mark.slurm
+def test_resubmitted_array_task_is_its_own_job_and_keeps_the_schedule(slurm, chain_run, tmp_path):
+    """HPCGNN_ON_PREEMPT=resubmit from a sweep task: the new job is not an array task, and must
+    not take itself for the old one (an inherited SLURM_ARRAY_* made it look the old, finished
+    task up, conclude "SLURM is ending the job itself" at its own preemption and stop, leaving
+    the run unfinished); it resumes with the task's schedule and resubmits again."""
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_ON_PREEMPT="resubmit")
+    schedule = REPO / "configs" / "schedules" / "fixed-128.toml"
+    array = slurm.script(JOBS / "sweep.sh", chain_run.shards, CORA, schedule, "--", "--set",
+                         "train.epochs=100000", cwd=tmp_path, env=env)
+    run_dir = tmp_path / "runs" / f"sweep-{array}" / "fixed-128"
+    first = run_dir / f"slurm-{array}_0.out"
+    wait_for_epochs(run_dir, 0, first)
+    slurm.signal(f"{array}_0", "USR1")
+    second = re.search(r"submitted job (\d+) to resume", wait_for_text(first, "to resume")).group(1)
+    log = run_dir / f"slurm-{second}.out"                # moved into the run directory
+    wait_for_text(log, "resumed from")
+    slurm.signal(second, "USR1")
+    out = wait_for_text(log, "training ended")
+    third = re.search(r"submitted job (\d+) to resume", out)
+    run(["scancel", "--signal=KILL", third.group(1) if third else second],
+        env={**os.environ, **slurm.env})
+    assert third and "SLURM is ending the job itself" not in out, out[-3000:]
+    starts = segments(run_dir)
+    assert [(s["job_id"], s["array_task_id"], s["resumed"]) for s in starts[:2]] == \
+        [(array, "0", False), (second, None, True)], starts
+    assert (run_dir / "schedule.toml").read_text() == schedule.read_text()
+
+
+@pytest.mark.slurm
 @pytest.mark.parametrize("launcher", ["srun", "mpirun"])
 def test_term_to_the_batch_shell_reaches_every_rank_as_usr1(slurm, tmp_path, launcher):
     """A TERM to the job script (a preemption, scancel --signal=TERM) goes on to the launcher as
@@ -474,6 +591,41 @@ def test_a_cancelled_training_job_stays_cancelled(slurm, chain_run, tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize("on_preempt", ["requeue", "resubmit"])
+def test_a_cancelled_job_that_checkpointed_is_not_requeued_or_resubmitted(slurm, tmp_path,
+                                                                          on_preempt):
+    """The moment after a scancel when the ranks have checkpointed and exited 0 (whether they
+    get there before SLURM kills the step is a race, so the job script is put there itself):
+    the job is CANCELLED, and the script's next step (jobs/lib/train.sh) must not undo that."""
+    script = tmp_path / "cancelled.sbatch"
+    script.write_text(f"""#!/usr/bin/env bash
+#SBATCH --ntasks=1 --time=2
+set -euo pipefail
+source "$HPCGNN_HOME/jobs/lib/common.sh"
+source "$HPCGNN_HOME/jobs/lib/train.sh"
+trap '' TERM                                   # the training script's TERM trap, in short
+scancel "$SLURM_JOB_ID"
+for _ in $(seq 50); do
+    scontrol show job -o "$SLURM_JOB_ID" | grep -q JobState=RUNNING || break
+    sleep 0.1
+done
+hpcgnn_continue_later {tmp_path / 'run'} shards config
+echo "continue_later returned"
+""")
+    log = tmp_path / "job.out"
+    env = job_env(HPCGNN_ON_PREEMPT=on_preempt, SLURM_CONF=slurm.env["SLURM_CONF"])
+    job = slurm.sbatch(f"--output={log}", script, cwd=tmp_path, env=env)
+    rec = slurm.wait(job, 60, log)
+    time.sleep(2)                      # a requeue or resubmission would show by now
+    out = log.read_text()
+    assert rec["JobState"] == "CANCELLED" and slurm.job(job)["Restarts"] == "0", (rec, out)
+    assert "SLURM is ending the job itself" in out, out
+    assert "submitted job" not in out and "requeueing" not in out, out
+    queue = run(["squeue", "-h", "-o", "%i %j"], env={**os.environ, **slurm.env})
+    assert "hpcgnn-train" not in queue.stdout and "cancelled" not in queue.stdout, queue.stdout
+
+
+@pytest.mark.slurm
 def test_sweep_without_hpcgnn_home_runs_every_schedule(slurm, chain_run, tmp_path):
     """One array task per schedule, each training with its own schedule, and
     ``HPCGNN_TRAIN_OPTS`` reaching sbatch. No HPCGNN_HOME: each array task finds the
@@ -502,6 +654,90 @@ def test_sweep_without_hpcgnn_home_runs_every_schedule(slurm, chain_run, tmp_pat
     assert sent["fixed-128"][0] < sent["full"][0] / 2          # ... compressed: its own schedule
     assert array in ids, (array, ids)              # the task that shares the array's id ran too
     assert not list(tmp_path.glob("*.out")), "job logs left in the submission directory"
+
+
+@pytest.mark.slurm
+def test_chain_from_paths_with_spaces_finds_the_repository_and_moves_the_logs(slurm, tmp_path):
+    """The repository, the submission directory and the shard set under names with spaces, and
+    no HPCGNN_HOME: each job finds the repository from its Command= (the script's path, then
+    its arguments, joined by spaces) and moves its log out of the submission directory."""
+    repo = tmp_path / "my repo"
+    repo.symlink_to(REPO)
+    work = tmp_path / "sub dir"
+    work.mkdir()
+    env = {k: v for k, v in job_env().items() if k != "HPCGNN_HOME"}
+    ids = slurm.script(repo / "jobs" / "chain.sh", "cora", 2, work / "shards" / "cora 2", CORA,
+                       "--set", "train.epochs=2", cwd=work, env=env)
+    prep, train = ids.split()
+    prep_log = work / "runs" / "logs" / f"hpcgnn-prep-{prep}.out"
+    slurm.completed(prep, 120, prep_log)
+    log = work / "runs" / f"slurm-{train}" / f"slurm-{train}.out"
+    slurm.completed(train, 240, log)
+    assert "job log moved to" in prep_log.read_text() and "job log moved to" in log.read_text()
+    assert json.loads((log.parent / "summary.json").read_text())["epochs"] == 2
+    assert not list(work.glob("*.out")), "job logs left in the submission directory"
+
+
+@pytest.mark.slurm
+def test_sweep_waits_for_the_preprocessing_job_that_makes_its_shards(slurm, tmp_path):
+    """HPCGNN_DEPENDENCY on the job that writes SHARDS: meta.json is not there at submission,
+    so the part count comes from HPCGNN_PARTS (without it: refused, naming it)."""
+    shards = tmp_path / "cora-2"
+    schedule = REPO / "configs" / "schedules" / "full.toml"
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"))
+    prep = slurm.sbatch("--begin=now+3", f"--output={tmp_path}/prep.out", JOBS / "preprocess.sbatch",
+                        "cora", 2, shards, cwd=tmp_path, env=env)
+    res = run(["bash", JOBS / "sweep.sh", shards, CORA, schedule], cwd=tmp_path,
+              env={**env, **slurm.env, "HPCGNN_DEPENDENCY": f"afterok:{prep}"})
+    assert res.returncode == 2 and "give its part count as HPCGNN_PARTS" in res.stderr, res.stderr
+    array = slurm.script(JOBS / "sweep.sh", shards, CORA, schedule, "--", "--set", "train.epochs=2",
+                         cwd=tmp_path, env={**env, "HPCGNN_DEPENDENCY": f"afterok:{prep}",
+                                            "HPCGNN_PARTS": "2"})
+    slurm.completed(prep, 120, tmp_path / "prep.out")
+    run_dir = tmp_path / "runs" / f"sweep-{array}" / "full"
+    slurm.completed(f"{array}_0", 240, run_dir / f"slurm-{array}_0.out")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["epochs"] == 2
+
+
+@pytest.mark.slurm
+def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
+    """sbatch --ntasks=2 jobs/preprocess.sbatch ... --partitioner ptscotch runs the distributed
+    path on the job's 2 ranks (it ran one process and left a task idle); METIS on 2 tasks is
+    refused, naming the fix."""
+    from preprocess.ptscotch import PtScotchError, _find_library
+    try:
+        _find_library()
+    except PtScotchError as exc:
+        pytest.skip(f"PT-Scotch not installed: {exc}")
+    log = tmp_path / "prep.out"
+    job = slurm.sbatch("--ntasks=2", f"--output={log}", JOBS / "preprocess.sbatch",
+                       "rmat-sliced:scale=8", 3, tmp_path / "r8", "--partitioner", "ptscotch",
+                       cwd=tmp_path)
+    slurm.completed(job, 120, log)
+    out = log.read_text()
+    assert "done on 2 ranks" in out and "OK " in out, out
+    assert json.loads((tmp_path / "r8" / "meta.json").read_text())["partitioner"] == "ptscotch"
+    log = tmp_path / "metis.out"
+    job = slurm.sbatch("--ntasks=2", f"--output={log}", JOBS / "preprocess.sbatch", "cora", 2,
+                       tmp_path / "c2", cwd=tmp_path)
+    assert slurm.wait(job, 60, log)["JobState"] == "FAILED"
+    assert "the job has 2 tasks, but --partitioner metis runs in one process" in log.read_text()
+    assert not (tmp_path / "c2").exists()
+
+
+@pytest.mark.slurm
+def test_chain_passes_preprocess_args(slurm, tmp_path):
+    """HPCGNN_PREP_ARGS reach `python -m preprocess` in the chain's preprocessing job."""
+    shards = tmp_path / "cora-2"
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_PREP_ARGS="--partitioner random --seed 3")
+    prep, train = slurm.script(JOBS / "chain.sh", "cora", 2, shards, CORA, "--set", "train.epochs=2",
+                               cwd=tmp_path, env=env).split()
+    slurm.completed(prep, 120, tmp_path / "runs" / "logs" / f"hpcgnn-prep-{prep}.out")
+    meta = json.loads((shards / "meta.json").read_text())
+    assert (meta["partitioner"], meta["seed"]) == ("random", 3)
+    log = tmp_path / "runs" / f"slurm-{train}" / f"slurm-{train}.out"
+    slurm.completed(train, 240, log)
 
 
 @pytest.mark.slurm

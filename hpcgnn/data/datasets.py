@@ -73,7 +73,7 @@ def _check_options(spec: str, fn: Callable[..., Any], opts: dict[str, Any]) -> N
 def sliced_spec(spec: str, name: str, opts: dict[str, Any], symmetrize: bool) -> sliced.Spec:
     """The options of a sliced generator, checked."""
     if name == "rmat-sliced" and symmetrize:
-        opts.setdefault("symmetric", True)
+        opts["symmetric"] = True        # --symmetrize wins over symmetric=false, as for files
     _check_options(spec, SLICED[name], opts)
     return SLICED[name](spec, **opts)
 
@@ -83,7 +83,7 @@ def _generate(spec: str, name: str, opts: dict[str, Any], symmetrize: bool) -> G
         return sliced.whole_graph(spec, sliced_spec(spec, name, opts, symmetrize))
     fn = GENERATORS[name]
     if name == "rmat" and symmetrize:
-        opts.setdefault("symmetric", True)
+        opts["symmetric"] = True        # --symmetrize wins over symmetric=false, as for files
     _check_options(spec, fn, opts)
     return fn(spec, **opts)
 

@@ -43,11 +43,12 @@ hpcgnn_job_ref() {
 # The open file keeps receiving the output (a rename on one file system). An --output of the
 # user's choosing, or a DIR on another file system, leaves the file where it is.
 hpcgnn_keep_log() {
-    local dir=$1 name=$2 default out
+    local dir=$1 name=$2 default info
     [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_SUBMIT_DIR:-} ]] || return 0
     default=$SLURM_SUBMIT_DIR/${SLURM_JOB_NAME}-${SLURM_JOB_ID}.out
-    out=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | sed -n 's/.* StdOut=\([^ ]*\).*/\1/p' | head -n 1)
-    [[ -f $default && $out == "$default" ]] || return 0
+    info=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | head -n 1)
+    # StdOut= is the default file (its path may hold spaces: compare, do not cut at a space)
+    [[ -f $default && ( $info == *" StdOut=$default "* || $info == *" StdOut=$default" ) ]] || return 0
     mkdir -p "$dir"
     if [[ $(stat -c %d "$dir") != "$(stat -c %d "$SLURM_SUBMIT_DIR")" ]]; then
         hpcgnn_say "job log stays in $default ($dir is on another file system)"

@@ -80,10 +80,17 @@ with open(path, "a") as f:
 PY
 }
 
+# How many times this run was started again: SLURM's requeues of this job plus the jobs
+# resubmitted before it (HPCGNN_RESUBMITS, set by hpcgnn_resubmit).
+hpcgnn_restarts() {
+    echo $(( ${SLURM_RESTART_COUNT:-0} + ${HPCGNN_RESUBMITS:-0} ))
+}
+
 # After a preempted segment: put the job back in the queue (same id, same RUN_DIR).
 hpcgnn_continue_later() {
     local run_dir=$1; shift
-    local restarts=${SLURM_RESTART_COUNT:-0} max=${HPCGNN_MAX_RESTARTS:-20}
+    local restarts max=${HPCGNN_MAX_RESTARTS:-20}
+    restarts=$(hpcgnn_restarts)
     (( restarts < max )) || hpcgnn_die "preempted after $restarts restarts (HPCGNN_MAX_RESTARTS=$max); resume by hand: HPCGNN_RUN_DIR=$run_dir sbatch ..."
     case ${HPCGNN_ON_PREEMPT:-requeue} in
         requeue)
@@ -94,7 +101,9 @@ hpcgnn_continue_later() {
             hpcgnn_ended_by_slurm && exit 0
             hpcgnn_say "scontrol requeue failed; resubmitting instead"
             hpcgnn_resubmit "$run_dir" "$@" ;;
-        resubmit) hpcgnn_resubmit "$run_dir" "$@" ;;
+        resubmit)
+            hpcgnn_ended_by_slurm && exit 0   # a scancel must not be undone here either
+            hpcgnn_resubmit "$run_dir" "$@" ;;
         exit) hpcgnn_say "checkpointed; resume with: HPCGNN_RUN_DIR=$run_dir sbatch jobs/train.sbatch $*" ;;
         *) hpcgnn_die "HPCGNN_ON_PREEMPT=${HPCGNN_ON_PREEMPT} is not one of requeue, resubmit, exit" ;;
     esac
@@ -112,16 +121,30 @@ hpcgnn_ended_by_slurm() {
     hpcgnn_say "SLURM is ending the job itself (JobState=$state, Restarts=$restarts): not resubmitting"
 }
 
-# Submit the same training again as a new job that resumes RUN_DIR once this one has ended.
+# Submit the same training again as a new job that resumes RUN_DIR once this one has ended,
+# with this job's time limit, nodes, memory, account and QOS (sbatch options given on the
+# command line are not in the script: without them the new job would get its defaults).
 hpcgnn_resubmit() {
     local run_dir=$1; shift
     local opts=(--dependency="afterany:$(hpcgnn_job_ref)" --ntasks="$SLURM_NTASKS"
                 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --job-name="$SLURM_JOB_NAME"
-                --export="ALL,HPCGNN_RUN_DIR=$run_dir")
+                --export="ALL,HPCGNN_RUN_DIR=$run_dir,HPCGNN_RESUBMITS=$(( $(hpcgnn_restarts) + 1 ))")
+    local limit
+    limit=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | sed -n 's/.* TimeLimit=\([^ ]*\).*/\1/p' | head -n 1)
+    [[ $limit =~ ^[0-9][-0-9:]*$ ]] && opts+=(--time="$limit")
+    [[ -n ${SLURM_JOB_NUM_NODES:-} ]] && opts+=(--nodes="$SLURM_JOB_NUM_NODES")
+    [[ -n ${SLURM_NTASKS_PER_NODE:-} ]] && opts+=(--ntasks-per-node="$SLURM_NTASKS_PER_NODE")
+    [[ -n ${SLURM_MEM_PER_NODE:-} ]] && opts+=(--mem="$SLURM_MEM_PER_NODE")
+    [[ -n ${SLURM_MEM_PER_CPU:-} ]] && opts+=(--mem-per-cpu="$SLURM_MEM_PER_CPU")
+    [[ -n ${SLURM_JOB_ACCOUNT:-} ]] && opts+=(--account="$SLURM_JOB_ACCOUNT")
+    [[ -n ${SLURM_JOB_QOS:-} ]] && opts+=(--qos="$SLURM_JOB_QOS")
     [[ -n ${SLURM_JOB_PARTITION:-} ]] && opts+=(--partition="$SLURM_JOB_PARTITION")
     [[ -n ${SLURM_GPUS_PER_TASK:-} ]] && opts+=(--gpus-per-task="$SLURM_GPUS_PER_TASK")
     local id
-    id=$(sbatch --parsable "${opts[@]}" "$HPCGNN_HOME/jobs/train.sbatch" "$@")
+    # --export=ALL would hand the new job this one's identity (an array task's ids, the
+    # restart count), which SLURM does not set for it: it would take itself for this job.
+    id=$(env -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID -u SLURM_RESTART_COUNT \
+         -u HPCGNN_SCHEDULES sbatch --parsable "${opts[@]}" "$HPCGNN_HOME/jobs/train.sbatch" "$@")
     hpcgnn_say "checkpointed; submitted job $id to resume $run_dir"
 }
 
@@ -150,7 +173,9 @@ hpcgnn_train_main() {
     hpcgnn_run_forwarding "${LAUNCH[@]}" python -m mpi4py -m hpcgnn train \
         --shards "$shards" --config "$config" "$@" "${extra[@]}" || rc=$?
     if [[ $rc -eq 0 && -f $run_dir/preempted.json && $run_dir/preempted.json -nt $started ]]; then
-        hpcgnn_continue_later "$run_dir" "$shards" "$config" "$@"
+        local again=("$shards" "$config" "$@")   # an array task's schedule goes with it
+        [[ -n $schedule ]] && again+=(--schedule "$schedule")
+        hpcgnn_continue_later "$run_dir" "${again[@]}"
     fi
     hpcgnn_say "training ended with status $rc"
     return $rc

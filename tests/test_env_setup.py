@@ -1,0 +1,46 @@
+"""``env/setup.sh`` refuses a wrong MPI route before it makes the venv or installs torch (which
+takes minutes and, for a CUDA build, gigabytes)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from _mpi import REPO
+
+
+def setup(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    # torch from a file that is not there: if the script got as far as torch, pip fails at once
+    full = {**os.environ, "HPCGNN_VENV": str(tmp_path / "venv"),
+            "HPCGNN_TORCH": str(tmp_path / "no-such-torch.whl"), **env}
+    return subprocess.run(["bash", str(REPO / "env" / "setup.sh")], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL, env=full)
+
+
+def test_unknown_mpi_route_is_refused_before_the_venv_is_made(tmp_path):
+    res = setup(tmp_path, HPCGNN_MPI="openmpi")
+    assert res.returncode == 2, res.stderr
+    assert "HPCGNN_MPI=openmpi is not one of pip, mpich, site" in res.stderr
+    assert not (tmp_path / "venv").exists() and "torch" not in res.stderr
+
+
+def test_site_route_without_mpicc_is_refused_before_the_venv_is_made(tmp_path):
+    tools = tmp_path / "bin"                     # a PATH with what the script needs, no mpicc
+    tools.mkdir()
+    for tool in ("dirname", "sha256sum", "cut", "sed", "python3"):
+        found = shutil.which(tool)
+        if found is None:
+            pytest.skip(f"{tool} not on PATH")
+        (tools / tool).symlink_to(found)
+    env = {k: v for k, v in os.environ.items() if k != "MPICC"}
+    env.update(PATH=str(tools), HPCGNN_MPI="site", HPCGNN_VENV=str(tmp_path / "venv"),
+               HPCGNN_TORCH=str(tmp_path / "no-such-torch.whl"))
+    res = subprocess.run([shutil.which("bash"), str(REPO / "env" / "setup.sh")],
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                         env=env)
+    assert res.returncode == 2, res.stderr
+    assert "HPCGNN_MPI=site but no mpicc on PATH" in res.stderr
+    assert not (tmp_path / "venv").exists()
