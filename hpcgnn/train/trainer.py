@@ -161,6 +161,8 @@ class Trainer:
         self.resume_state = None
         if self.ctx.is_root:
             clear_marker(self.run_dir)
+            if self.progress.epochs_done < self.cfg.train.epochs:   # a finished run given more
+                self.sink.drop_summary()        # epochs (--force): its summary is no longer the run's
         log.info("resumed from %s after epoch %d", self.run_dir / ckpt.CHECKPOINT_NAME,
                  self.progress.epochs_done - 1)
 
