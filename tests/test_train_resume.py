@@ -3,7 +3,6 @@ final weights; also past a metrics line torn by a kill), and a real SIGUSR1 to a
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from _mpi import mpi_command, mpi_env
-from conftest import check_ok, read_metrics, run_mpi, train_here
+from conftest import check_ok, read_metrics, run_mpi, train, train_here
 
 SETS = ("model.arch=sage", "model.hidden=12")
 
@@ -88,3 +87,21 @@ def _wait_for_epochs(path, n: int, proc, timeout: float = 90) -> None:
             raise AssertionError(f"job ended early: {proc.communicate()[0]}")
         time.sleep(0.1)
     raise AssertionError(f"{path}: fewer than {n} epochs after {timeout} s")
+
+
+@pytest.mark.mpi
+def test_a_damaged_checkpoint_is_refused_with_a_fix_that_works(shards, tmp_path):
+    """A truncated checkpoint.pt (a full disk, a bad copy) is refused on --resume; the fix the
+    message gives starts the run over (deleting the checkpoint and running without --resume
+    would be refused: the directory still holds the run)."""
+    shard_dir, out = shards("cora", 2), tmp_path / "run"
+    sets = (*SETS, "train.epochs=4")
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--stop-after", "2")))
+    data = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    proc = train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--resume",))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "checkpoint.pt: unreadable checkpoint" in proc.stderr
+    assert "start the run over with --force instead of --resume" in proc.stderr
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--force",)))
+    assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]

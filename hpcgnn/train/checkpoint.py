@@ -63,7 +63,8 @@ def read_checkpoint_bytes(run_dir: Path) -> bytes | None:
     return path.read_bytes() if path.is_file() else None
 
 
-RESUME_FIX = "delete it and run without --resume to start over"
+RESUME_FIX = ("start the run over with --force instead of --resume (it replaces the run), or "
+              "use another --out")
 
 
 def decode_checkpoint(data: bytes, run_dir: Path, fix: str = RESUME_FIX) -> dict:
@@ -125,7 +126,7 @@ def load_rank_state(run_dir: Path, rank: int, ranks: int, head: dict):
         raise CheckpointError(
             f"{path}: missing; {CHECKPOINT_NAME} names rank files '{tag}' for {saved} ranks (a "
             f"deleted file, or a run directory that not every rank sees); restore it, or start "
-            f"over without --resume")
+            f"the run over with --force instead of --resume")
     data = _load(path, path)
     got = [data.get(k) for k in ("version", "tag", "rank", "ranks", "epochs_done")]
     want = [CHECKPOINT_VERSION, tag, rank, ranks, int(head["progress"]["epochs_done"])]
@@ -133,7 +134,7 @@ def load_rank_state(run_dir: Path, rank: int, ranks: int, head: dict):
         raise CheckpointError(
             f"{path}: belongs to another checkpoint (version, tag, rank, ranks, epochs {got}; "
             f"{CHECKPOINT_NAME} wants {want}): a mixed set; restore the run directory's "
-            f"files together, or start over without --resume")
+            f"files together, or start the run over with --force instead of --resume")
     return data["state"]
 
 
