@@ -105,3 +105,19 @@ def test_a_damaged_checkpoint_is_refused_with_a_fix_that_works(shards, tmp_path)
     assert "start the run over with --force instead of --resume" in proc.stderr
     check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--force",)))
     assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]
+
+
+@pytest.mark.mpi
+def test_a_resume_on_another_rank_count_says_so_and_is_recorded(shards, tmp_path):
+    """A synchronous run may resume on another rank count (the weights are every rank's), but
+    it is then no rank count's uninterrupted run: rank 0 warns, and run.json records each
+    start's ranks (summary.json holds only the last)."""
+    shard_dir, out = shards("cora", 4), tmp_path / "run"
+    sets = (*SETS, "train.epochs=4")
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--stop-after", "2")))
+    proc = train(4, shard_dir, out, *sets, config="configs/cora.toml", extra=("--resume",))
+    check_ok(proc)
+    assert "--resume on 4 ranks of a run checkpointed on 2" in proc.stderr
+    commands = json.loads((out / "run.json").read_text())["commands"]
+    assert [c["ranks"] for c in commands] == [2, 4]
+    assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]

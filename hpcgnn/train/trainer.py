@@ -129,7 +129,7 @@ class Trainer:
             self._load_resume_state()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.ctx.is_root and self.record is not None:
-            self.record.write(self.run_dir, resumed=self.resume)
+            self.record.write(self.run_dir, resumed=self.resume, ranks=self.ctx.size)
         self.sink.start(self.progress.epochs_done)
         self.preempt.install()
         log.info("%d ranks on %s; %s, %d layers, hidden %d; %d training nodes in all",
@@ -184,6 +184,14 @@ class Trainer:
         another config, schedule or shard set (``--force`` turns the refusal into warnings);
         accept, and note for ``run.json``, a change of ``records.HARMLESS_KEYS``."""
         where = self.run_dir / ckpt.CHECKPOINT_NAME
+        saved_ranks = state.get("ranks")
+        if (self.ctx.is_root and saved_ranks not in (None, self.ctx.size)
+                and not self.cfg.train.staleness):           # a stale run is refused (its rank files)
+            log.warning("--resume on %d ranks of a run checkpointed on %d: the weights go on, but "
+                        "the sums run in another order and a schedule that samples or quantises "
+                        "per block of the partition draws other rows, so the run equals neither "
+                        "rank count's uninterrupted run bit for bit (run.json records each "
+                        "start's ranks)", self.ctx.size, saved_ranks)
         if self.record is not None and "record" in state:
             forced, accepted = check_resume(state["record"], self.record, where, self.force)
             self._check_shapes(state, where)                 # what even --force cannot resume
