@@ -15,7 +15,7 @@ another rank loaded. A save writes the rank files (each atomically) under a fres
 rank 0 replaces ``checkpoint.pt`` naming that tag, then every rank removes its files of older
 tags: at any moment ``checkpoint.pt`` names a complete set. Each rank file records its tag,
 rank, rank count and epoch, so a file of another checkpoint or rank count is refused, naming
-the file. A stale run resumes on its own rank count only (the rows in flight are per part).
+the file. The temporary files of a save cut short by a kill are removed at the next start. A stale run resumes on its own rank count only (the rows in flight are per part).
 The run directory must then be on a file system every rank sees.
 """
 from __future__ import annotations
@@ -55,6 +55,17 @@ def _atomic_save(path: Path, obj: dict) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_temporaries(run_dir: Path) -> list[str]:
+    """Rank 0 at start, before any save: remove the temporary files of saves a kill cut short
+    (``checkpoint.pt``'s and the rank files'); nothing reads them, and each kill during a save
+    left one per writing rank. Returns the names removed."""
+    removed = []
+    for path in Path(run_dir).glob(".checkpoint*.pt.tmp-*"):
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
 
 
 def read_checkpoint_bytes(run_dir: Path) -> bytes | None:

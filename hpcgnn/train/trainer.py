@@ -128,6 +128,8 @@ class Trainer:
         if self.resume:
             self._load_resume_state()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.ctx.is_root:                       # no rank saves before epoch 0's Allreduce
+            ckpt.remove_temporaries(self.run_dir)
         if self.ctx.is_root and self.record is not None:
             self.record.write(self.run_dir, resumed=self.resume, ranks=self.ctx.size)
         self.sink.start(self.progress.epochs_done)
