@@ -126,3 +126,16 @@ def test_a_finished_run_given_more_epochs_has_no_summary_until_it_finishes(shard
     check_ok(train(2, shard_dir, run, *more, config="configs/cora.toml", extra=("--resume",)))
     assert json.loads((run / "summary.json").read_text())["epochs"] == 6
     assert [r["epoch"] for r in read_metrics(run)] == list(range(6))
+
+
+@pytest.mark.mpi
+def test_force_over_a_stale_run_removes_its_rank_files(shards, tmp_path):
+    """A new run forced over a stopped stale run: the old checkpoint's rank files go with it
+    (a run without staleness never saves rank files, so nothing else would remove them)."""
+    shard_dir, run = shards("cora", 2), tmp_path / "run"
+    check_ok(train(2, shard_dir, run, *SETS, "train.staleness=1", config="configs/cora.toml",
+                   extra=("--stop-after", "2")))
+    assert len(list(run.glob("checkpoint.rank-*.pt"))) == 2
+    check_ok(train(2, shard_dir, run, *SETS, config="configs/cora.toml", extra=("--force",)))
+    assert not list(run.glob("checkpoint.rank-*.pt"))
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 3
