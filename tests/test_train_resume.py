@@ -121,3 +121,26 @@ def test_a_resume_on_another_rank_count_says_so_and_is_recorded(shards, tmp_path
     commands = json.loads((out / "run.json").read_text())["commands"]
     assert [c["ranks"] for c in commands] == [2, 4]
     assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]
+
+
+@pytest.mark.mpi
+def test_resume_force_trains_with_the_new_optimiser_settings(shards, tmp_path):
+    """``--resume --force`` with another ``train.lr`` or ``train.weight_decay`` trains with the
+    new values (torch's load_state_dict kept the checkpoint's, silently, while the warning and
+    run.json said the new ones applied); another ``train.weight_decay_on`` regroups Adam's state,
+    so it is refused on rank 0 before any exchange (was a traceback on every rank)."""
+    import shutil
+    shard_dir, out = shards("cora", 2), tmp_path / "run"
+    sets = (*SETS, "train.epochs=4")
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--stop-after", "2")))
+    shutil.copytree(out, tmp_path / "copy")
+    check_ok(train(2, shard_dir, out, *sets, "train.lr=0.002", "train.weight_decay=0.0",
+                   config="configs/cora.toml", extra=("--resume", "--force")))
+    groups = torch.load(out / "checkpoint.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [(g["lr"], g["weight_decay"]) for g in groups] == [(0.002, 0.0)]
+    proc = train(2, shard_dir, tmp_path / "copy", *sets, "train.weight_decay_on=weights",
+                 config="configs/cora.toml", extra=("--resume", "--force"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "[rank 0/2] ERROR rank 0: " in proc.stderr
+    assert "train.weight_decay_on: checkpoint 'all', now 'weights'" in proc.stderr
+    assert "not even with --force" in proc.stderr

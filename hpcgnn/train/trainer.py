@@ -39,7 +39,7 @@ from hpcgnn.train.autotuning import start_run, tune, with_probes
 from hpcgnn.train.inputs import PartInputs
 from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
-from hpcgnn.train.optim import make_optimizer
+from hpcgnn.train.optim import decays, make_optimizer
 from hpcgnn.train.preempt import PreemptFlag, clear_marker, write_marker
 from hpcgnn.train.records import RunRecord, check_resume
 
@@ -171,7 +171,10 @@ class Trainer:
     def load_state(self, state: dict) -> None:
         """A decoded checkpoint (``checkpoint_state``'s dict) into this rank's trainer."""
         self.model.load_state_dict(state["model"])
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
         self.opt.load_state_dict(state["optimizer"])
+        for group, h in zip(self.opt.param_groups, hyper):   # torch keeps the checkpoint's lr,
+            group.update(h)                  # betas and decay: this config's (--force changes them)
         torch.set_rng_state(state["torch_rng"])
         self.progress = Progress(**state["progress"])
         if self.policy.adaptive:                         # kind = "auto": the controller's state
@@ -197,6 +200,7 @@ class Trainer:
         if self.record is not None and "record" in state:
             forced, accepted = check_resume(state["record"], self.record, where, self.force)
             self._check_shapes(state, where)                 # what even --force cannot resume
+            self._check_decay_groups(state["record"], where)
             for diff in forced if self.ctx.is_root else ():
                 log.warning("--force: resuming although %s", diff)
             for diff in accepted if self.ctx.is_root else ():
@@ -209,6 +213,27 @@ class Trainer:
                 f"{self.run_dir / ckpt.CHECKPOINT_NAME}: written for model {state.get('model_config')}, "
                 f"the config asks for {want}; use the run's config or another --out directory")
         self._check_shapes(state, where)
+
+    def _check_decay_groups(self, saved: dict | None, where: Path) -> None:
+        """Refuse, even with ``--force``, another ``train.weight_decay_on`` (or
+        ``weight_decay_codec``) that moves a parameter to the other Adam group: Adam's state is
+        stored by position in its groups, so it would load onto other parameters."""
+        old = ((saved or {}).get("config") or {}).get("train")
+        if old is None:
+            return
+        keys = {"weight_decay_on": "all", "weight_decay_codec": False}
+        then = replace(self.cfg.train, **{k: old.get(k, d) for k, d in keys.items()})
+        moved = [n for n, p in self.model.named_parameters()
+                 if decays(n, p, then) != decays(n, p, self.cfg.train)]
+        if moved:
+            diffs = [f"train.{k}: checkpoint {getattr(then, k)!r}, now {getattr(self.cfg.train, k)!r}"
+                     for k in keys if getattr(then, k) != getattr(self.cfg.train, k)]
+            raise ckpt.CheckpointError(
+                f"{where}: {'; '.join(diffs)} moves {', '.join(moved[:3])}"
+                f"{', ...' if len(moved) > 3 else ''} to the other Adam group, and Adam's state is "
+                f"stored by group, so it cannot be resumed, not even with --force; fix: resume "
+                f"with the run's own weight decay groups ({self.run_dir / 'config.toml'}), or "
+                f"start a new run (--force without --resume, or another --out)")
 
     def _check_shapes(self, state: dict, where: Path) -> None:
         """Refuse, even with ``--force``, a checkpoint whose parameters cannot load into this
