@@ -125,6 +125,25 @@ def test_another_rank_count_is_refused_on_every_rank(stale_runs, tmp_path, ranks
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.suffix == ".pt"} == before
 
 
+@pytest.mark.parametrize("change", ["staleness", "shard set"])
+def test_another_staleness_or_shard_set_is_refused_even_with_force(stale_runs, shards, tmp_path,
+                                                                    change):
+    """The rank files hold the rows of the last s epochs between the checkpoint's parts: another
+    s or another partition cannot read them (were tracebacks on every rank after the start-up
+    agreement: a KeyError, and a gradient of the old partition's shape)."""
+    shard_dir, root = stale_runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "split", run)
+    if change == "staleness":
+        proc = train(RANKS, shard_dir, run, *SETS, "train.staleness=1",
+                     extra=("--resume", "--force"), timeout=180)
+        _refused(proc, RANKS, "train.staleness: checkpoint 2, now 1", "not even with --force")
+    else:
+        other = shards(CSBM, PARTS, "random", seed=1)
+        proc = train(RANKS, other, run, *SETS, extra=("--resume", "--force"), timeout=180)
+        _refused(proc, RANKS, f"shard set: checkpoint {shard_dir}", "not even with --force")
+
+
 def test_each_rank_reads_only_its_own_file_and_a_mixed_set_is_refused(stale_runs, tmp_path):
     shard_dir, root = stale_runs
     run = tmp_path / "run"

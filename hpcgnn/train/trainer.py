@@ -144,6 +144,7 @@ class Trainer:
         self._check_state(state)
         self.resume_state = state
         if self.cfg.train.staleness:
+            self._check_staleness(state)
             self.resume_stale = ckpt.load_rank_state(self.run_dir, self.ctx.rank, self.ctx.size,
                                                      state)
 
@@ -213,6 +214,26 @@ class Trainer:
                 f"{self.run_dir / ckpt.CHECKPOINT_NAME}: written for model {state.get('model_config')}, "
                 f"the config asks for {want}; use the run's config or another --out directory")
         self._check_shapes(state, where)
+
+    def _check_staleness(self, state: dict) -> None:
+        """Refuse, even with ``--force``, a stale checkpoint of another ``train.staleness`` or
+        shard set: its rank files hold the rows in flight of the last ``s`` epochs between the
+        parts it was written on, and another ``s`` reads other epochs, another partition other
+        rows."""
+        record = state.get("record") or {}
+        if state.get("rank_files") is None or not record:
+            return
+        saved, now = (record.get("config") or {}).get("train", {}).get("staleness"), self.cfg.train.staleness
+        diffs = [f"train.staleness: checkpoint {saved}, now {now}"] if saved not in (None, now) else []
+        if self.record is not None and record.get("meta_sha256") not in (None, self.record.meta_sha256):
+            diffs.append(f"shard set: checkpoint {record.get('shards')}, now {self.record.shards_path}")
+        if diffs:
+            raise ckpt.CheckpointError(
+                f"{self.run_dir / ckpt.CHECKPOINT_NAME}: {'; '.join(diffs)}; its rank files hold "
+                f"the rows in flight of the last {saved} epochs between the parts it was written "
+                f"on, so this stale run cannot be resumed so, not even with --force; fix: resume "
+                f"with the run's own train.staleness and shard set, or start a new run (--force "
+                f"without --resume, or another --out)")
 
     def _check_decay_groups(self, saved: dict | None, where: Path) -> None:
         """Refuse, even with ``--force``, another ``train.weight_decay_on`` (or
