@@ -96,7 +96,8 @@ def test_a_damaged_checkpoint_is_refused_with_a_fix_that_works(shards, tmp_path)
     would be refused: the directory still holds the run)."""
     shard_dir, out = shards("cora", 2), tmp_path / "run"
     sets = (*SETS, "train.epochs=4")
-    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--stop-after", "2")))
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml",
+                   extra=("--stop-after", "2")))
     data = (out / "checkpoint.pt").read_bytes()
     (out / "checkpoint.pt").write_bytes(data[: len(data) // 2])
     proc = train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--resume",))
@@ -114,7 +115,8 @@ def test_a_resume_on_another_rank_count_says_so_and_is_recorded(shards, tmp_path
     start's ranks (summary.json holds only the last)."""
     shard_dir, out = shards("cora", 4), tmp_path / "run"
     sets = (*SETS, "train.epochs=4")
-    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--stop-after", "2")))
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml",
+                   extra=("--stop-after", "2")))
     proc = train(4, shard_dir, out, *sets, config="configs/cora.toml", extra=("--resume",))
     check_ok(proc)
     assert "--resume on 4 ranks of a run checkpointed on 2" in proc.stderr
@@ -132,7 +134,8 @@ def test_resume_force_trains_with_the_new_optimiser_settings(shards, tmp_path):
     import shutil
     shard_dir, out = shards("cora", 2), tmp_path / "run"
     sets = (*SETS, "train.epochs=4")
-    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--stop-after", "2")))
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml",
+                   extra=("--stop-after", "2")))
     shutil.copytree(out, tmp_path / "copy")
     check_ok(train(2, shard_dir, out, *sets, "train.lr=0.002", "train.weight_decay=0.0",
                    config="configs/cora.toml", extra=("--resume", "--force")))

@@ -15,8 +15,9 @@ another rank loaded. A save writes the rank files (each atomically) under a fres
 rank 0 replaces ``checkpoint.pt`` naming that tag, then every rank removes its files of older
 tags: at any moment ``checkpoint.pt`` names a complete set. Each rank file records its tag,
 rank, rank count and epoch, so a file of another checkpoint or rank count is refused, naming
-the file. The temporary files of a save cut short by a kill are removed at the next start. A stale run resumes on its own rank count only (the rows in flight are per part).
-The run directory must then be on a file system every rank sees.
+the file. The temporary files of a save cut short by a kill are removed at the next start. A
+stale run resumes on its own rank count only (the rows in flight are per part). The run
+directory must then be on a file system every rank sees.
 """
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ class Trainer:
         if self.ctx.is_root:
             clear_marker(self.run_dir)
             if self.progress.epochs_done < self.cfg.train.epochs:   # a finished run given more
-                self.sink.drop_summary()        # epochs (--force): its summary is no longer the run's
+                self.sink.drop_summary()        # epochs (--force): its summary is not the run's
         log.info("resumed from %s after epoch %d", self.run_dir / ckpt.CHECKPOINT_NAME,
                  self.progress.epochs_done - 1)
 
@@ -192,7 +192,7 @@ class Trainer:
         where = self.run_dir / ckpt.CHECKPOINT_NAME
         saved_ranks = state.get("ranks")
         if (self.ctx.is_root and saved_ranks not in (None, self.ctx.size)
-                and not self.cfg.train.staleness):           # a stale run is refused (its rank files)
+                and not self.cfg.train.staleness):      # a stale run is refused (its rank files)
             log.warning("--resume on %d ranks of a run checkpointed on %d: the weights go on, but "
                         "the sums run in another order and a schedule that samples or quantises "
                         "per block of the partition draws other rows, so the run equals neither "
@@ -223,10 +223,14 @@ class Trainer:
         record = state.get("record") or {}
         if state.get("rank_files") is None or not record:
             return
-        saved, now = (record.get("config") or {}).get("train", {}).get("staleness"), self.cfg.train.staleness
-        diffs = [f"train.staleness: checkpoint {saved}, now {now}"] if saved not in (None, now) else []
-        if self.record is not None and record.get("meta_sha256") not in (None, self.record.meta_sha256):
-            diffs.append(f"shard set: checkpoint {record.get('shards')}, now {self.record.shards_path}")
+        saved = (record.get("config") or {}).get("train", {}).get("staleness")
+        now, diffs = self.cfg.train.staleness, []
+        if saved not in (None, now):
+            diffs.append(f"train.staleness: checkpoint {saved}, now {now}")
+        if self.record is not None and record.get("meta_sha256") not in (None,
+                                                                         self.record.meta_sha256):
+            diffs.append(f"shard set: checkpoint {record.get('shards')}, "
+                         f"now {self.record.shards_path}")
         if diffs:
             raise ckpt.CheckpointError(
                 f"{self.run_dir / ckpt.CHECKPOINT_NAME}: {'; '.join(diffs)}; its rank files hold "
@@ -247,7 +251,8 @@ class Trainer:
         moved = [n for n, p in self.model.named_parameters()
                  if decays(n, p, then) != decays(n, p, self.cfg.train)]
         if moved:
-            diffs = [f"train.{k}: checkpoint {getattr(then, k)!r}, now {getattr(self.cfg.train, k)!r}"
+            diffs = [f"train.{k}: checkpoint {getattr(then, k)!r}, "
+                     f"now {getattr(self.cfg.train, k)!r}"
                      for k in keys if getattr(then, k) != getattr(self.cfg.train, k)]
             raise ckpt.CheckpointError(
                 f"{where}: {'; '.join(diffs)} moves {', '.join(moved[:3])}"
