@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.log import get_logger
+
 LAYER_STYLES = ("-", "--", ":", "-.")
 
 
@@ -27,13 +29,28 @@ class PlotError(ValueError):
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The run's epoch records; a last line torn by a kill during its write (a job killed at
+    its time limit, not yet resumed) is left out with a warning."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise PlotError(f"{path}: not found; pass run directories written by `hpcgnn train`")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if lines and not _is_json(lines[-1]):
+        get_logger().warning("%s: the last line is not a whole record (torn by a kill?); "
+                             "left out", path)
+        lines.pop()
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in lines]
     except ValueError as exc:
         raise PlotError(f"{path}: not JSON lines ({exc}); was it written by `hpcgnn train`?") from exc
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
 
 
 def _pyplot():

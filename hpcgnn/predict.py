@@ -134,9 +134,11 @@ def build_predictor(ctx: CommContext, args) -> Predictor:
 
 def run_config(run_dir: Path):
     """The run's resolved config, set up for an uncompressed, synchronous halo forward on
-    R = part-count ranks (a 1.5D or stale run's weights are the same GNN's)."""
+    R = part-count ranks (a 1.5D or stale run's weights are the same GNN's; a run evaluated
+    through its training codecs, ``train.eval_codec = 'train'``, is predicted uncompressed)."""
     cfg = read_run_config(run_dir)
-    return replace(cfg, parallel=ParallelConfig(), train=replace(cfg.train, staleness=0, smoothing=0.0))
+    return replace(cfg, parallel=ParallelConfig(),
+                   train=replace(cfg.train, staleness=0, smoothing=0.0, eval_codec="none"))
 
 
 PREDICT_FIX = ("predict needs the run's whole checkpoint: train the run again (`hpcgnn train "

@@ -38,3 +38,28 @@ def test_other_task_counts_are_refused_with_the_rules(tmp_path, parts, ntasks):
     assert proc.returncode != 0
     assert f"num_parts={parts} but the job has {ntasks} tasks" in proc.stderr
     assert "q^2 with q dividing" in proc.stderr and "q^3 with q^2 dividing" in proc.stderr
+
+
+def needs_resume(run_dir: Path, restarts: int) -> bool:
+    script = ("source jobs/lib/common.sh && source jobs/lib/train.sh && "
+              f"hpcgnn_needs_resume {run_dir}")
+    env = {**os.environ, "SLURM_RESTART_COUNT": str(restarts)}
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode == 0
+
+
+@pytest.mark.parametrize("files,restarts,want", [
+    ((), 1, False),                                              # no checkpoint: --force
+    (("checkpoint.pt",), 0, False),                              # a first start: neither
+    (("checkpoint.pt",), 1, True),                               # a periodic checkpoint
+    (("checkpoint.pt", "preempted.json"), 0, True),              # preempted, requeued by us
+    (("checkpoint.pt", "summary.json"), 1, True),                # restarted after it finished
+])
+def test_a_restarted_job_resumes_what_its_run_directory_holds(tmp_path, files, restarts, want):
+    """A restart that came after the run finished resumes it (trains nothing) instead of
+    training it all again with --force over the finished run."""
+    for name in files:
+        (tmp_path / name).write_text("{}")
+    assert needs_resume(tmp_path, restarts) == want

@@ -101,3 +101,24 @@ def test_plot_draws_auto_decisions(shards, runs_on_2, tmp_path):
         assert proc.returncode == 0, proc.stderr
         corner[name] = mpl_image.imread(tmp_path / f"{name}.png")[500:850, 1150:1550, :3].std()
     assert corner["auto"] > 0.05 and corner["plain"] < 0.01
+
+
+@pytest.mark.mpi
+def test_plot_leaves_out_a_record_torn_by_a_kill(runs_on_2, tmp_path):
+    """A job killed while writing an epoch record (and not resumed yet) leaves a partial last
+    line; the plot draws the whole records and says so. A bad line elsewhere is still refused."""
+    import shutil
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "killed"
+    shutil.copytree(runs_on_2 / "varco", run)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 12, "loss": 1.2')
+    proc = _plot(run, "--out", tmp_path / "k.png")
+    assert proc.returncode == 0, proc.stderr
+    assert "the last line is not a whole record (torn by a kill?)" in proc.stderr
+    from hpcgnn.plot import PlotError, read_metrics
+    assert [r["epoch"] for r in read_metrics(run)] == list(range(12))
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:12]]) + "\n")
+    with pytest.raises(PlotError, match="not JSON lines"):
+        read_metrics(run)

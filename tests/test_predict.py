@@ -69,6 +69,30 @@ def test_predictions_equal_the_trainers_evaluation(shards, tmp_path):
     assert np.array_equal(read_predictions(tmp_path / "pb")["pred"], one["pred"])
 
 
+def test_runs_evaluated_through_their_codecs_are_predicted_uncompressed(shards, tmp_path):
+    """``train.eval_codec = 'train'`` is how training evaluates; predict stays uncompressed (the
+    same on 2 ranks as on 1, which exchanges nothing), and a stale run evaluated on kept rows
+    through its codecs predicts too (was refused: predict's synchronous config broke the rule)."""
+    from hpcgnn.predict import read_predictions
+    sched, d = "configs/schedules/quant1-all.toml", shards("cora", 2)
+    runs = {"sync": ("configs/cora.toml", []),
+            "stale": ("configs/sylvie.toml", ["train.eval_features=kept", "model.hidden=16"])}
+    jobs = []
+    for name, (config, sets) in runs.items():
+        jobs.append((["train", "--shards", d, "--out", tmp_path / name, "--config", config,
+                      "--schedule", sched, *(a for s in ["train.epochs=4", "train.eval_codec=train",
+                                                         *sets] for a in ("--set", s))], {}))
+        jobs.append((["predict", "--run", tmp_path / name, "--shards", d, "--out",
+                      tmp_path / f"{name}-p2"], {}))
+    for proc in run_together(2, jobs, tmp_path / "jobs"):
+        check_ok(proc)
+    check_ok(predict(1, tmp_path / "sync", shards("cora", 1), tmp_path / "sync-p1"))
+    two, one = read_predictions(tmp_path / "sync-p2"), read_predictions(tmp_path / "sync-p1")
+    assert np.array_equal(two["pred"], one["pred"])
+    np.testing.assert_allclose(two["logits"], one["logits"], rtol=1e-5, atol=1e-5)
+    assert read_predictions(tmp_path / "stale-p2")["pred"].shape == one["pred"].shape
+
+
 def test_logits_and_embedding_equal_a_dense_gcn(tmp_path):
     from hpcgnn.data.datasets import load_dataset
     from hpcgnn.predict import read_predictions

@@ -103,3 +103,39 @@ def test_describe_names_what_a_directory_holds(tmp_path):
     assert describe_run(run).startswith("a finished run (200 epochs")
     assert sorted(clear_old_run(run)) == ["checkpoint.pt", "summary.json"]
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+@pytest.mark.mpi
+def test_a_finished_run_given_more_epochs_has_no_summary_until_it_finishes(shards, tmp_path):
+    """``--resume --force`` with more ``train.epochs`` continues a finished run; stopped (or
+    preempted, or killed) before the new end, its old summary.json must not stand for it."""
+    import subprocess
+    import sys
+    shard_dir, run = shards("cora", 2), tmp_path / "run"
+    check_ok(train(2, shard_dir, run, *SETS, config="configs/cora.toml"))
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 3
+    more = ("train.epochs=6", "model.hidden=8")
+    check_ok(train(2, shard_dir, run, *more, config="configs/cora.toml",
+                   extra=("--resume", "--force", "--stop-after", "4")))
+    assert not (run / "summary.json").exists()
+    summary = subprocess.run([sys.executable, "-m", "hpcgnn", "summary", str(run)],
+                             capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 2 and "summary.json: not found" in summary.stderr
+    again = train(2, shard_dir, run, *more, config="configs/cora.toml")
+    assert again.returncode == 2 and "a run stopped after 4 epochs" in again.stderr
+    check_ok(train(2, shard_dir, run, *more, config="configs/cora.toml", extra=("--resume",)))
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 6
+    assert [r["epoch"] for r in read_metrics(run)] == list(range(6))
+
+
+@pytest.mark.mpi
+def test_force_over_a_stale_run_removes_its_rank_files(shards, tmp_path):
+    """A new run forced over a stopped stale run: the old checkpoint's rank files go with it
+    (a run without staleness never saves rank files, so nothing else would remove them)."""
+    shard_dir, run = shards("cora", 2), tmp_path / "run"
+    check_ok(train(2, shard_dir, run, *SETS, "train.staleness=1", config="configs/cora.toml",
+                   extra=("--stop-after", "2")))
+    assert len(list(run.glob("checkpoint.rank-*.pt"))) == 2
+    check_ok(train(2, shard_dir, run, *SETS, config="configs/cora.toml", extra=("--force",)))
+    assert not list(run.glob("checkpoint.rank-*.pt"))
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 3

@@ -4,10 +4,10 @@ A stale run (``train.staleness = 2``) stopped after 3 epochs leaves ``checkpoint
 rank count, the tag of its rank files, no stale buffers) and one rank file per rank, each
 holding that rank's rows in flight only (every tensor has the rank's own halo or send row
 count). Resuming on 3 ranks continues exactly (the losses of an uninterrupted run) and leaves
-one set of 3 rank files; each rank reads only its own file (a bad rank-1 file is named by rank
-1 alone); a rank file of another checkpoint is refused as a mixed set; and resuming on another
-rank count (2 or 1) is refused on every rank with the reason and the fix, exit code 2, before
-any exchange.
+one set of 3 rank files (and none of the temporary files of saves a kill cut short); each rank
+reads only its own file (a bad rank-1 file is named by rank 1 alone); a rank file of another
+checkpoint is refused as a mixed set; and resuming on another rank count (2 or 1) is refused
+on every rank with the reason and the fix, exit code 2, before any exchange.
 """
 from __future__ import annotations
 
@@ -88,7 +88,12 @@ def test_resume_on_the_same_ranks_is_exact_and_keeps_one_set(stale_runs, tmp_pat
     run = tmp_path / "run"
     shutil.copytree(root / "split", run)
     old = set(_rank_files(run).values())
+    for r, tag in _rank_files(run).items():          # saves a kill cut short left these behind
+        data = (run / f"checkpoint.rank-{r:05d}.{tag}.pt").read_bytes()
+        (run / f".checkpoint.rank-{r:05d}.0123456789ab.pt.tmp-{4000 + r}").write_bytes(data[:100])
+    (run / ".checkpoint.pt.tmp-3999").write_bytes((run / "checkpoint.pt").read_bytes()[:100])
     check_ok(_train(RANKS, shard_dir, run, "--resume"))
+    assert not list(run.glob(".checkpoint*.tmp-*"))
     want = [r["loss"] for r in read_metrics(root / "straight")]
     assert [r["loss"] for r in read_metrics(run)] == want
     files = _rank_files(run)
@@ -118,6 +123,25 @@ def test_another_rank_count_is_refused_on_every_rank(stale_runs, tmp_path, ranks
                       f"mpirun -n {RANKS}", "another --out")
     assert not any("no error; stopping with the others" in ln for ln in errors)  # each its own
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.suffix == ".pt"} == before
+
+
+@pytest.mark.parametrize("change", ["staleness", "shard set"])
+def test_another_staleness_or_shard_set_is_refused_even_with_force(stale_runs, shards, tmp_path,
+                                                                    change):
+    """The rank files hold the rows of the last s epochs between the checkpoint's parts: another
+    s or another partition cannot read them (were tracebacks on every rank after the start-up
+    agreement: a KeyError, and a gradient of the old partition's shape)."""
+    shard_dir, root = stale_runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "split", run)
+    if change == "staleness":
+        proc = train(RANKS, shard_dir, run, *SETS, "train.staleness=1",
+                     extra=("--resume", "--force"), timeout=180)
+        _refused(proc, RANKS, "train.staleness: checkpoint 2, now 1", "not even with --force")
+    else:
+        other = shards(CSBM, PARTS, "random", seed=1)
+        proc = train(RANKS, other, run, *SETS, extra=("--resume", "--force"), timeout=180)
+        _refused(proc, RANKS, f"shard set: checkpoint {shard_dir}", "not even with --force")
 
 
 def test_each_rank_reads_only_its_own_file_and_a_mixed_set_is_refused(stale_runs, tmp_path):

@@ -3,7 +3,6 @@ final weights; also past a metrics line torn by a kill), and a real SIGUSR1 to a
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from _mpi import mpi_command, mpi_env
-from conftest import check_ok, read_metrics, run_mpi, train_here
+from conftest import check_ok, read_metrics, run_mpi, train, train_here
 
 SETS = ("model.arch=sage", "model.hidden=12")
 
@@ -88,3 +87,63 @@ def _wait_for_epochs(path, n: int, proc, timeout: float = 90) -> None:
             raise AssertionError(f"job ended early: {proc.communicate()[0]}")
         time.sleep(0.1)
     raise AssertionError(f"{path}: fewer than {n} epochs after {timeout} s")
+
+
+@pytest.mark.mpi
+def test_a_damaged_checkpoint_is_refused_with_a_fix_that_works(shards, tmp_path):
+    """A truncated checkpoint.pt (a full disk, a bad copy) is refused on --resume; the fix the
+    message gives starts the run over (deleting the checkpoint and running without --resume
+    would be refused: the directory still holds the run)."""
+    shard_dir, out = shards("cora", 2), tmp_path / "run"
+    sets = (*SETS, "train.epochs=4")
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml",
+                   extra=("--stop-after", "2")))
+    data = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    proc = train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--resume",))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "checkpoint.pt: unreadable checkpoint" in proc.stderr
+    assert "start the run over with --force instead of --resume" in proc.stderr
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml", extra=("--force",)))
+    assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]
+
+
+@pytest.mark.mpi
+def test_a_resume_on_another_rank_count_says_so_and_is_recorded(shards, tmp_path):
+    """A synchronous run may resume on another rank count (the weights are every rank's), but
+    it is then no rank count's uninterrupted run: rank 0 warns, and run.json records each
+    start's ranks (summary.json holds only the last)."""
+    shard_dir, out = shards("cora", 4), tmp_path / "run"
+    sets = (*SETS, "train.epochs=4")
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml",
+                   extra=("--stop-after", "2")))
+    proc = train(4, shard_dir, out, *sets, config="configs/cora.toml", extra=("--resume",))
+    check_ok(proc)
+    assert "--resume on 4 ranks of a run checkpointed on 2" in proc.stderr
+    commands = json.loads((out / "run.json").read_text())["commands"]
+    assert [c["ranks"] for c in commands] == [2, 4]
+    assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]
+
+
+@pytest.mark.mpi
+def test_resume_force_trains_with_the_new_optimiser_settings(shards, tmp_path):
+    """``--resume --force`` with another ``train.lr`` or ``train.weight_decay`` trains with the
+    new values (torch's load_state_dict kept the checkpoint's, silently, while the warning and
+    run.json said the new ones applied); another ``train.weight_decay_on`` regroups Adam's state,
+    so it is refused on rank 0 before any exchange (was a traceback on every rank)."""
+    import shutil
+    shard_dir, out = shards("cora", 2), tmp_path / "run"
+    sets = (*SETS, "train.epochs=4")
+    check_ok(train(2, shard_dir, out, *sets, config="configs/cora.toml",
+                   extra=("--stop-after", "2")))
+    shutil.copytree(out, tmp_path / "copy")
+    check_ok(train(2, shard_dir, out, *sets, "train.lr=0.002", "train.weight_decay=0.0",
+                   config="configs/cora.toml", extra=("--resume", "--force")))
+    groups = torch.load(out / "checkpoint.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [(g["lr"], g["weight_decay"]) for g in groups] == [(0.002, 0.0)]
+    proc = train(2, shard_dir, tmp_path / "copy", *sets, "train.weight_decay_on=weights",
+                 config="configs/cora.toml", extra=("--resume", "--force"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "[rank 0/2] ERROR rank 0: " in proc.stderr
+    assert "train.weight_decay_on: checkpoint 'all', now 'weights'" in proc.stderr
+    assert "not even with --force" in proc.stderr

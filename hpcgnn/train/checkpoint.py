@@ -15,8 +15,9 @@ another rank loaded. A save writes the rank files (each atomically) under a fres
 rank 0 replaces ``checkpoint.pt`` naming that tag, then every rank removes its files of older
 tags: at any moment ``checkpoint.pt`` names a complete set. Each rank file records its tag,
 rank, rank count and epoch, so a file of another checkpoint or rank count is refused, naming
-the file. A stale run resumes on its own rank count only (the rows in flight are per part).
-The run directory must then be on a file system every rank sees.
+the file. The temporary files of a save cut short by a kill are removed at the next start. A
+stale run resumes on its own rank count only (the rows in flight are per part). The run
+directory must then be on a file system every rank sees.
 """
 from __future__ import annotations
 
@@ -57,13 +58,25 @@ def _atomic_save(path: Path, obj: dict) -> None:
         raise
 
 
+def remove_temporaries(run_dir: Path) -> list[str]:
+    """Rank 0 at start, before any save: remove the temporary files of saves a kill cut short
+    (``checkpoint.pt``'s and the rank files'); nothing reads them, and each kill during a save
+    left one per writing rank. Returns the names removed."""
+    removed = []
+    for path in Path(run_dir).glob(".checkpoint*.pt.tmp-*"):
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
+
+
 def read_checkpoint_bytes(run_dir: Path) -> bytes | None:
     """The raw checkpoint file, or None when there is none."""
     path = Path(run_dir) / CHECKPOINT_NAME
     return path.read_bytes() if path.is_file() else None
 
 
-RESUME_FIX = "delete it and run without --resume to start over"
+RESUME_FIX = ("start the run over with --force instead of --resume (it replaces the run), or "
+              "use another --out")
 
 
 def decode_checkpoint(data: bytes, run_dir: Path, fix: str = RESUME_FIX) -> dict:
@@ -125,7 +138,7 @@ def load_rank_state(run_dir: Path, rank: int, ranks: int, head: dict):
         raise CheckpointError(
             f"{path}: missing; {CHECKPOINT_NAME} names rank files '{tag}' for {saved} ranks (a "
             f"deleted file, or a run directory that not every rank sees); restore it, or start "
-            f"over without --resume")
+            f"the run over with --force instead of --resume")
     data = _load(path, path)
     got = [data.get(k) for k in ("version", "tag", "rank", "ranks", "epochs_done")]
     want = [CHECKPOINT_VERSION, tag, rank, ranks, int(head["progress"]["epochs_done"])]
@@ -133,7 +146,7 @@ def load_rank_state(run_dir: Path, rank: int, ranks: int, head: dict):
         raise CheckpointError(
             f"{path}: belongs to another checkpoint (version, tag, rank, ranks, epochs {got}; "
             f"{CHECKPOINT_NAME} wants {want}): a mixed set; restore the run directory's "
-            f"files together, or start over without --resume")
+            f"files together, or start the run over with --force instead of --resume")
     return data["state"]
 
 

@@ -44,6 +44,12 @@ class MetricsSink:
             f.write(json.dumps(record) + "\n")
             f.flush()
 
+    def drop_summary(self) -> None:
+        """Remove ``summary.json``: the run has epochs left to train (a finished run resumed
+        with more ``train.epochs``), so until it finishes again it has no summary."""
+        if self.enabled:
+            self.path.with_name(SUMMARY_NAME).unlink(missing_ok=True)
+
     def summary(self, summary: dict) -> None:
         if self.enabled:
             _atomic_write(self.path.with_name(SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")

@@ -73,20 +73,22 @@ class RunRecord:
                 "schedule_path": self.schedule_path, "shards": self.shards_path,
                 "meta_sha256": self.meta_sha256}
 
-    def write(self, run_dir: Path, resumed: bool) -> None:
-        """config.toml, schedule.toml (or none) and run.json in ``run_dir`` (rank 0 only)."""
+    def write(self, run_dir: Path, resumed: bool, ranks: int = 1) -> None:
+        """config.toml, schedule.toml (or none) and run.json in ``run_dir`` (rank 0 only;
+        ``ranks``: the job's rank count, recorded with its command)."""
         run_dir = Path(run_dir)
         _atomic_write(run_dir / CONFIG_NAME, to_toml(self.config))
         if self.schedule_text is not None:
             _atomic_write(run_dir / SCHEDULE_NAME, self.schedule_text)
         else:
             (run_dir / SCHEDULE_NAME).unlink(missing_ok=True)
-        _atomic_write(run_dir / RUN_NAME, json.dumps(self._run_json(run_dir, resumed), indent=2) + "\n")
+        _atomic_write(run_dir / RUN_NAME,
+                      json.dumps(self._run_json(run_dir, resumed, ranks), indent=2) + "\n")
 
-    def _run_json(self, run_dir: Path, resumed: bool) -> dict:
+    def _run_json(self, run_dir: Path, resumed: bool, ranks: int) -> dict:
         old = _read_json(run_dir / RUN_NAME) if resumed else {}
         command = {"argv": list(sys.orig_argv), "cwd": os.getcwd(),
-                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": resumed}
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ranks": ranks, "resume": resumed}
         if resumed:
             command.update(changed=list(self.changed), forced=list(self.forced))
         comm = CommSettings.resolve(self.config.get("comm"))

@@ -23,6 +23,7 @@ CHECKPOINT_NAME, RUN_NAME, CONFIG_NAME = "checkpoint.pt", "run.json", "config.to
 
 RUN_FILES = (CHECKPOINT_NAME, METRICS_NAME, RUN_NAME, PREEMPTED_NAME, SUMMARY_NAME)
 STALE_FILES = (CHECKPOINT_NAME, PREEMPTED_NAME, SUMMARY_NAME)   # replaced by --force
+RANK_FILES = "checkpoint.rank-*.pt"      # a stale run's per-rank checkpoint files (--force too)
 
 
 class RunDirError(ValueError):
@@ -78,14 +79,17 @@ def describe_run(run_dir: Path) -> str | None:
 
 def clear_old_run(run_dir: str | Path) -> list[str]:
     """Rank 0, after all ranks agreed to start with ``--force`` and no ``--resume``: remove the
-    old run's checkpoint, preemption marker and summary (metrics and records are rewritten at
-    start). Returns the names removed."""
+    old run's checkpoint, its rank files (a stale run's), preemption marker and summary (metrics
+    and records are rewritten at start). Returns the names removed."""
     removed = []
     for name in STALE_FILES:
         path = Path(run_dir) / name
         if path.is_file():
             path.unlink()
             removed.append(name)
+    for path in sorted(Path(run_dir).glob(RANK_FILES)):
+        path.unlink()
+        removed.append(path.name)
     return removed
 
 

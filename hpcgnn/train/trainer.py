@@ -39,7 +39,7 @@ from hpcgnn.train.autotuning import start_run, tune, with_probes
 from hpcgnn.train.inputs import PartInputs
 from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
-from hpcgnn.train.optim import make_optimizer
+from hpcgnn.train.optim import decays, make_optimizer
 from hpcgnn.train.preempt import PreemptFlag, clear_marker, write_marker
 from hpcgnn.train.records import RunRecord, check_resume
 
@@ -128,8 +128,10 @@ class Trainer:
         if self.resume:
             self._load_resume_state()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.ctx.is_root:                       # no rank saves before epoch 0's Allreduce
+            ckpt.remove_temporaries(self.run_dir)
         if self.ctx.is_root and self.record is not None:
-            self.record.write(self.run_dir, resumed=self.resume)
+            self.record.write(self.run_dir, resumed=self.resume, ranks=self.ctx.size)
         self.sink.start(self.progress.epochs_done)
         self.preempt.install()
         log.info("%d ranks on %s; %s, %d layers, hidden %d; %d training nodes in all",
@@ -142,6 +144,7 @@ class Trainer:
         self._check_state(state)
         self.resume_state = state
         if self.cfg.train.staleness:
+            self._check_staleness(state)
             self.resume_stale = ckpt.load_rank_state(self.run_dir, self.ctx.rank, self.ctx.size,
                                                      state)
 
@@ -161,13 +164,18 @@ class Trainer:
         self.resume_state = None
         if self.ctx.is_root:
             clear_marker(self.run_dir)
+            if self.progress.epochs_done < self.cfg.train.epochs:   # a finished run given more
+                self.sink.drop_summary()        # epochs (--force): its summary is not the run's
         log.info("resumed from %s after epoch %d", self.run_dir / ckpt.CHECKPOINT_NAME,
                  self.progress.epochs_done - 1)
 
     def load_state(self, state: dict) -> None:
         """A decoded checkpoint (``checkpoint_state``'s dict) into this rank's trainer."""
         self.model.load_state_dict(state["model"])
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
         self.opt.load_state_dict(state["optimizer"])
+        for group, h in zip(self.opt.param_groups, hyper):   # torch keeps the checkpoint's lr,
+            group.update(h)                  # betas and decay: this config's (--force changes them)
         torch.set_rng_state(state["torch_rng"])
         self.progress = Progress(**state["progress"])
         if self.policy.adaptive:                         # kind = "auto": the controller's state
@@ -182,9 +190,18 @@ class Trainer:
         another config, schedule or shard set (``--force`` turns the refusal into warnings);
         accept, and note for ``run.json``, a change of ``records.HARMLESS_KEYS``."""
         where = self.run_dir / ckpt.CHECKPOINT_NAME
+        saved_ranks = state.get("ranks")
+        if (self.ctx.is_root and saved_ranks not in (None, self.ctx.size)
+                and not self.cfg.train.staleness):      # a stale run is refused (its rank files)
+            log.warning("--resume on %d ranks of a run checkpointed on %d: the weights go on, but "
+                        "the sums run in another order and a schedule that samples or quantises "
+                        "per block of the partition draws other rows, so the run equals neither "
+                        "rank count's uninterrupted run bit for bit (run.json records each "
+                        "start's ranks)", self.ctx.size, saved_ranks)
         if self.record is not None and "record" in state:
             forced, accepted = check_resume(state["record"], self.record, where, self.force)
             self._check_shapes(state, where)                 # what even --force cannot resume
+            self._check_decay_groups(state["record"], where)
             for diff in forced if self.ctx.is_root else ():
                 log.warning("--force: resuming although %s", diff)
             for diff in accepted if self.ctx.is_root else ():
@@ -197,6 +214,52 @@ class Trainer:
                 f"{self.run_dir / ckpt.CHECKPOINT_NAME}: written for model {state.get('model_config')}, "
                 f"the config asks for {want}; use the run's config or another --out directory")
         self._check_shapes(state, where)
+
+    def _check_staleness(self, state: dict) -> None:
+        """Refuse, even with ``--force``, a stale checkpoint of another ``train.staleness`` or
+        shard set: its rank files hold the rows in flight of the last ``s`` epochs between the
+        parts it was written on, and another ``s`` reads other epochs, another partition other
+        rows."""
+        record = state.get("record") or {}
+        if state.get("rank_files") is None or not record:
+            return
+        saved = (record.get("config") or {}).get("train", {}).get("staleness")
+        now, diffs = self.cfg.train.staleness, []
+        if saved not in (None, now):
+            diffs.append(f"train.staleness: checkpoint {saved}, now {now}")
+        if self.record is not None and record.get("meta_sha256") not in (None,
+                                                                         self.record.meta_sha256):
+            diffs.append(f"shard set: checkpoint {record.get('shards')}, "
+                         f"now {self.record.shards_path}")
+        if diffs:
+            raise ckpt.CheckpointError(
+                f"{self.run_dir / ckpt.CHECKPOINT_NAME}: {'; '.join(diffs)}; its rank files hold "
+                f"the rows in flight of the last {saved} epochs between the parts it was written "
+                f"on, so this stale run cannot be resumed so, not even with --force; fix: resume "
+                f"with the run's own train.staleness and shard set, or start a new run (--force "
+                f"without --resume, or another --out)")
+
+    def _check_decay_groups(self, saved: dict | None, where: Path) -> None:
+        """Refuse, even with ``--force``, another ``train.weight_decay_on`` (or
+        ``weight_decay_codec``) that moves a parameter to the other Adam group: Adam's state is
+        stored by position in its groups, so it would load onto other parameters."""
+        old = ((saved or {}).get("config") or {}).get("train")
+        if old is None:
+            return
+        keys = {"weight_decay_on": "all", "weight_decay_codec": False}
+        then = replace(self.cfg.train, **{k: old.get(k, d) for k, d in keys.items()})
+        moved = [n for n, p in self.model.named_parameters()
+                 if decays(n, p, then) != decays(n, p, self.cfg.train)]
+        if moved:
+            diffs = [f"train.{k}: checkpoint {getattr(then, k)!r}, "
+                     f"now {getattr(self.cfg.train, k)!r}"
+                     for k in keys if getattr(then, k) != getattr(self.cfg.train, k)]
+            raise ckpt.CheckpointError(
+                f"{where}: {'; '.join(diffs)} moves {', '.join(moved[:3])}"
+                f"{', ...' if len(moved) > 3 else ''} to the other Adam group, and Adam's state is "
+                f"stored by group, so it cannot be resumed, not even with --force; fix: resume "
+                f"with the run's own weight decay groups ({self.run_dir / 'config.toml'}), or "
+                f"start a new run (--force without --resume, or another --out)")
 
     def _check_shapes(self, state: dict, where: Path) -> None:
         """Refuse, even with ``--force``, a checkpoint whose parameters cannot load into this

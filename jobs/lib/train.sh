@@ -52,15 +52,17 @@ hpcgnn_log_name() {
 
 # A run is resumed when its last segment was preempted and it has not finished since; or when
 # SLURM restarted the job without our marker (node failure, a preemption whose TERM never
-# reached the ranks, scontrol requeue by hand) and a periodic checkpoint is there
-# (run.checkpoint_every): better to go on from it than to start over.
+# reached the ranks, scontrol requeue by hand) and a checkpoint is there: a periodic one
+# (run.checkpoint_every), better to go on from than to start over, or the finished run's, when
+# the restart came after training ended (then --resume trains nothing; --force would train the
+# whole run again over it).
 hpcgnn_needs_resume() {
     local run_dir=$1
-    if [[ -f $run_dir/preempted.json ]]; then
-        [[ ! -f $run_dir/summary.json || $run_dir/preempted.json -nt $run_dir/summary.json ]]
-        return
+    if [[ -f $run_dir/preempted.json ]] &&
+        [[ ! -f $run_dir/summary.json || $run_dir/preempted.json -nt $run_dir/summary.json ]]; then
+        return 0
     fi
-    [[ ${SLURM_RESTART_COUNT:-0} -gt 0 && -f $run_dir/checkpoint.pt && ! -f $run_dir/summary.json ]]
+    [[ ${SLURM_RESTART_COUNT:-0} -gt 0 && -f $run_dir/checkpoint.pt ]]
 }
 
 # Append one line per job segment to RUN_DIR/slurm.jsonl (which job, where, how launched).
