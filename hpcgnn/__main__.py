@@ -126,6 +126,8 @@ def cmd_predict(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from hpcgnn.train.preempt import process_flag
+    process_flag().install()             # a SIGUSR1/SIGTERM from here on is kept, not fatal
     from hpcgnn.train.early import check_before_torch
     if not check_before_torch(args):     # config, --out, meta.json, rank count: before torch
         _finalize_and_exit(EXIT_USER_ERROR)

@@ -1,6 +1,11 @@
 """Preemption: SIGUSR1/SIGTERM only set a flag; the trainer checks it at the end of every
 epoch (all ranks agree through one tiny Allreduce), checkpoints and exits 0.
 
+``hpcgnn train`` installs the process's flag (``process_flag``) first thing, before torch is
+imported and the shards are read, so that a signal during start-up (a preemption right after
+the job starts, or a short ``--time``) is kept for the first epoch's end instead of killing the
+rank with SIGUSR1's default action.
+
 SLURM: ``#SBATCH --signal=B:USR1@120`` (or ``scancel --signal=USR1``) reaches the ranks;
 Open MPI's ``mpirun`` forwards SIGUSR1 to its ranks.
 """
@@ -28,6 +33,17 @@ class PreemptFlag:
 
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
         self.raised, self.signum = True, signum
+
+
+_PROCESS_FLAG: PreemptFlag | None = None
+
+
+def process_flag() -> PreemptFlag:
+    """The one flag of this process (made on first use; installed by whoever starts training)."""
+    global _PROCESS_FLAG
+    if _PROCESS_FLAG is None:
+        _PROCESS_FLAG = PreemptFlag()
+    return _PROCESS_FLAG
 
 
 def write_marker(run_dir: Path, epoch: int, epochs_done: int) -> None:

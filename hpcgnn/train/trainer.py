@@ -40,7 +40,7 @@ from hpcgnn.train.inputs import PartInputs
 from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
 from hpcgnn.train.optim import decays, make_optimizer
-from hpcgnn.train.preempt import PreemptFlag, clear_marker, write_marker
+from hpcgnn.train.preempt import clear_marker, process_flag, write_marker
 from hpcgnn.train.records import RunRecord, check_resume
 
 log = get_logger()
@@ -110,7 +110,7 @@ class Trainer:
         if self.resume_bytes is not None:            # checked here, before any comm
             self._read_resume(ckpt.decode_checkpoint(self.resume_bytes, self.run_dir))
         self.sink = MetricsSink(self.run_dir, enabled=self.ctx.is_root)
-        self.preempt = PreemptFlag()
+        self.preempt = process_flag()      # installed by `hpcgnn train` before torch
         self._auto_start: dict | None = None          # kind = "auto": epoch 0's codecs, for its record
 
     def make_optimizer(self) -> torch.optim.Optimizer:
