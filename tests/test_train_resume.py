@@ -48,6 +48,9 @@ def test_checkpoint_every_and_mismatched_resume(shards, tmp_path):
                        r"\[20\].*not even with --force"):
         train_here(shard_dir, tmp_path, "model.arch=sage", "model.hidden=20", "train.epochs=6",
                    resume=True, force=True)
+    # nor a run already past the epochs asked for (it trained nothing and summed up 4 epochs)
+    with pytest.raises(CheckpointError, match=r"trained 4 epochs, more than train.epochs = 3"):
+        train_here(shard_dir, tmp_path, *SETS, "train.epochs=3", resume=True, force=True)
 
 
 @pytest.mark.mpi

@@ -190,6 +190,13 @@ class Trainer:
         another config, schedule or shard set (``--force`` turns the refusal into warnings);
         accept, and note for ``run.json``, a change of ``records.HARMLESS_KEYS``."""
         where = self.run_dir / ckpt.CHECKPOINT_NAME
+        done = int((state.get("progress") or {}).get("epochs_done", 0))
+        if done > self.cfg.train.epochs:                 # not even --force: it cannot be undone
+            raise ckpt.CheckpointError(
+                f"{where}: trained {done} epochs, more than train.epochs = "
+                f"{self.cfg.train.epochs}, and a run cannot be shortened; fix: resume with "
+                f"train.epochs >= {done}, or start a new run (--force without --resume, or "
+                f"another --out)")
         saved_ranks = state.get("ranks")
         if (self.ctx.is_root and saved_ranks not in (None, self.ctx.size)
                 and not self.cfg.train.staleness):      # a stale run is refused (its rank files)
