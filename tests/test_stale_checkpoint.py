@@ -161,3 +161,15 @@ def test_each_rank_reads_only_its_own_file_and_a_mixed_set_is_refused(stale_runs
     mine.unlink()
     proc = _train(RANKS, shard_dir, run, "--resume")
     assert proc.returncode == 2 and f"[rank 0/{RANKS}] ERROR rank 1: {mine}: missing" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_staleness_past_the_last_epoch_is_warned_about(shards, tmp_path):
+    """``train.staleness >= train.epochs`` trains every epoch in the synchronous warm-up: rank 0
+    says so (it was silent), and the run still trains."""
+    proc = train(2, shards("cora", 2), tmp_path / "run", "train.staleness=3", "train.epochs=3",
+                 config="configs/cora.toml")
+    check_ok(proc)
+    assert "train.staleness = 3 >= train.epochs = 3" in proc.stderr
+    assert proc.stderr.count("nothing trains stale") == 1                # rank 0 only
+    assert len(read_metrics(tmp_path / "run")) == 3

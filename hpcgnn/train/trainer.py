@@ -134,6 +134,11 @@ class Trainer:
             self.record.write(self.run_dir, resumed=self.resume, ranks=self.ctx.size)
         self.sink.start(self.progress.epochs_done)
         self.preempt.install()
+        s, epochs = self.cfg.train.staleness, self.cfg.train.epochs
+        if s >= epochs and self.ctx.is_root:
+            log.warning("train.staleness = %d >= train.epochs = %d: every epoch is one of the "
+                        "synchronous warm-up's (it also posts rows for epoch t + s, which no epoch "
+                        "reads), so nothing trains stale; lower train.staleness, or use 0", s, epochs)
         log.info("%d ranks on %s; %s, %d layers, hidden %d; %d training nodes in all",
                  self.ctx.size, self.ctx.device, self.cfg.model.arch, self.cfg.model.layers,
                  self.cfg.model.hidden, int(counts[0]) // self.row_copies)
