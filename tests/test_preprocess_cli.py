@@ -135,6 +135,22 @@ def test_bad_npz_through_the_cli(cli, tmp_path):
     assert_no_complete_set(cli, tmp_path / "s")
 
 
+@pytest.mark.parametrize("key", ["features", "adj_indices"])
+def test_damaged_npz_member_through_the_cli(tmp_path, key):
+    """A byte flipped inside one array of an npz (a bad copy): one error naming the file and
+    the key, no traceback (the features' key was read unguarded: BadZipFile traceback)."""
+    import zipfile
+    path = save_npz(tmp_path / "g.npz", n=400, features=np.ones((400, 50), np.float32))
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(f"{key}.npy")
+    data = bytearray(path.read_bytes())
+    data[info.header_offset + 30 + len(info.filename) + info.compress_size - 8] ^= 0xFF
+    path.write_bytes(data)
+    line = error_line(run("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
+    assert f"{path}: cannot read key '{key}' (Bad CRC-32" in line and "rewrite the file" in line
+    assert not (tmp_path / "s").exists()
+
+
 def test_empty_training_split_through_the_cli(cli, tmp_path, caplog):
     """A graph to predict on: written, with a warning that train will refuse it."""
     path = save_npz(tmp_path / "no-train.npz", train_idx=np.zeros(0, np.int64))
