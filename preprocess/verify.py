@@ -5,6 +5,7 @@ part against its ``meta.json`` entry is the one training's load runs
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,12 +150,15 @@ def verify_shards(directory: str | Path) -> VerifyReport:
     """Check the shard set in ``directory``; raise ShardFormatError naming the file and fix."""
     directory = Path(directory)
     meta = read_meta(directory)
-    plans, cut, train = [], 0, 0
+    plans, cut, train, t0 = [], 0, 0, time.perf_counter()
     for p in range(meta["num_parts"]):
         plan, part_cut, part_train = _read_part(directory, p, meta)
         plans.append(plan)
         cut += part_cut
         train += part_train
+        log.info("part %d/%d: checked %s owned, %s halo, %s edges (%.1f s)", p + 1,
+                 meta["num_parts"], f"{len(plan.global_id):,}", f"{len(plan.halo_global_id):,}",
+                 f"{meta['parts'][p]['num_edges']:,}", time.perf_counter() - t0)
     if train == 0:
         log.warning("%s: no part holds a labelled training node: %s", directory, PREDICT_ONLY)
     owner = _check_nodes(directory, plans, meta)
@@ -167,4 +171,6 @@ def verify_shards(directory: str | Path) -> VerifyReport:
     _need(cut == meta["edge_cut"], directory / "meta.json",
           f"parts hold {cut} cut edges, edge_cut says {meta['edge_cut']}")
     halo = sum(len(pl.halo_global_id) for pl in plans)
+    log.info("across parts: owners, counts and the halo invariant hold (%.1f s)",
+             time.perf_counter() - t0)
     return VerifyReport(meta["num_parts"], meta["num_nodes"], edges, halo, cut)

@@ -73,6 +73,12 @@ def test_cora_cli_then_verify_in_real_processes(tmp_path, partitioner):
     assert "part 4/4" in proc.stderr                       # progress on the long steps
     ok = run("verify", out)
     assert ok.returncode == 0 and "4 parts, 2,708 nodes, 10,556 edges" in ok.stdout
+    # progress in a batch log: one line per part read, then the checks across parts
+    steps = [line.split(" preprocess: ")[1].split(" (")[0] for line in ok.stderr.splitlines()]
+    assert [s.split(":")[0] for s in steps] == [f"part {p}/4" for p in range(1, 5)] + \
+        ["across parts"], ok.stderr
+    assert "checked" in steps[0] and "halo invariant hold" in steps[-1]
+    assert run("verify", "-q", out).stderr == ""
     assert_reconstructs(out, load_dataset("cora"))
     bad = run("--dataset", "cora", "--parts", 4, "--out", out)       # exists: refused
     assert bad.returncode == 1 and "--force" in error_line(bad)
