@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from _graphs import assert_reconstructs, save_npz
+from _graphs import assert_reconstructs, save_npz, unwritable_dir
 from hpcgnn.data.datasets import load_dataset
 from preprocess.__main__ import main
 
@@ -189,6 +189,26 @@ def test_convert_failed_write_leaves_no_file(tmp_path):
     line = error_line(proc)
     assert line.startswith(f"preprocess: error: {out}: write failed") and "no file was left" in line
     assert list(out.parent.iterdir()) == []                      # no file, no temporary
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    return unwritable_dir(tmp_path)
+
+
+@pytest.mark.parametrize("sub", ["preprocess", "convert"])
+def test_unwritable_out_is_refused_before_loading(unwritable, tmp_path, sub):
+    """Not after the load and the partitioning (hours on a large graph): the first thing."""
+    args = ("convert", "--dataset", "cora", "--out", unwritable / "g.h5") if sub == "convert" \
+        else ("--dataset", "cora", "--parts", 2, "--out", unwritable)
+    proc = run(*args)
+    line = error_line(proc)
+    assert "cannot write there" in line and "choose another --out" in line
+    assert str(unwritable.parent) in line
+    assert "edges in" not in proc.stderr and "METIS" not in proc.stderr       # nothing loaded
+    made = tmp_path / "a" / "b" / "s"                          # a writable out: probed, unmade
+    proc = run("--dataset", "npz:/nonexistent.npz", "--parts", 2, "--out", made)
+    assert "no such file" in error_line(proc) and not (tmp_path / "a").exists()
 
 
 def test_out_is_a_file(cli, tmp_path):
