@@ -142,6 +142,30 @@ def test_ogb_missing_directory_names_it_and_the_fix(tmp_path):
         load_dataset(f"ogbn-nothing:root={tmp_path}")
 
 
+@pytest.mark.parametrize("damage, expect", [
+    ("rm raw/node-label.csv.gz", r"raw/node-label.csv.gz: missing, so .* not a complete OGB"),
+    ("rm raw/num-node-list.csv.gz", r"raw/num-node-list.csv.gz: missing, so .* not a complete"),
+    ("rm raw/node_year.csv.gz", r"raw/node_year.csv.gz: missing, so .* not a complete OGB"),
+    ("rm split/time/valid.csv.gz", r"split/time/valid.csv.gz: missing; the OGB split files"),
+    ("cut raw/edge.csv.gz", r"ogbn_arxiv: cannot read its files \(EOFError: .*incomplete or "
+                            r"damaged; download it"),
+    ("cut raw/node-label.csv.gz", r"ogbn_arxiv: cannot read its files \(EOFError"),
+])
+def test_ogb_partial_or_damaged_copy_names_it_and_the_fix(tmp_path, damage, expect):
+    """A copy of a download cut short: a missing raw file or a truncated .gz was a traceback
+    (FileNotFoundError, ogb's RuntimeError 'No necessary file', EOFError)."""
+    pytest.importorskip("ogb")
+    write_ogb_arxiv(tmp_path, n=6)
+    how, name = damage.split()
+    path = tmp_path / "ogbn_arxiv" / name
+    if how == "rm":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[:-12])           # the gzip trailer and some data
+    with pytest.raises(DatasetError, match=expect):
+        load_dataset(f"ogbn-arxiv:root={tmp_path}")
+
+
 SPARSE = {"features": None, "feat_indptr": np.array([0, 1, 2, 3, 4, 5]),
           "feat_indices": np.array([0, 1, 0, 1, 0]), "feat_shape": np.array([5, 2])}
 
