@@ -51,13 +51,17 @@ def _need(cond: bool, where: Path | str, what: str) -> None:
         raise ShardFormatError(f"{where}: {what}; {FIX}")
 
 
-def _check_file(directory: Path, p: int, entry: dict) -> Path:
-    path = directory / part_name(p)
+def _check_file(directory: Path, p: int, entries: list[dict]) -> Path:
+    path, entry = directory / part_name(p), entries[p]
     _need(entry["file"] == path.name, directory / "meta.json",
           f"parts[{p}] names {entry['file']!r}, expected {path.name!r}")
     _need(path.is_file(), path, "missing")
-    _need(sha256_file(path) == entry["sha256"], path,
-          "sha256 differs from meta.json (the file is corrupted, truncated or from another run)")
+    sha = sha256_file(path)
+    if sha != entry["sha256"]:
+        same = [e["file"] for e in entries if e["sha256"] == sha]
+        _need(False, path, f"holds the bytes meta.json gives for {same[0]}: part files were "
+              f"swapped or renamed (give each its own name back)" if same else "sha256 differs "
+              "from meta.json (the file is corrupted, truncated or from another run)")
     return path
 
 
@@ -83,7 +87,7 @@ def _check_halo_groups(s: Shard, path: Path) -> None:
 
 def _read_part(directory: Path, p: int, meta: dict) -> tuple[PartPlan, int, int]:
     entry = meta["parts"][p]
-    path = _check_file(directory, p, entry)
+    path = _check_file(directory, p, meta["parts"])
     s = read_shard(path, part_id=p, num_parts=meta["num_parts"])
     check_part_against_meta(s, path, entry, meta, FIX)
     _check_edges(s, path)

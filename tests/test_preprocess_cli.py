@@ -262,6 +262,10 @@ def damage(good, dst, how):
         part.unlink()
     elif how == "meta":
         (dst / "meta.json").unlink()
+    elif how == "swap":
+        part.rename(dst / "tmp.h5")
+        (dst / "part-00002.h5").rename(part)
+        (dst / "tmp.h5").rename(dst / "part-00002.h5")
     return dst
 
 
@@ -270,6 +274,8 @@ def damage(good, dst, how):
     ("flip", "part-00001.h5: sha256 differs from meta.json"),
     ("delete", "part-00001.h5: missing"),
     ("meta", "meta.json: missing"),
+    ("swap", "part-00001.h5: holds the bytes meta.json gives for part-00002.h5: part files were "
+             "swapped or renamed"),
 ])
 def test_verify_rejects_damaged_sets(cli, good_set, tmp_path, how, expect):
     assert cli("verify", good_set).returncode == 0
