@@ -166,6 +166,25 @@ def test_ogb_partial_or_damaged_copy_names_it_and_the_fix(tmp_path, damage, expe
         load_dataset(f"ogbn-arxiv:root={tmp_path}")
 
 
+def test_ogb_binary_copy_cut_short_names_it_and_the_fix(tmp_path):
+    """ogbn-papers100M's layout (raw/data.npz): a truncated data.npz was a BadZipFile
+    traceback, a missing node-label.npz is named."""
+    pytest.importorskip("ogb")
+    raw = tmp_path / "ogbn_papers100M" / "raw"
+    raw.mkdir(parents=True)
+    np.savez_compressed(raw / "data.npz", edge_index=np.zeros((2, 500), np.int64),
+                        num_nodes_list=np.array([10]), num_edges_list=np.array([500]),
+                        node_feat=np.ones((10, 4), np.float32))
+    data = (raw / "data.npz").read_bytes()
+    (raw / "data.npz").write_bytes(data[:len(data) // 2])
+    with pytest.raises(DatasetError, match=r"node-label.npz: missing, so .* not a complete"):
+        load_dataset(f"ogbn-papers100M:root={tmp_path}")
+    np.savez(raw / "node-label.npz", node_label=np.zeros((10, 1)))
+    with pytest.raises(DatasetError, match=r"ogbn_papers100M: cannot read its files "
+                                           r"\(BadZipFile: .*incomplete or damaged; download"):
+        load_dataset(f"ogbn-papers100M:root={tmp_path}")
+
+
 SPARSE = {"features": None, "feat_indptr": np.array([0, 1, 2, 3, 4, 5]),
           "feat_indices": np.array([0, 1, 0, 1, 0]), "feat_shape": np.array([5, 2])}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -112,8 +113,8 @@ def read_ogb(name: str, root: str = "data/ogb") -> Graph:
         g, labels, (train, val, test) = _raw_graph(d, info), _labels(d, info), _split(d, info)
     except DatasetError:
         raise
-    except (OSError, EOFError, ValueError, RuntimeError, zlib.error, pickle.UnpicklingError) \
-            as exc:      # a truncated .gz (EOFError), a damaged .npz, ogb's RuntimeError ...
+    except (OSError, EOFError, ValueError, RuntimeError, zlib.error, zipfile.BadZipFile,
+            pickle.UnpicklingError) as exc:   # a truncated .gz (EOFError) or .npz, ogb's ...
         raise DatasetError(f"{d}: cannot read its files ({type(exc).__name__}: {exc}), so the "
                            f"copy is incomplete or damaged; "
                            f"{DOWNLOAD_HINT.format(name=name, root=root)}") from exc
