@@ -63,15 +63,16 @@ def edges_to_csr(dst: np.ndarray, src: np.ndarray, num_nodes: int, *, symmetrize
     if num_nodes > MAX_NODES:
         raise DatasetError(f"{source}: {num_nodes:,} nodes is more than this preprocessor "
                            f"handles ({MAX_NODES:,}); split the graph first")
-    n = np.int64(num_nodes)
+    n, edges_in = np.int64(num_nodes), len(dst)
     loops = dst == src
     n_loops = int(np.count_nonzero(loops))
     keys = dst.astype(np.int64) * n + src
+    del dst            # the caller's edge_rows() array: freed here, not held through the sort
     if n_loops:
         keys = keys[~loops]
     del loops
     keys = unique_sorted(keys)
-    n_dup = len(dst) - n_loops - len(keys)
+    n_dup = edges_in - n_loops - len(keys)
     added = 0
     if symmetrize:
         rows = keys // n
@@ -81,7 +82,7 @@ def edges_to_csr(dst: np.ndarray, src: np.ndarray, num_nodes: int, *, symmetrize
         keys = unique_sorted(np.concatenate([keys, rev]))
         added = len(keys) - before
     indptr, indices = csr_from_keys(keys, num_nodes)
-    report = CleanReport(len(dst), n_loops, n_dup, added, len(indices))
+    report = CleanReport(edges_in, n_loops, n_dup, added, len(indices))
     return indptr, indices, report
 
 
