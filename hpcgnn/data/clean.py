@@ -74,12 +74,18 @@ def edges_to_csr(dst: np.ndarray, src: np.ndarray, num_nodes: int, *, symmetrize
     keys = unique_sorted(keys)
     n_dup = edges_in - n_loops - len(keys)
     added = 0
-    if symmetrize:
-        rows = keys // n
-        rev = (keys - rows * n) * n + rows
-        del rows
+    if symmetrize:            # keys and their reverses in one buffer, built in place
         before = len(keys)
-        keys = unique_sorted(np.concatenate([keys, rev]))
+        both = np.empty(2 * before, dtype=np.int64)
+        both[:before] = keys
+        del keys
+        rows, rev = both[:before] // n, both[before:]
+        np.remainder(both[:before], n, out=rev)
+        rev *= n
+        rev += rows
+        del rows, rev
+        keys = unique_sorted(both)
+        del both
         added = len(keys) - before
     indptr, indices = csr_from_keys(keys, num_nodes)
     report = CleanReport(edges_in, n_loops, n_dup, added, len(indices))
