@@ -87,8 +87,9 @@ def _open(path: Path) -> Iterator[h5py.File]:
 
 def _dataset(f: h5py.File, path: Path, key: str, kinds: str = "iu") -> h5py.Dataset:
     if key not in f or not isinstance(f[key], h5py.Dataset):
-        raise DatasetError(f"{path}: missing dataset '{key}' (it has {sorted(map(str, f.keys()))}); "
-                           f"{H5_HINT} ({FORMAT_HINT})")
+        has = sorted(map(str, f.keys()))          # str: a damaged name reads as bytes
+        raise DatasetError(f"{path}: missing dataset '{key}' (it has {has}); {H5_HINT} "
+                           f"({FORMAT_HINT})")
     d = f[key]
     if d.dtype.kind not in kinds:
         raise DatasetError(f"{path}: dataset '{key}' has dtype {d.dtype}, expected "
