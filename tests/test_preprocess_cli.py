@@ -98,6 +98,15 @@ def test_synthetic_and_npz_cli(cli, tmp_path):
     assert_reconstructs(tmp_path / "n", load_dataset(f"npz:{path}"))
 
 
+def test_file_input_log_starts_with_reading(tmp_path):
+    """A batch log shows the read of a large input as it starts, not only once it is over."""
+    path = save_npz(tmp_path / "g.npz")
+    proc = run("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s")
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.endswith(f"preprocess: npz:{path}: reading 0.0 MiB"), proc.stderr
+
+
 def test_existing_shard_set_needs_force(cli, tmp_path):
     out = tmp_path / "s"
     assert cli("--dataset", "cora", "--parts", 2, "--out", out, "-q").returncode == 0
