@@ -18,7 +18,7 @@ from hpcgnn.log import say_error
 from preprocess.errors import PreprocessError
 from preprocess.partition import PARTITIONERS, partition_graph
 from preprocess.verify import verify_shards
-from preprocess.write import check_out_dir, write_shards
+from preprocess.write import check_out_dir, check_writable, write_shards
 
 log = logging.getLogger("hpcgnn.preprocess")
 
@@ -73,6 +73,7 @@ def _check_convert_out(out: Path) -> None:
     if not above.is_dir():
         raise PreprocessError(f"{above}: exists and is not a directory, so {out} cannot be "
                               f"written; choose another --out")
+    check_writable(out.parent, "--out")
 
 
 def _convert(args: argparse.Namespace) -> None:

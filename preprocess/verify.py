@@ -5,6 +5,7 @@ part against its ``meta.json`` entry is the one training's load runs
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,13 +51,17 @@ def _need(cond: bool, where: Path | str, what: str) -> None:
         raise ShardFormatError(f"{where}: {what}; {FIX}")
 
 
-def _check_file(directory: Path, p: int, entry: dict) -> Path:
-    path = directory / part_name(p)
+def _check_file(directory: Path, p: int, entries: list[dict]) -> Path:
+    path, entry = directory / part_name(p), entries[p]
     _need(entry["file"] == path.name, directory / "meta.json",
           f"parts[{p}] names {entry['file']!r}, expected {path.name!r}")
     _need(path.is_file(), path, "missing")
-    _need(sha256_file(path) == entry["sha256"], path,
-          "sha256 differs from meta.json (the file is corrupted, truncated or from another run)")
+    sha = sha256_file(path)
+    if sha != entry["sha256"]:
+        same = [e["file"] for e in entries if e["sha256"] == sha]
+        _need(False, path, f"holds the bytes meta.json gives for {same[0]}: part files were "
+              f"swapped or renamed (give each its own name back)" if same else "sha256 differs "
+              "from meta.json (the file is corrupted, truncated or from another run)")
     return path
 
 
@@ -82,7 +87,7 @@ def _check_halo_groups(s: Shard, path: Path) -> None:
 
 def _read_part(directory: Path, p: int, meta: dict) -> tuple[PartPlan, int, int]:
     entry = meta["parts"][p]
-    path = _check_file(directory, p, entry)
+    path = _check_file(directory, p, meta["parts"])
     s = read_shard(path, part_id=p, num_parts=meta["num_parts"])
     check_part_against_meta(s, path, entry, meta, FIX)
     _check_edges(s, path)
@@ -149,12 +154,15 @@ def verify_shards(directory: str | Path) -> VerifyReport:
     """Check the shard set in ``directory``; raise ShardFormatError naming the file and fix."""
     directory = Path(directory)
     meta = read_meta(directory)
-    plans, cut, train = [], 0, 0
+    plans, cut, train, t0 = [], 0, 0, time.perf_counter()
     for p in range(meta["num_parts"]):
         plan, part_cut, part_train = _read_part(directory, p, meta)
         plans.append(plan)
         cut += part_cut
         train += part_train
+        log.info("part %d/%d: checked %s owned, %s halo, %s edges (%.1f s)", p + 1,
+                 meta["num_parts"], f"{len(plan.global_id):,}", f"{len(plan.halo_global_id):,}",
+                 f"{meta['parts'][p]['num_edges']:,}", time.perf_counter() - t0)
     if train == 0:
         log.warning("%s: no part holds a labelled training node: %s", directory, PREDICT_ONLY)
     owner = _check_nodes(directory, plans, meta)
@@ -167,4 +175,6 @@ def verify_shards(directory: str | Path) -> VerifyReport:
     _need(cut == meta["edge_cut"], directory / "meta.json",
           f"parts hold {cut} cut edges, edge_cut says {meta['edge_cut']}")
     halo = sum(len(pl.halo_global_id) for pl in plans)
+    log.info("across parts: owners, counts and the halo invariant hold (%.1f s)",
+             time.perf_counter() - t0)
     return VerifyReport(meta["num_parts"], meta["num_nodes"], edges, halo, cut)

@@ -41,7 +41,34 @@ def check_out_dir(out: str | Path, force: bool) -> list[Path]:
         shown = ", ".join(f.name for f in finished[:3]) + (", ..." if len(finished) > 3 else "")
         raise PreprocessError(f"{out}: already holds shard files ({shown}); pass --force to "
                               f"overwrite them, or choose another --out")
+    check_writable(out, "--out")
     return old
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """Make ``folder`` (and its missing parents) and a file in it, then remove all that was
+    made: a folder that cannot be made or written to (permissions, a read-only file system) is
+    refused before the long steps, not after them."""
+    made = []
+    while not folder.exists() and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
+    probe = (made[0] if made else folder) / f".hpcgnn-write-test-{os.getpid()}"
+    try:
+        for d in reversed(made):
+            d.mkdir()
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        where = exc.filename or probe.parent
+        raise PreprocessError(f"{where}: cannot write there ({exc.strerror}); choose another "
+                              f"{option} (a folder you can write to)") from exc
+    finally:
+        for d in made:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 def prepare_out_dir(out: Path, force: bool) -> None:

@@ -1,9 +1,11 @@
 """Test helpers for preprocessing: small hand-made graphs and a shard-set reconstructor."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hpcgnn.data.clean import edge_rows
 from hpcgnn.data.graph import Graph
@@ -163,3 +165,15 @@ def tamper(directory, part, h5path, change, **entry):
     for key, value in entry.items():
         meta["parts"][part].pop(key) if value is None else meta["parts"][part].update({key: value})
     write_meta(directory, meta)
+
+
+def unwritable_dir(tmp_path: Path) -> Path:
+    """A folder below which nothing can be made: read-only to this user, or (as root, whom
+    permissions do not stop) in sysfs; skips the test where there is none."""
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        return ro / "s"
+    if not os.path.isdir("/sys/kernel"):
+        pytest.skip("running as root without /sys: no folder that root cannot write to")
+    return Path("/sys/kernel/hpcgnn-test") / "s"

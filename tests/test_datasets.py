@@ -52,6 +52,31 @@ def test_edges_to_csr_counts():
     assert indptr.tolist() == [0, 2, 4, 4, 6] and indices.tolist() == [1, 3, 0, 3, 0, 1]
 
 
+@pytest.mark.parametrize("symmetrize, bound", [(False, 2.5), (True, 4.5)])
+def test_cleaning_peak_is_bounded_by_the_edge_array(symmetrize, bound):
+    """Cleaning a file's edges (every reader's load) allocates beyond the input at most ~2.25x
+    the int64 edge array (the keys, their distinct copy, the rows), ~4.25x with --symmetrize
+    (keys and reverses, their distinct copy); numpy reports its allocations to tracemalloc.
+    The rows of every edge were held through the sort (3.25x), and the reverses were built
+    beside the keys and then concatenated (6.25x): on ogbn-papers100M's 1.6 billion edges, 12.5
+    and 25 GiB more."""
+    import tracemalloc
+    from hpcgnn.data.graph import Graph
+    n, deg = 50_000, 20
+    indices = np.random.default_rng(0).integers(0, n, n * deg)
+    g = Graph("g", n, np.arange(n + 1, dtype=np.int64) * deg, indices,
+              np.zeros((n, 1), np.float32), np.zeros(n, np.int64), np.arange(3),
+              np.arange(3, 6), np.arange(6, 9))
+    tracemalloc.start()
+    try:
+        cleaned, report = clean_graph(g, symmetrize=symmetrize)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cleaned.num_edges > (1.99 if symmetrize else 0.99) * indices.size, report
+    assert peak <= bound * indices.nbytes, f"peak {peak / indices.nbytes:.2f}x the edge array"
+
+
 def test_csbm_is_deterministic_symmetric_and_class_structured():
     spec = "csbm:nodes=3000,classes=3,degree=10,homophily=0.9,features=16,seed=4"
     a, b = load_dataset(spec), load_dataset(spec)
@@ -142,6 +167,49 @@ def test_ogb_missing_directory_names_it_and_the_fix(tmp_path):
         load_dataset(f"ogbn-nothing:root={tmp_path}")
 
 
+@pytest.mark.parametrize("damage, expect", [
+    ("rm raw/node-label.csv.gz", r"raw/node-label.csv.gz: missing, so .* not a complete OGB"),
+    ("rm raw/num-node-list.csv.gz", r"raw/num-node-list.csv.gz: missing, so .* not a complete"),
+    ("rm raw/node_year.csv.gz", r"raw/node_year.csv.gz: missing, so .* not a complete OGB"),
+    ("rm split/time/valid.csv.gz", r"split/time/valid.csv.gz: missing; the OGB split files"),
+    ("cut raw/edge.csv.gz", r"ogbn_arxiv: cannot read its files \(EOFError: .*incomplete or "
+                            r"damaged; download it"),
+    ("cut raw/node-label.csv.gz", r"ogbn_arxiv: cannot read its files \(EOFError"),
+])
+def test_ogb_partial_or_damaged_copy_names_it_and_the_fix(tmp_path, damage, expect):
+    """A copy of a download cut short: a missing raw file or a truncated .gz was a traceback
+    (FileNotFoundError, ogb's RuntimeError 'No necessary file', EOFError)."""
+    pytest.importorskip("ogb")
+    write_ogb_arxiv(tmp_path, n=6)
+    how, name = damage.split()
+    path = tmp_path / "ogbn_arxiv" / name
+    if how == "rm":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[:-12])           # the gzip trailer and some data
+    with pytest.raises(DatasetError, match=expect):
+        load_dataset(f"ogbn-arxiv:root={tmp_path}")
+
+
+def test_ogb_binary_copy_cut_short_names_it_and_the_fix(tmp_path):
+    """ogbn-papers100M's layout (raw/data.npz): a truncated data.npz was a BadZipFile
+    traceback, a missing node-label.npz is named."""
+    pytest.importorskip("ogb")
+    raw = tmp_path / "ogbn_papers100M" / "raw"
+    raw.mkdir(parents=True)
+    np.savez_compressed(raw / "data.npz", edge_index=np.zeros((2, 500), np.int64),
+                        num_nodes_list=np.array([10]), num_edges_list=np.array([500]),
+                        node_feat=np.ones((10, 4), np.float32))
+    data = (raw / "data.npz").read_bytes()
+    (raw / "data.npz").write_bytes(data[:len(data) // 2])
+    with pytest.raises(DatasetError, match=r"node-label.npz: missing, so .* not a complete"):
+        load_dataset(f"ogbn-papers100M:root={tmp_path}")
+    np.savez(raw / "node-label.npz", node_label=np.zeros((10, 1)))
+    with pytest.raises(DatasetError, match=r"ogbn_papers100M: cannot read its files "
+                                           r"\(BadZipFile: .*incomplete or damaged; download"):
+        load_dataset(f"ogbn-papers100M:root={tmp_path}")
+
+
 SPARSE = {"features": None, "feat_indptr": np.array([0, 1, 2, 3, 4, 5]),
           "feat_indices": np.array([0, 1, 0, 1, 0]), "feat_shape": np.array([5, 2])}
 
@@ -188,6 +256,26 @@ def test_bad_h5_inputs_get_the_npz_checks(tmp_path, override, message):
     assert str(path) in str(err.value) and ";" in str(err.value)
     if "NaN" in message:
         assert "(dataset 'feat" in str(err.value)         # the input file and its dataset
+
+
+def test_damaged_h5_input_is_a_dataset_error(tmp_path):
+    """Every 16th byte position of a real h5 input changed in turn (HDF5 keeps no checksum of
+    its data, so many changes read on): each damaged file reads or is refused with one
+    DatasetError naming it. Its headers' damage raised HDF5's KeyError, RuntimeError
+    ('bad local heap signature') or OSError, and a damaged name a TypeError."""
+    path = save_h5(tmp_path / "g.h5")
+    good = path.read_bytes()
+    refused = 0
+    for at in range(0, len(good), 16):
+        data = bytearray(good)
+        data[at:at + 8] = bytes(b ^ 0xA5 for b in data[at:at + 8])
+        path.write_bytes(data)
+        try:
+            load_dataset(f"h5:{path}")
+        except DatasetError as exc:
+            assert str(exc).startswith(f"{path}: "), exc
+            refused += 1
+    assert refused > 50
 
 
 def test_h5_slices_check_what_they_read_in_chunks(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from _graphs import assert_reconstructs, save_npz
+from _graphs import assert_reconstructs, save_npz, unwritable_dir
 from hpcgnn.data.datasets import load_dataset
 from preprocess.__main__ import main
 
@@ -73,6 +73,12 @@ def test_cora_cli_then_verify_in_real_processes(tmp_path, partitioner):
     assert "part 4/4" in proc.stderr                       # progress on the long steps
     ok = run("verify", out)
     assert ok.returncode == 0 and "4 parts, 2,708 nodes, 10,556 edges" in ok.stdout
+    # progress in a batch log: one line per part read, then the checks across parts
+    steps = [line.split(" preprocess: ")[1].split(" (")[0] for line in ok.stderr.splitlines()]
+    assert [s.split(":")[0] for s in steps] == [f"part {p}/4" for p in range(1, 5)] + \
+        ["across parts"], ok.stderr
+    assert "checked" in steps[0] and "halo invariant hold" in steps[-1]
+    assert run("verify", "-q", out).stderr == ""
     assert_reconstructs(out, load_dataset("cora"))
     bad = run("--dataset", "cora", "--parts", 4, "--out", out)       # exists: refused
     assert bad.returncode == 1 and "--force" in error_line(bad)
@@ -90,6 +96,15 @@ def test_synthetic_and_npz_cli(cli, tmp_path):
     assert cli("--dataset", f"npz:{path}", "--parts", 2, "--partitioner", "random", "--out",
                tmp_path / "n", "-q").returncode == 0
     assert_reconstructs(tmp_path / "n", load_dataset(f"npz:{path}"))
+
+
+def test_file_input_log_starts_with_reading(tmp_path):
+    """A batch log shows the read of a large input as it starts, not only once it is over."""
+    path = save_npz(tmp_path / "g.npz")
+    proc = run("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s")
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.endswith(f"preprocess: npz:{path}: reading 0.0 MiB"), proc.stderr
 
 
 def test_existing_shard_set_needs_force(cli, tmp_path):
@@ -135,6 +150,22 @@ def test_bad_npz_through_the_cli(cli, tmp_path):
     assert_no_complete_set(cli, tmp_path / "s")
 
 
+@pytest.mark.parametrize("key", ["features", "adj_indices"])
+def test_damaged_npz_member_through_the_cli(tmp_path, key):
+    """A byte flipped inside one array of an npz (a bad copy): one error naming the file and
+    the key, no traceback (the features' key was read unguarded: BadZipFile traceback)."""
+    import zipfile
+    path = save_npz(tmp_path / "g.npz", n=400, features=np.ones((400, 50), np.float32))
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(f"{key}.npy")
+    data = bytearray(path.read_bytes())
+    data[info.header_offset + 30 + len(info.filename) + info.compress_size - 8] ^= 0xFF
+    path.write_bytes(data)
+    line = error_line(run("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
+    assert f"{path}: cannot read key '{key}' (Bad CRC-32" in line and "rewrite the file" in line
+    assert not (tmp_path / "s").exists()
+
+
 def test_empty_training_split_through_the_cli(cli, tmp_path, caplog):
     """A graph to predict on: written, with a warning that train will refuse it."""
     path = save_npz(tmp_path / "no-train.npz", train_idx=np.zeros(0, np.int64))
@@ -167,6 +198,26 @@ def test_convert_failed_write_leaves_no_file(tmp_path):
     line = error_line(proc)
     assert line.startswith(f"preprocess: error: {out}: write failed") and "no file was left" in line
     assert list(out.parent.iterdir()) == []                      # no file, no temporary
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    return unwritable_dir(tmp_path)
+
+
+@pytest.mark.parametrize("sub", ["preprocess", "convert"])
+def test_unwritable_out_is_refused_before_loading(unwritable, tmp_path, sub):
+    """Not after the load and the partitioning (hours on a large graph): the first thing."""
+    args = ("convert", "--dataset", "cora", "--out", unwritable / "g.h5") if sub == "convert" \
+        else ("--dataset", "cora", "--parts", 2, "--out", unwritable)
+    proc = run(*args)
+    line = error_line(proc)
+    assert "cannot write there" in line and "choose another --out" in line
+    assert str(unwritable.parent) in line
+    assert "edges in" not in proc.stderr and "METIS" not in proc.stderr       # nothing loaded
+    made = tmp_path / "a" / "b" / "s"                          # a writable out: probed, unmade
+    proc = run("--dataset", "npz:/nonexistent.npz", "--parts", 2, "--out", made)
+    assert "no such file" in error_line(proc) and not (tmp_path / "a").exists()
 
 
 def test_out_is_a_file(cli, tmp_path):
@@ -220,6 +271,10 @@ def damage(good, dst, how):
         part.unlink()
     elif how == "meta":
         (dst / "meta.json").unlink()
+    elif how == "swap":
+        part.rename(dst / "tmp.h5")
+        (dst / "part-00002.h5").rename(part)
+        (dst / "tmp.h5").rename(dst / "part-00002.h5")
     return dst
 
 
@@ -228,6 +283,8 @@ def damage(good, dst, how):
     ("flip", "part-00001.h5: sha256 differs from meta.json"),
     ("delete", "part-00001.h5: missing"),
     ("meta", "meta.json: missing"),
+    ("swap", "part-00001.h5: holds the bytes meta.json gives for part-00002.h5: part files were "
+             "swapped or renamed"),
 ])
 def test_verify_rejects_damaged_sets(cli, good_set, tmp_path, how, expect):
     assert cli("verify", good_set).returncode == 0

@@ -222,6 +222,21 @@ def test_bad_requests_fail_on_every_rank(ptscotch, inputs, tmp_path):
 
 
 @pytest.mark.mpi
+def test_unwritable_out_is_refused_on_every_rank_before_reading(tmp_path):
+    """Not after the read, the partitioning and the halo maps (hours on a large graph)."""
+    from _graphs import unwritable_dir
+    out = unwritable_dir(tmp_path)
+    proc = run_mpi(2, ["-m", "preprocess", "--dataset", "cora", "--parts", "4",
+                       "--partitioner", "random", "--out", str(out)], timeout=90)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2, proc.stderr                                           # both ranks
+    assert all(f"{out.parent}: cannot write there" in ln and "choose another --out" in ln
+               for ln in lines), lines
+    assert "rank 0: rows" not in proc.stderr and "edges in" not in proc.stderr    # nothing read
+
+
+@pytest.mark.mpi
 def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
     """The npz reader's checks run on each rank's slice of an h5 input: a NaN feature is
     reported with the input file and its dataset (not the part file it would have gone to),

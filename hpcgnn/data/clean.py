@@ -63,25 +63,32 @@ def edges_to_csr(dst: np.ndarray, src: np.ndarray, num_nodes: int, *, symmetrize
     if num_nodes > MAX_NODES:
         raise DatasetError(f"{source}: {num_nodes:,} nodes is more than this preprocessor "
                            f"handles ({MAX_NODES:,}); split the graph first")
-    n = np.int64(num_nodes)
+    n, edges_in = np.int64(num_nodes), len(dst)
     loops = dst == src
     n_loops = int(np.count_nonzero(loops))
     keys = dst.astype(np.int64) * n + src
+    del dst            # the caller's edge_rows() array: freed here, not held through the sort
     if n_loops:
         keys = keys[~loops]
     del loops
     keys = unique_sorted(keys)
-    n_dup = len(dst) - n_loops - len(keys)
+    n_dup = edges_in - n_loops - len(keys)
     added = 0
-    if symmetrize:
-        rows = keys // n
-        rev = (keys - rows * n) * n + rows
-        del rows
+    if symmetrize:            # keys and their reverses in one buffer, built in place
         before = len(keys)
-        keys = unique_sorted(np.concatenate([keys, rev]))
+        both = np.empty(2 * before, dtype=np.int64)
+        both[:before] = keys
+        del keys
+        rows, rev = both[:before] // n, both[before:]
+        np.remainder(both[:before], n, out=rev)
+        rev *= n
+        rev += rows
+        del rows, rev
+        keys = unique_sorted(both)
+        del both
         added = len(keys) - before
     indptr, indices = csr_from_keys(keys, num_nodes)
-    report = CleanReport(len(dst), n_loops, n_dup, added, len(indices))
+    report = CleanReport(edges_in, n_loops, n_dup, added, len(indices))
     return indptr, indices, report
 
 

@@ -110,5 +110,8 @@ def load_dataset(spec: str, *, symmetrize: bool = False, **opts: Any) -> Graph:
         return _generate(spec, name, spec_opts, symmetrize)
     if name not in SHIPPED and name not in ("npz", "h5") and not name.startswith("ogbn-"):
         raise DatasetError(f"dataset spec '{spec}': unknown dataset '{name}'; {SPEC_HELP}")
+    path = Path(spec_opts["path"]) if name in ("npz", "h5") else None
+    if path is not None and path.is_file():     # a start line in the log: reading may be long
+        log.info("%s: reading %.1f MiB", spec, path.stat().st_size / 2**20)
     graph, _ = clean_graph(_read(spec, name, spec_opts), symmetrize=symmetrize)
     return graph

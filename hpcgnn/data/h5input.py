@@ -17,8 +17,10 @@ npz format.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import h5py
 import numpy as np
@@ -68,20 +70,26 @@ class GraphSlice:
                    graph.dense_features(np.arange(lo, hi)), graph.labels[lo:hi], masks)
 
 
-def _open(path: Path) -> h5py.File:
+@contextmanager
+def _open(path: Path) -> Iterator[h5py.File]:
+    """The file, open for reading; HDF5's errors on a damaged file (OSError, KeyError,
+    RuntimeError from a bad heap or object header) become a DatasetError naming it."""
     if not path.is_file():
         raise DatasetError(f"{path}: no such file; pass --dataset h5:PATH with an existing HDF5 "
                            f"input file ({H5_HINT})")
     try:
-        return h5py.File(path, "r")
-    except OSError as exc:
-        raise DatasetError(f"{path}: not a readable HDF5 file ({exc}); {H5_HINT}") from exc
+        with h5py.File(path, "r") as f:
+            yield f
+    except (OSError, KeyError, RuntimeError) as exc:
+        raise DatasetError(f"{path}: not a readable HDF5 file ({exc}); the file is damaged or "
+                           f"not an input file: {H5_HINT}") from exc
 
 
 def _dataset(f: h5py.File, path: Path, key: str, kinds: str = "iu") -> h5py.Dataset:
     if key not in f or not isinstance(f[key], h5py.Dataset):
-        raise DatasetError(f"{path}: missing dataset '{key}' (it has {sorted(f.keys())}); "
-                           f"{H5_HINT} ({FORMAT_HINT})")
+        has = sorted(map(str, f.keys()))          # str: a damaged name reads as bytes
+        raise DatasetError(f"{path}: missing dataset '{key}' (it has {has}); {H5_HINT} "
+                           f"({FORMAT_HINT})")
     d = f[key]
     if d.dtype.kind not in kinds:
         raise DatasetError(f"{path}: dataset '{key}' has dtype {d.dtype}, expected "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +27,17 @@ def _open(path: Path) -> np.lib.npyio.NpzFile:
                            f"numpy.savez ({FORMAT_HINT})") from exc
 
 
-def _int_array(z, path: Path, key: str) -> np.ndarray:
+def _array(z, path: Path, key: str) -> np.ndarray:
+    """``z[key]``; a damaged member (bad CRC, truncated) is a DatasetError naming the key."""
     try:
-        a = z[key]
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
+        return z[key]
+    except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise DatasetError(f"{path}: cannot read key '{key}' ({exc}); rewrite the file "
                            f"({FORMAT_HINT})") from exc
+
+
+def _int_array(z, path: Path, key: str) -> np.ndarray:
+    a = _array(z, path, key)
     if a.dtype.kind not in "iu":
         raise DatasetError(f"{path}: key '{key}' has dtype {a.dtype}, expected int64; store "
                            f"it as an integer array ({FORMAT_HINT})")
@@ -41,7 +47,7 @@ def _int_array(z, path: Path, key: str) -> np.ndarray:
 def _features(z, path: Path, num_nodes: int) -> np.ndarray | sp.csr_matrix:
     keys = set(z.files)
     if "features" in keys:
-        x = z["features"]
+        x = _array(z, path, "features")
         if x.dtype.kind not in "fiub":
             raise DatasetError(f"{path}: key 'features' has dtype {x.dtype}, expected float32")
         return x.astype(np.float32, copy=False)
@@ -54,7 +60,7 @@ def _features(z, path: Path, num_nodes: int) -> np.ndarray | sp.csr_matrix:
                 (indices.size and (indices.min() < 0 or indices.max() >= shape[1])):
             raise DatasetError(f"{path}: feat_indptr/feat_indices are not a CSR matrix of shape "
                                f"{shape}; {FORMAT_HINT}")
-        data = z["feat_data"]
+        data = _array(z, path, "feat_data")
         if data.dtype.kind not in "fiub" or data.shape != indices.shape:
             raise DatasetError(f"{path}: feat_data has shape {data.shape} and dtype {data.dtype}; "
                                f"it must hold one float32 value per entry of feat_indices (shape "

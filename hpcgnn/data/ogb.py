@@ -10,6 +10,9 @@ would prompt on stdin, try to download, and cache with a pickle that torch >= 2.
 from __future__ import annotations
 
 import os
+import pickle
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -48,10 +51,21 @@ def _dataset_dir(name: str, root: str | os.PathLike, info: dict) -> Path:
     hint = DOWNLOAD_HINT.format(name=name, root=root)
     if not d.is_dir():
         raise DatasetError(f"{d}: no such directory, so {name} is not in root={root}; {hint}")
-    raw = d / "raw" / ("data.npz" if info["binary"] == "True" else "edge.csv.gz")
-    if not raw.is_file():
-        raise DatasetError(f"{raw}: missing, so {d} is not a complete OGB download; {hint}")
+    for raw in _raw_files(d, info):
+        if not raw.is_file():
+            raise DatasetError(f"{raw}: missing, so {d} is not a complete OGB download; {hint}")
     return d
+
+
+def _raw_files(d: Path, info: dict) -> list[Path]:
+    """The raw files ``read_ogb`` reads (the split's are checked as they are read)."""
+    if info["binary"] == "True":
+        return [d / "raw" / f for f in ("data.npz", "node-label.npz")]
+    extra = [] if info["additional node files"] == "None" else \
+        [f"{name}.csv.gz" for name in info["additional node files"].split(",")]
+    return [d / "raw" / f for f in ("edge.csv.gz", "num-node-list.csv.gz",
+                                    "num-edge-list.csv.gz", "node-feat.csv.gz",
+                                    "node-label.csv.gz", *extra)]
 
 
 def _labels(d: Path, info: dict) -> np.ndarray:
@@ -95,7 +109,15 @@ def read_ogb(name: str, root: str = "data/ogb") -> Graph:
     """Read OGB dataset ``name`` from ``root`` (which holds e.g. ``ogbn_arxiv/``)."""
     info = _meta_info(name)
     d = _dataset_dir(name, root, info)
-    g = _raw_graph(d, info)
+    try:
+        g, labels, (train, val, test) = _raw_graph(d, info), _labels(d, info), _split(d, info)
+    except DatasetError:
+        raise
+    except (OSError, EOFError, ValueError, RuntimeError, zlib.error, zipfile.BadZipFile,
+            pickle.UnpicklingError) as exc:   # a truncated .gz (EOFError) or .npz, ogb's ...
+        raise DatasetError(f"{d}: cannot read its files ({type(exc).__name__}: {exc}), so the "
+                           f"copy is incomplete or damaged; "
+                           f"{DOWNLOAD_HINT.format(name=name, root=root)}") from exc
     n = int(g["num_nodes"])
     if g.get("node_feat") is None:
         raise DatasetError(f"{d}: has no node features (raw/node-feat.csv.gz); hpcgnn needs them")
@@ -106,9 +128,8 @@ def read_ogb(name: str, root: str = "data/ogb") -> Graph:
     order = np.argsort(dst, kind="stable")
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
-    train, val, test = _split(d, info)
     graph = Graph(name=name, num_nodes=n, indptr=indptr, indices=src[order],
-                  features=np.asarray(g["node_feat"], dtype=np.float32), labels=_labels(d, info),
+                  features=np.asarray(g["node_feat"], dtype=np.float32), labels=labels,
                   train_idx=train, val_idx=val, test_idx=test)
     check_graph(graph, str(d), int(info["num classes"]))
     return graph
