@@ -12,7 +12,7 @@ from preprocess.dist_halo import build_shards
 from preprocess.distributed import add_reverse, collective, csr_of_keys, local_keys, \
     move_to_writers, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
-from preprocess.write import check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
+from preprocess.write import check_classes, check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
     shard_files, write_failed
 
 log = logging.getLogger("hpcgnn.preprocess")
@@ -98,6 +98,9 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     collective(comm, _check_request, comm, n, num_parts)
     warn_untrainable(sl.name, comm.allreduce(  # the same count, so the same outcome, on every rank
         int(np.count_nonzero(sl.masks["train_mask"] & (sl.labels >= 0)))))
+    num_classes = comm.allreduce(int(sl.labels.max()) + 1 if sl.labels.size else 0, op=_max()) \
+        if sl.classes is None else sl.classes          # every rank read the same key
+    collective(comm, check_classes, sl.name, num_classes)
     (indptr, cols), (sym_indptr, sym_cols) = _clean_slice(comm, sl, symmetrize, bounds)
     log.log(_level(comm), "rank %d: rows %d:%d, %s edges, %s symmetric (%.1f s, peak %s)",
             comm.rank, sl.lo, sl.hi, f"{len(cols):,}", f"{len(sym_cols):,}",
@@ -109,7 +112,6 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     del sym_indptr, sym_cols
     degree = np.diff(indptr)
     moved = move_to_writers(comm, sl, indptr, cols, parts, num_parts)
-    labels_max = int(sl.labels.max()) if sl.labels.size else -1
     meta = dict(dataset=sl.name, feature_dim=int(sl.features.shape[1]))
     del sl, indptr, cols
     shards, cut = build_shards(comm, moved, num_parts, bounds, parts, degree,
@@ -118,7 +120,7 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
             "peak %s)", comm.rank, time.perf_counter() - t0, _peak())
     del moved
     meta = meta_fields(meta["dataset"], n, comm.allreduce(sum(s.num_edges for s in shards)),
-                       meta["feature_dim"], comm.allreduce(labels_max, op=_max()) + 1,
+                       meta["feature_dim"], num_classes,
                        num_parts, partitioner, seed, comm.allreduce(cut), symmetrize=symmetrize)
     meta = _write_set(comm, out, force, shards, meta)
     log.log(_level(comm), "rank %d: wrote parts %s (%.1f s)", comm.rank,

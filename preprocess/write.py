@@ -92,6 +92,15 @@ def warn_untrainable(dataset: str, labelled_train: int) -> None:
                     PREDICT_ONLY)
 
 
+def check_classes(dataset: str, num_classes: int) -> None:
+    """Refuse a graph without a class count: no labelled node and no ``num_classes`` key
+    (its ``meta.json`` would say 0 classes, which no reader takes)."""
+    if num_classes < 1:
+        raise PreprocessError(f"{dataset}: no labelled node and no num_classes, so the shard set "
+                              f"would have 0 classes; add the num_classes key (the trained "
+                              f"model's class count) to the input to predict on it")
+
+
 def check_part_array(graph: Graph, parts: np.ndarray, num_parts: int) -> np.ndarray:
     """``parts`` is int [N] with every value in 0..num_parts-1; returned as int64."""
     parts = np.asarray(parts)
@@ -171,6 +180,7 @@ def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partit
     num_parts = int(np.max(parts)) + 1 if num_parts is None else int(num_parts)
     parts = check_part_array(graph, parts, num_parts)
     warn_untrainable(graph.name, int(np.count_nonzero(graph.labels[graph.train_idx] >= 0)))
+    check_classes(graph.name, graph.num_classes)
     prepare_out_dir(out, force)
     t0 = time.perf_counter()
     layout = PartLayout.build(parts, num_parts)

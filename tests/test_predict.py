@@ -94,26 +94,36 @@ def test_runs_evaluated_through_their_codecs_are_predicted_uncompressed(shards, 
 
 
 def test_logits_and_embedding_equal_a_dense_gcn(tmp_path):
+    """Also on a graph to predict on that has no label at all: its input's ``num_classes`` key
+    gives the class count (was: meta.json said 0 classes, and every reader refused the set),
+    here on 2 ranks over 4 random parts (merged)."""
     from hpcgnn.data.datasets import load_dataset
     from hpcgnn.predict import read_predictions
     from preprocess import partition_graph, write_shards
     arrays = partly_labelled_npz(tmp_path / "g.npz")
-    graph = load_dataset(f"npz:{tmp_path / 'g.npz'}")
-    write_shards(graph, partition_graph(graph, 2, "random", seed=0), tmp_path / "shards",
-                 partitioner="random", seed=0, force=False, num_parts=2)
-    for proc in run_together(2, [(["train", "--shards", tmp_path / "shards", "--out", tmp_path / "run",
+    unlabelled = {**arrays, "labels": np.full(80, -1, np.int64), "num_classes": np.int64(3),
+                  **{k: np.zeros(0, np.int64) for k in ("train_idx", "val_idx", "test_idx")}}
+    np.savez(tmp_path / "u.npz", **unlabelled)
+    for name, k in (("g", 2), ("u", 4)):
+        graph = load_dataset(f"npz:{tmp_path / name}.npz")
+        write_shards(graph, partition_graph(graph, k, "random", seed=0), tmp_path / f"{name}-shards",
+                     partitioner="random", seed=0, force=False, num_parts=k)
+    for proc in run_together(2, [(["train", "--shards", tmp_path / "g-shards", "--out", tmp_path / "run",
                                    "--set", "train.epochs=4", "--set", "model.layers=3",
                                    "--set", "model.hidden=6"], {}),
                                  (["predict", "--run", tmp_path / "run", "--shards",
-                                   tmp_path / "shards", "--out", tmp_path / "pred"], {})],
+                                   tmp_path / "g-shards", "--out", tmp_path / "pred"], {}),
+                                 (["predict", "--run", tmp_path / "run", "--shards",
+                                   tmp_path / "u-shards", "--out", tmp_path / "u-pred"], {})],
                              tmp_path / "jobs"):
         check_ok(proc)
-    got = read_predictions(tmp_path / "pred")
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["model"]
     hidden, logits = dense_gcn(arrays, state)
-    np.testing.assert_allclose(got["logits"], logits, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got["embedding"], hidden, rtol=1e-4, atol=1e-5)
-    assert got["embedding"].shape == (80, 6)
+    for pred in ("pred", "u-pred"):
+        got = read_predictions(tmp_path / pred)
+        np.testing.assert_allclose(got["logits"], logits, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got["embedding"], hidden, rtol=1e-4, atol=1e-5)
+        assert got["embedding"].shape == (80, 6)
 
 
 def test_predict_errors_end_the_job_on_every_rank(shards, tmp_path):

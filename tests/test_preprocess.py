@@ -128,6 +128,33 @@ def test_meta_json_counts_training_nodes_and_a_graph_without_is_one_to_predict_o
         ShardSet.open(tmp_path / "empty").check_trainable()
 
 
+def test_the_inputs_num_classes_is_the_sets_class_count(tmp_path):
+    """meta.json's num_classes is the input's ``num_classes`` key where it has one (npz, and h5
+    through ``convert``), not the largest label + 1: a graph to predict on may label no node,
+    or no node of the last class. Without the key and without a label the set is refused
+    (it was written with 0 classes, which no reader takes)."""
+    from _graphs import save_npz
+    from hpcgnn.data.h5input import write_h5
+    from preprocess.errors import PreprocessError
+    none = {"labels": np.full(5, -1, np.int64), "train_idx": np.zeros(0, np.int64),
+            "val_idx": np.zeros(0, np.int64), "test_idx": np.zeros(0, np.int64)}
+    cases = {"unlabelled": none, "no-last-class": {"labels": np.zeros(5, np.int64)}}
+    for name, keys in cases.items():
+        graph = load_dataset(f"npz:{save_npz(tmp_path / f'{name}.npz', num_classes=np.int64(4), **keys)}")
+        write_h5(graph, tmp_path / f"{name}.h5")
+        for spec in (f"npz:{tmp_path / name}.npz", f"h5:{tmp_path / name}.h5"):
+            g = load_dataset(spec)
+            write_shards(g, partition_graph(g, 2, "random"), tmp_path / f"{name}-{spec[:2]}",
+                         partitioner="random", seed=0)
+            assert read_meta(tmp_path / f"{name}-{spec[:2]}")["num_classes"] == 4, spec
+    graph = load_dataset(f"npz:{save_npz(tmp_path / 'bare.npz', **none)}")
+    with pytest.raises(PreprocessError, match="no labelled node and no num_classes.*add the "
+                                              "num_classes key"):
+        write_shards(graph, partition_graph(graph, 2, "random"), tmp_path / "bare",
+                     partitioner="random", seed=0)
+    assert not (tmp_path / "bare" / "meta.json").exists()
+
+
 @pytest.mark.parametrize("counted", [True, False], ids=["num_train", "older-meta"])
 def test_a_set_without_training_nodes_verifies_with_a_warning_and_is_not_trainable(
         cora, tmp_path, counted, caplog):

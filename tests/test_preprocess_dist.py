@@ -296,6 +296,30 @@ def test_sliced_generator_without_training_nodes_writes_a_set_to_predict_on(tmp_
         ShardSet.open(tmp_path / "s").check_trainable()
 
 
+@pytest.mark.mpi
+def test_an_unlabelled_h5_input_takes_its_num_classes(tmp_path):
+    """Distributed preprocessing's class count is the input's ``num_classes`` key where it has
+    one (was: the largest label + 1 over the ranks, 0 for a graph to predict on that labels no
+    node: a meta.json no reader takes); without the key such a graph is refused on every rank,
+    before anything is written."""
+    from _graphs import save_h5
+    none = {"labels": np.full(5, -1, np.int64), "train_idx": np.zeros(0, np.int64),
+            "val_idx": np.zeros(0, np.int64), "test_idx": np.zeros(0, np.int64)}
+    for key, out in ((np.int64(3), tmp_path / "keyed"), (None, tmp_path / "bare")):
+        path = save_h5(tmp_path / f"{out.name}.h5", num_classes=key, **none)
+        proc = run_mpi(2, ["-m", "preprocess", "--dataset", f"h5:{path}", "--parts", "2",
+                           "--partitioner", "random", "--out", str(out), "-q"], timeout=90)
+        if key is not None:
+            check_ok(proc)
+            assert json.loads((out / "meta.json").read_text())["num_classes"] == 3
+            continue
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+        assert len(lines) == 2 and all("no labelled node and no num_classes" in ln
+                                       for ln in lines), proc.stderr
+        assert not (out / "meta.json").exists() and not list(out.glob("part-*.h5"))
+
+
 # --- the MPI worker ----------------------------------------------------------------------------
 
 def _worker_run(root: str, out: str, k_scotch: str, k_random: str) -> None:

@@ -24,6 +24,7 @@ class Graph:
     train_idx: np.ndarray       # int64
     val_idx: np.ndarray         # int64
     test_idx: np.ndarray        # int64
+    classes: int | None = None  # the input's ``num_classes`` key, where it has one
 
     @property
     def num_edges(self) -> int:
@@ -35,6 +36,9 @@ class Graph:
 
     @property
     def num_classes(self) -> int:
+        """The input's ``num_classes``, else the largest label + 1 (0: no labelled node)."""
+        if self.classes is not None:
+            return int(self.classes)
         labelled = self.labels[self.labels >= 0]
         return int(labelled.max()) + 1 if labelled.size else 0
 

@@ -54,6 +54,7 @@ class GraphSlice:
     features: np.ndarray        # float32 [hi - lo, F]
     labels: np.ndarray          # int64 [hi - lo]
     masks: dict                 # name -> bool [hi - lo] (train_mask, val_mask, test_mask)
+    classes: int | None = None  # the input's ``num_classes``, where it has one
 
     @classmethod
     def of_graph(cls, graph: Graph, lo: int, hi: int) -> "GraphSlice":
@@ -67,7 +68,8 @@ class GraphSlice:
             masks[split.replace("_idx", "_mask")] = m
         return cls(graph.name, graph.num_nodes, lo, hi, indptr,
                    graph.indices[graph.indptr[lo]:graph.indptr[hi]],
-                   graph.dense_features(np.arange(lo, hi)), graph.labels[lo:hi], masks)
+                   graph.dense_features(np.arange(lo, hi)), graph.labels[lo:hi], masks,
+                   graph.classes)
 
 
 @contextmanager
@@ -187,10 +189,15 @@ def _slice_masks(f, path: Path, n: int, lo: int, hi: int, labels: np.ndarray) ->
     return masks
 
 
+def _num_classes(f, path: Path) -> int | None:
+    if "num_classes" not in f:
+        return None
+    return int(np.asarray(_dataset(f, path, "num_classes")[()]).reshape(-1)[0])
+
+
 def _slice_labels(f, path: Path, n: int, lo: int, hi: int) -> np.ndarray:
     labels = _int(f, path, "labels", slice(lo, hi))
-    if "num_classes" in f:
-        top = int(np.asarray(_dataset(f, path, "num_classes")[()]).reshape(-1)[0])
+    if (top := _num_classes(f, path)) is not None:
         check_label_values(str(path), labels, top, True)
     else:
         check_label_values(str(path), labels, n, False)
@@ -226,7 +233,9 @@ def read_h5_slice(path: str | os.PathLike, lo: int, hi: int, name: str | None = 
             raise DatasetError(f"{path}: features have fewer than num_nodes = {n} rows; "
                                f"{H5_HINT}")
         masks = _slice_masks(f, path, n, lo, hi, labels)
-    return GraphSlice(name or f"h5:{path}", n, lo, hi, local, indices, feats, labels, masks)
+        classes = _num_classes(f, path)
+    return GraphSlice(name or f"h5:{path}", n, lo, hi, local, indices, feats, labels, masks,
+                      classes)
 
 
 def read_h5(path: str | os.PathLike, name: str | None = None) -> Graph:
@@ -235,7 +244,7 @@ def read_h5(path: str | os.PathLike, name: str | None = None) -> Graph:
     splits = {k: np.flatnonzero(s.masks[k.replace("_idx", "_mask")]).astype(np.int64)
               for k in SPLITS}
     return Graph(name=s.name, num_nodes=s.num_nodes, indptr=s.indptr, indices=s.indices,
-                 features=s.features, labels=s.labels, **splits)
+                 features=s.features, labels=s.labels, classes=s.classes, **splits)
 
 
 def write_h5(graph: Graph, path: str | os.PathLike) -> None:
@@ -260,6 +269,8 @@ def write_h5(graph: Graph, path: str | os.PathLike) -> None:
                 f.create_dataset("features", data=graph.dense_features(),
                                  chunks=(rows, max(1, graph.feature_dim)))
             f.create_dataset("labels", data=graph.labels.astype(np.int64), chunks=True)
+            if graph.classes is not None:
+                f["num_classes"] = np.int64(graph.classes)
             for split in SPLITS:
                 f.create_dataset(split, data=getattr(graph, split).astype(np.int64),
                                  chunks=True if len(getattr(graph, split)) else None)

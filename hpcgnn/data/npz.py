@@ -86,6 +86,6 @@ def read_npz(path: str | Path, name: str | None = None) -> Graph:
     graph = Graph(name=name or path.stem, num_nodes=num_nodes, indptr=arrays["adj_indptr"],
                   indices=arrays["adj_indices"], features=features, labels=arrays["labels"],
                   train_idx=arrays["train_idx"], val_idx=arrays["val_idx"],
-                  test_idx=arrays["test_idx"])
+                  test_idx=arrays["test_idx"], classes=num_classes)
     check_graph(graph, str(path), num_classes)
     return graph
