@@ -15,6 +15,7 @@ from pathlib import Path
 from hpcgnn.log import get_logger, say_error, setup_logging
 
 EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3           # the training loss was not finite (Trainer.run)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -137,6 +138,8 @@ def cmd_train(args) -> int:
     trainer.start()
     outcome = trainer.run()
     get_logger().info("%s; run directory %s", outcome, trainer.run_dir)
+    if outcome == "diverged":             # every rank: the same reduced loss, the same epoch
+        _finalize_and_exit(EXIT_DIVERGED)
     return 0
 
 

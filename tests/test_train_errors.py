@@ -192,3 +192,24 @@ def _rank_pids(root: int) -> list[int]:
                 found.append(child)
     assert found, "no rank processes found"
     return sorted(found)
+
+
+@pytest.mark.mpi
+def test_a_diverged_run_stops_with_its_own_exit_code(shards, tmp_path):
+    """A training loss that is not finite ends the run on every rank at that epoch with exit 3
+    and one error naming the fix; the checkpoint before it is kept and no summary is written
+    (it trained on to the end with NaN weights and 'done', exit 0)."""
+    import torch
+    out = tmp_path / "run"
+    proc = train(2, shards("cora", 2), out, "train.lr=1e30", "train.epochs=20",
+                 "run.checkpoint_every=1", config="configs/cora.toml")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    log = proc.stdout + proc.stderr
+    assert log.count("training diverged") == 1 and "a lower train.lr (now 1e+30)" in log
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == list(range(len(records))) and len(records) < 20
+    assert not np.isfinite(records[-1]["loss"]) and all(np.isfinite(r["loss"]) for r in records[:-1])
+    assert not (out / "summary.json").exists()
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["progress"]["epochs_done"] == len(records) - 1       # the last finite epoch's
+    assert all(torch.isfinite(v).all() for v in state["model"].values())

@@ -18,6 +18,7 @@ nodes, so the summed gradient is exactly the single-process gradient.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -291,7 +292,9 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> str:
-        """Train to ``train.epochs``; returns 'done' or 'preempted'."""
+        """Train to ``train.epochs``; returns 'done', 'preempted', 'stopped' (``--stop-after``)
+        or 'diverged' (a training loss that is not finite: every rank holds the same reduced
+        loss, so all stop at the same epoch, and the last checkpoint is kept as it was)."""
         epochs, every = self.cfg.train.epochs, self.cfg.run.checkpoint_every
         end = epochs if self.stop_after is None else min(epochs, self.stop_after)
         self.reporter = EpochReporter(self.progress.epochs_done, epochs)
@@ -308,6 +311,9 @@ class Trainer:
             self.sink.write(record)
             self.progress.epochs_done = done = epoch + 1
             self._log_epoch(record)
+            if not math.isfinite(record["loss"]):
+                self._report_divergence(epoch, record["loss"])
+                return "diverged"
             if stop or done == end or (every and done % every == 0):
                 self.save_checkpoint()
             if stop and done < epochs:
@@ -321,6 +327,21 @@ class Trainer:
             return "stopped"
         self.sink.summary(self.summary())
         return "done"
+
+    def _report_divergence(self, epoch: int, loss: float) -> None:
+        """Rank 0: the loss of ``epoch`` is not finite; what is kept and what to do."""
+        if not self.ctx.is_root:
+            return
+        path = self.run_dir / ckpt.CHECKPOINT_NAME
+        kept = (f"{path} holds the last saved epoch (run.checkpoint_every = "
+                f"{self.cfg.run.checkpoint_every}), untouched" if path.is_file()
+                else "no checkpoint was saved (run.checkpoint_every = 0 saves at the end only)")
+        log.error("epoch %d: the training loss is %s: training diverged, and its weights are no "
+                  "longer finite, so the run stops here (%s; metrics.jsonl has every epoch up to "
+                  "this one). Fix: a lower train.lr (now %g), or look for inf/NaN in the "
+                  "features; then start again with --force, or continue from the checkpoint "
+                  "with --resume --force --set train.lr=...", epoch, loss, kept,
+                  self.cfg.train.lr)
 
     def run_epoch(self, epoch: int) -> tuple[dict, bool]:
         step = self.train_step(epoch)
