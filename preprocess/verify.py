@@ -155,14 +155,27 @@ def verify_shards(directory: str | Path) -> VerifyReport:
     directory = Path(directory)
     meta = read_meta(directory)
     plans, cut, train, t0 = [], 0, 0, time.perf_counter()
+    bad: list[str] = []                  # every damaged part is named, not only the first
     for p in range(meta["num_parts"]):
-        plan, part_cut, part_train = _read_part(directory, p, meta)
+        try:
+            plan, part_cut, part_train = _read_part(directory, p, meta)
+        except ShardFormatError as exc:
+            bad.append(str(exc))
+            log.info("part %d/%d: damaged (%.1f s)", p + 1, meta["num_parts"],
+                     time.perf_counter() - t0)
+            continue
         plans.append(plan)
         cut += part_cut
         train += part_train
         log.info("part %d/%d: checked %s owned, %s halo, %s edges (%.1f s)", p + 1,
                  meta["num_parts"], f"{len(plan.global_id):,}", f"{len(plan.halo_global_id):,}",
                  f"{meta['parts'][p]['num_edges']:,}", time.perf_counter() - t0)
+    if len(bad) > 1:                     # one line (a batch log's error line), one fix
+        each = "; ".join(b.removesuffix(f"; {FIX}") for b in bad)
+        raise ShardFormatError(f"{each} ({len(bad)} of {meta['num_parts']} parts failed the "
+                               f"check); {FIX}")
+    if bad:
+        raise ShardFormatError(bad[0])
     if train == 0:
         log.warning("%s: no part holds a labelled training node: %s", directory, PREDICT_ONLY)
     owner = _check_nodes(directory, plans, meta)

@@ -292,6 +292,16 @@ def test_verify_rejects_damaged_sets(cli, good_set, tmp_path, how, expect):
     assert expect in line and line.startswith("preprocess verify: error:")
 
 
+def test_verify_names_every_damaged_part(cli, good_set, tmp_path):
+    """Two damaged parts of three: one error line names both (it stopped at the first)."""
+    bad = damage(good_set, tmp_path / "bad", "flip")
+    (bad / "part-00002.h5").write_bytes((bad / "part-00002.h5").read_bytes()[:1000])
+    line = error_line(cli("verify", bad))
+    assert "part-00001.h5: sha256 differs" in line and "part-00002.h5: sha256 differs" in line
+    assert "part-00000.h5" not in line and "(2 of 3 parts failed the check)" in line
+    assert line.count("re-run") <= 1                    # the fix once
+
+
 def test_verify_exit_status_in_a_real_process(good_set, tmp_path):
     proc = run("verify", damage(good_set, tmp_path / "bad", "truncate"))
     assert proc.returncode == 1 and "sha256 differs" in error_line(proc)
