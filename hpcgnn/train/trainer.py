@@ -332,10 +332,10 @@ class Trainer:
         """Rank 0: the loss of ``epoch`` is not finite; what is kept and what to do."""
         if not self.ctx.is_root:
             return
-        path = self.run_dir / ckpt.CHECKPOINT_NAME
-        kept = (f"{path} holds the last saved epoch (run.checkpoint_every = "
-                f"{self.cfg.run.checkpoint_every}), untouched" if path.is_file()
-                else "no checkpoint was saved (run.checkpoint_every = 0 saves at the end only)")
+        path, every = self.run_dir / ckpt.CHECKPOINT_NAME, self.cfg.run.checkpoint_every
+        kept = (f"{path} holds the last saved epoch (run.checkpoint_every = {every}), untouched"
+                if path.is_file() else f"no checkpoint was saved before it (run.checkpoint_every "
+                f"= {every}; 0 saves at the end only)")
         log.error("epoch %d: the training loss is %s: training diverged, and its weights are no "
                   "longer finite, so the run stops here (%s; metrics.jsonl has every epoch up to "
                   "this one). Fix: a lower train.lr (now %g), or look for inf/NaN in the "
