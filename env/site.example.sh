@@ -10,6 +10,7 @@
 # --- where things go ---------------------------------------------------------------------------
 # export HPCGNN_VENV=$HOME/hpcgnn/.venv-site            # the venv env/site-mpi.sh built
 # export HPCGNN_RUNS=/scratch/$USER/hpcgnn/runs         # run directories (default: ./runs)
+# export HDF5_USE_FILE_LOCKING=FALSE                    # a file system that refuses locks (NFS)
 
 # --- launcher ------------------------------------------------------------------------------------
 # export HPCGNN_LAUNCHER=srun                           # auto | srun | mpirun

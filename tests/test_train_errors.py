@@ -48,6 +48,26 @@ def test_corrupt_shard_on_one_rank(shards, tmp_path):
     assert "[rank 1/2]" not in proc.stderr
 
 
+
+def test_a_shard_whose_lock_is_refused_names_the_lock_not_a_rewrite(shards, tmp_path):
+    """A part file locked by another program (HDF5 takes flock locks; a writer holds an
+    exclusive one), or on a file system that refuses locks, fails HDF5's open: the error names
+    HDF5_USE_FILE_LOCKING, not a rewrite of the set (which would not help); with locking off
+    the same job trains."""
+    import fcntl
+    directory = tmp_path / "shards"
+    shutil.copytree(shards("cora", 2, "metis"), directory)
+    with open(directory / "part-00001.h5", "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        proc = train(2, directory, tmp_path / "run", "train.epochs=1", timeout=90)
+        assert proc.returncode != 0
+        assert "[rank 0/2] ERROR rank 1: " in proc.stderr and "part-00001.h5" in proc.stderr, proc.stderr
+        assert "unable to lock file" in proc.stderr and "HDF5_USE_FILE_LOCKING=FALSE" in proc.stderr
+        assert "to rewrite the shard set" not in proc.stderr
+        proc = train(2, directory, tmp_path / "run2", "train.epochs=1", timeout=90,
+                     env={"HDF5_USE_FILE_LOCKING": "FALSE"})
+        assert proc.returncode == 0, proc.stderr
+
 def _edit_meta(directory: Path, change) -> None:
     meta = json.loads((directory / "meta.json").read_text())
     change(meta)

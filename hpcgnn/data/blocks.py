@@ -24,6 +24,7 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
+from hpcgnn.data.errors import hdf5_fix
 from hpcgnn.data.merge import member_parts
 from hpcgnn.data.shard import ShardFormatError, part_name, read_global_ids
 
@@ -57,7 +58,8 @@ def read_part_graph(shards_dir, part: int) -> PartGraph:
         with h5py.File(path, "r") as f:
             arrays = {k: np.asarray(f[v][...], dtype=np.int64) for k, v in GRAPH_FIELDS.items()}
     except (OSError, KeyError) as exc:
-        raise ShardFormatError(f"{path}: cannot read its graph datasets ({exc}); {fix}") from exc
+        raise ShardFormatError(f"{path}: cannot read its graph datasets ({exc}); "
+                               f"{hdf5_fix(exc, fix)}") from exc
     g = PartGraph(**arrays)
     n, nnz, width = g.n_owned, g.indices.shape[0], g.n_owned + len(g.halo_global_id)
     if g.indptr.shape != (n + 1,) or g.indptr[-1] != nnz or (nnz and g.indices.max() >= width):

@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from hpcgnn.data.errors import DatasetError
+from hpcgnn.data.errors import DatasetError, hdf5_fix
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.npz import REQUIRED, SPARSE_FEATURES
 from hpcgnn.data.shard import fsync_file
@@ -83,8 +83,8 @@ def _open(path: Path) -> Iterator[h5py.File]:
         with h5py.File(path, "r") as f:
             yield f
     except (OSError, KeyError, RuntimeError) as exc:
-        raise DatasetError(f"{path}: not a readable HDF5 file ({exc}); the file is damaged or "
-                           f"not an input file: {H5_HINT}") from exc
+        fix = hdf5_fix(exc, f"the file is damaged or not an input file: {H5_HINT}")
+        raise DatasetError(f"{path}: not a readable HDF5 file ({exc}); {fix}") from exc
 
 
 def _dataset(f: h5py.File, path: Path, key: str, kinds: str = "iu") -> h5py.Dataset:

@@ -21,6 +21,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from hpcgnn.data.errors import hdf5_fix
+
 FORMAT_VERSION = 1
 META_NAME = "meta.json"
 META_KEYS = ("format_version", "dataset", "num_nodes", "num_edges", "feature_dim",
@@ -177,7 +179,7 @@ def read_shard(path: str | os.PathLike, *, part_id: PartId | None = None,
     except ShardFormatError:
         raise
     except (OSError, KeyError) as exc:
-        raise ShardFormatError(f"{path}: not a readable HDF5 shard ({exc}); {fix}") from exc
+        raise ShardFormatError(f"{path}: not a readable HDF5 shard ({exc}); {hdf5_fix(exc, fix)}") from exc
     if part_id is not None and shard.part_id != part_id:
         raise ShardFormatError(f"{path}: holds part {shard.part_id}, expected part {part_id}; {fix}")
     if num_parts is not None and shard.num_parts != num_parts:
@@ -210,7 +212,7 @@ def read_features_into(path: str | os.PathLike, out: np.ndarray, rows: np.ndarra
                     raise ShardFormatError(f"{path}: nodes/features holds NaN or inf; {fix}")
                 out[rows[a:a + n]] = buf[:n]
     except (OSError, KeyError) as exc:
-        raise ShardFormatError(f"{path}: cannot read nodes/features ({exc}); {fix}") from exc
+        raise ShardFormatError(f"{path}: cannot read nodes/features ({exc}); {hdf5_fix(exc, fix)}") from exc
 
 
 def _check_shard(s: Shard, path: Path, values: bool = True) -> None:
@@ -354,5 +356,5 @@ def read_global_ids(directory: str | os.PathLike, part_id: PartId) -> np.ndarray
         with h5py.File(path, "r") as f:
             return np.asarray(f["nodes/global_id"][...], dtype=np.int64)
     except (OSError, KeyError) as exc:
-        raise ShardFormatError(f"{path}: cannot read nodes/global_id ({exc}); re-run "
-                               f"`python -m preprocess` to rewrite the shard set") from exc
+        fix = hdf5_fix(exc, "re-run `python -m preprocess` to rewrite the shard set")
+        raise ShardFormatError(f"{path}: cannot read nodes/global_id ({exc}); {fix}") from exc
