@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.data.errors import hdf5_fix
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.shard import FORMAT_VERSION, META_NAME, part_entry, part_name, write_meta, \
     write_shard
@@ -128,6 +129,7 @@ def write_failed(path: Path, exc: BaseException) -> PreprocessError:
     hint = ("free disk space (or raise the quota or file-size limit)"
             if code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
             else "check that the directory is writable and has space")
+    hint = hdf5_fix(exc, hint)
     return PreprocessError(f"{path}: write failed ({why}); {hint}, then re-run; no shard set "
                            f"was left in {path.parent}")
 

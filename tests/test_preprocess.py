@@ -241,3 +241,23 @@ def test_metis_input_symmetrises_directed_graphs(cora):
     a, b = metis_adjacency(directed), metis_adjacency(cora)
     np.testing.assert_array_equal(a.adj_starts, b.adj_starts)
     np.testing.assert_array_equal(a.adjacent, b.adjacent)
+
+
+
+def test_a_part_file_whose_lock_is_refused_names_the_lock(tmp_path):
+    """The error of a part that HDF5 could not lock as it wrote it (a file system that refuses
+    locks) names HDF5_USE_FILE_LOCKING, not the directory's permissions or space. The error is
+    HDF5's own: an h5py create of a file whose lock another open file holds."""
+    import fcntl
+
+    import h5py
+
+    from preprocess.write import write_failed
+    path = tmp_path / "part-00000.h5"
+    with open(path, "wb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(OSError) as exc:
+            h5py.File(path, "w")
+    message = str(write_failed(path, exc.value))
+    assert "unable to lock file" in str(exc.value) and "HDF5_USE_FILE_LOCKING=FALSE" in message
+    assert "writable" not in message and str(path) in message
