@@ -21,8 +21,8 @@ graphs that fit one process.
 """
 from __future__ import annotations
 
+import io
 import json
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from hpcgnn.train.build import prepare_trainer
 from hpcgnn.train.early import read_run_config
 from hpcgnn.train.outdir import FIELDS, META_NAME, PRED_VERSION, PredictError, stale_parts
 from hpcgnn.train.trainer import Trainer
+from hpcgnn.train.writes import atomic_write_bytes, atomic_write_text, fatal_if_unwritable
 
 log = get_logger()
 
@@ -66,13 +67,16 @@ class Predictor:
         tr.model.load_state_dict(state["model"])
         logits, embedding = forward_outputs(tr)
         done = int(state["progress"]["epochs_done"])
-        write_part(self.out, ctx.rank, ctx.size, done, {
-            "global_id": tr.data.global_id, "pred": logits.argmax(dim=1), "logits": logits,
-            "embedding": embedding})
+        kept = "meta.json is not written, so the output is not taken for a finished one: run predict again"
+        with fatal_if_unwritable(ctx, self.out / part_name(ctx.rank), kept, "pass another --out"):
+            write_part(self.out, ctx.rank, ctx.size, done, {
+                "global_id": tr.data.global_id, "pred": logits.argmax(dim=1), "logits": logits,
+                "embedding": embedding})
         if ctx.size > 1:
             ctx.comm.Barrier()                                    # every part is in place
         if ctx.is_root:
-            _write_meta(self.out, tr, done)
+            with fatal_if_unwritable(ctx, self.out / META_NAME, kept, "pass another --out"):
+                _write_meta(self.out, tr, done)
         return self.out
 
 
@@ -89,20 +93,19 @@ def forward_outputs(trainer: Trainer) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def write_part(out: Path, part_id: int, num_parts: int, epochs_done: int, arrays: dict) -> Path:
-    """``out/part-NNNNN.h5`` via a temporary name and a rename (float tensors as float32)."""
+    """``out/part-NNNNN.h5`` via a temporary name and a rename (float tensors as float32). The
+    HDF5 file is made in memory and written with plain file I/O: HDF5 writing to a full disk
+    raised a cascade of errors and could crash the process (exit 139) before the error was
+    reported."""
     path = Path(out) / part_name(part_id)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs.update(format_version=PRED_VERSION, part_id=part_id, num_parts=num_parts,
-                           epochs_done=epochs_done)
-            for name in FIELDS:
-                a = arrays[name].detach().cpu().numpy()
-                f.create_dataset(name, data=a.astype(np.float32 if a.dtype.kind == "f" else np.int64))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        f.attrs.update(format_version=PRED_VERSION, part_id=part_id, num_parts=num_parts,
+                       epochs_done=epochs_done)
+        for name in FIELDS:
+            a = arrays[name].detach().cpu().numpy()
+            f.create_dataset(name, data=a.astype(np.float32 if a.dtype.kind == "f" else np.int64))
+    atomic_write_bytes(path, buf.getbuffer())
     return path
 
 
@@ -111,9 +114,7 @@ def _write_meta(out: Path, tr: Trainer, epochs_done: int) -> None:
             "num_nodes": int(tr.meta["num_nodes"]), "num_classes": int(tr.meta["num_classes"]),
             "dataset": tr.meta.get("dataset"), "run": str(tr.run_dir.resolve()),
             "epochs_done": epochs_done}
-    tmp = out / f".{META_NAME}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, out / META_NAME)
+    atomic_write_text(out / META_NAME, json.dumps(meta, indent=2) + "\n")
 
 
 # -- start-up (local only: every rank can fail cleanly) --------------------------------------

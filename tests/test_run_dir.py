@@ -139,3 +139,20 @@ def test_force_over_a_stale_run_removes_its_rank_files(shards, tmp_path):
     check_ok(train(2, shard_dir, run, *SETS, config="configs/cora.toml", extra=("--force",)))
     assert not list(run.glob("checkpoint.rank-*.pt"))
     assert json.loads((run / "summary.json").read_text())["epochs"] == 3
+
+
+def test_the_temporaries_removed_at_start_are_those_of_every_file_written_so(tmp_path):
+    """Each file the run directory gets through a temporary name (an abort on a full disk, or a
+    kill, leaves its ``.NAME.tmp-PID``) is one ``remove_temporaries`` removes; others stay."""
+    from hpcgnn.train.checkpoint import remove_temporaries
+    from hpcgnn.train.metrics import METRICS_NAME, SUMMARY_NAME
+    from hpcgnn.train.records import SCHEDULE_NAME
+    from hpcgnn.train.rundir import CHECKPOINT_NAME, CONFIG_NAME, RUN_NAME
+    ours = [f".{n}.tmp-{41 + i}" for i, n in enumerate(
+        (METRICS_NAME, SUMMARY_NAME, SCHEDULE_NAME, CHECKPOINT_NAME, CONFIG_NAME, RUN_NAME,
+         "checkpoint.rank-00001.0123456789ab.pt"))]
+    others = [".notes.txt.tmp-7", ".metrics.jsonl.tmp-x", "metrics.jsonl.tmp-3", ".run.json.tmp-"]
+    for name in ours + others:
+        (tmp_path / name).write_text("partial")
+    assert sorted(remove_temporaries(tmp_path)) == sorted(ours)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(others)

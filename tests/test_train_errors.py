@@ -68,6 +68,62 @@ def test_a_shard_whose_lock_is_refused_names_the_lock_not_a_rewrite(shards, tmp_
                      env={"HDF5_USE_FILE_LOCKING": "FALSE"})
         assert proc.returncode == 0, proc.stderr
 
+
+def _can_mount_tmpfs() -> bool:
+    """A private mount namespace with a tmpfs in it (root, util-linux unshare)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and unshare -m to mount a small tmpfs")
+def test_a_full_disk_at_a_checkpoint_ends_the_job_and_keeps_the_last_one(shards, tmp_path):
+    """The run directory on a 400 KiB file system (its own mount namespace): epoch 4's
+    checkpoint fits, epoch 9's temporary beside it does not. Every rank stops with exit code
+    4 and one error naming checkpoint.pt, the full disk and what is kept (it raised on rank 0
+    alone, whose peer then waited in the next collective: a hang without -m mpi4py); no
+    temporary is left; with room again, --resume continues from epoch 4 to the end. Then
+    predict on a full disk likewise: exit 4, the part named, no part or meta.json in --out."""
+    import shlex
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    def command(*extra):
+        return shlex.join(mpi_command(2, ["-m", "hpcgnn", "train", "--shards", shards("cora", 2, "metis"),
+                                          "--config", "configs/cora.toml", "--out", disk / "run",
+                                          "--set", "train.epochs=12", "--set", "run.checkpoint_every=5",
+                                          *extra]))
+    predict = shlex.join(mpi_command(2, ["-m", "hpcgnn", "predict", "--run", disk / "run", "--shards",
+                                         shards("cora", 2, "metis"), "--out", disk / "preds"]))
+    script = (f"mount -t tmpfs -o size=400k tmpfs {shlex.quote(str(disk))} || exit 99\n"
+              f"{command()} > {tmp_path}/full.log 2>&1; echo $? > {tmp_path}/full.rc\n"
+              f"ls -a {disk}/run > {tmp_path}/full.ls\n"
+              f"mount -o remount,size=4m {shlex.quote(str(disk))}\n"
+              f"{command('--resume')} > {tmp_path}/resume.log 2>&1; echo $? > {tmp_path}/resume.rc\n"
+              f"cat {disk}/run/summary.json > {tmp_path}/summary.json\n"
+              f"mkdir {disk}/preds && mount -t tmpfs -o size=8k tmpfs {disk}/preds\n"
+              f"{predict} > {tmp_path}/predict.log 2>&1; echo $? > {tmp_path}/predict.rc\n"
+              f"ls -a {disk}/preds > {tmp_path}/predict.ls\n")
+    subprocess.run(["unshare", "-m", "sh", "-c", script], env=mpi_env(), timeout=240, cwd=Path(__file__).parent.parent)
+    log = (tmp_path / "full.log").read_text()
+    assert (tmp_path / "full.rc").read_text().strip() == "4", log
+    errors = [ln for ln in log.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1 and errors[0].startswith("[rank 0/2] ERROR "), log
+    assert "checkpoint.pt: cannot write it (No space left on device)" in errors[0]
+    assert "free space" in errors[0] and "holds epoch 4" in errors[0] and "--resume" in errors[0]
+    assert "Traceback" not in log
+    listed = (tmp_path / "full.ls").read_text().split()
+    assert "checkpoint.pt" in listed and not [f for f in listed if ".tmp-" in f], listed
+    resumed = (tmp_path / "resume.log").read_text()
+    assert (tmp_path / "resume.rc").read_text().strip() == "0", resumed
+    assert "resumed from" in resumed and "after epoch 4" in resumed
+    assert json.loads((tmp_path / "summary.json").read_text())["epochs"] == 12
+    log = (tmp_path / "predict.log").read_text()               # predict's parts on a full disk
+    assert (tmp_path / "predict.rc").read_text().strip() == "4", log
+    assert "part-0000" in log and "(No space left on device)" in log and "run predict again" in log
+    assert not [f for f in (tmp_path / "predict.ls").read_text().split() if not f.startswith(".")]
+
 def _edit_meta(directory: Path, change) -> None:
     meta = json.loads((directory / "meta.json").read_text())
     change(meta)

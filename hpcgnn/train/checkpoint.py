@@ -58,14 +58,23 @@ def _atomic_save(path: Path, obj: dict) -> None:
         raise
 
 
+# The run directory's files that are written under a temporary name, ``.NAME.tmp-PID``
+# (checkpoint.pt and the rank files besides).
+WRITTEN_NAMES = ("metrics.jsonl", "summary.json", "config.toml", "run.json", "schedule.toml")
+TEMPORARY = re.compile(r"\.(checkpoint.*\.pt|" + "|".join(map(re.escape, WRITTEN_NAMES))
+                       + r")\.tmp-\d+")
+
+
 def remove_temporaries(run_dir: Path) -> list[str]:
-    """Rank 0 at start, before any save: remove the temporary files of saves a kill cut short
-    (``checkpoint.pt``'s and the rank files'); nothing reads them, and each kill during a save
-    left one per writing rank. Returns the names removed."""
+    """Rank 0 at start, before any save: remove the temporary files of saves a kill (or an
+    abort: a full disk) cut short (``checkpoint.pt``'s, the rank files', the records'); nothing
+    reads them, and each kill during a save left one per writing rank. Returns the names
+    removed."""
     removed = []
-    for path in Path(run_dir).glob(".checkpoint*.pt.tmp-*"):
-        path.unlink(missing_ok=True)
-        removed.append(path.name)
+    for path in Path(run_dir).glob(".*.tmp-*"):
+        if TEMPORARY.fullmatch(path.name):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
     return removed
 
 

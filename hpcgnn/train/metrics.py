@@ -5,10 +5,10 @@ over ranks.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from hpcgnn.log import get_logger
+from hpcgnn.train.writes import atomic_write_text
 
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
@@ -35,7 +35,7 @@ class MetricsSink:
                         self.path, number)
                 elif epoch is not None and epoch < keep_epochs_below:
                     kept.append(line)
-        _atomic_write(self.path, "".join(k + "\n" for k in kept))
+        atomic_write_text(self.path, "".join(k + "\n" for k in kept))
 
     def write(self, record: dict) -> None:
         if not self.enabled:
@@ -52,13 +52,7 @@ class MetricsSink:
 
     def summary(self, summary: dict) -> None:
         if self.enabled:
-            _atomic_write(self.path.with_name(SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+            atomic_write_text(self.path.with_name(SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
 
 
 def record_epoch(line: str) -> int | None:

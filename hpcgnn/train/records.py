@@ -32,6 +32,7 @@ from hpcgnn.config import Config
 from hpcgnn.data.shardset import ShardSet
 from hpcgnn.train.checkpoint import CheckpointError
 from hpcgnn.train.rundir import CONFIG_NAME, RUN_NAME
+from hpcgnn.train.writes import atomic_write_text
 
 try:
     import tomllib
@@ -77,12 +78,12 @@ class RunRecord:
         """config.toml, schedule.toml (or none) and run.json in ``run_dir`` (rank 0 only;
         ``ranks``: the job's rank count, recorded with its command)."""
         run_dir = Path(run_dir)
-        _atomic_write(run_dir / CONFIG_NAME, to_toml(self.config))
+        atomic_write_text(run_dir / CONFIG_NAME, to_toml(self.config))
         if self.schedule_text is not None:
-            _atomic_write(run_dir / SCHEDULE_NAME, self.schedule_text)
+            atomic_write_text(run_dir / SCHEDULE_NAME, self.schedule_text)
         else:
             (run_dir / SCHEDULE_NAME).unlink(missing_ok=True)
-        _atomic_write(run_dir / RUN_NAME,
+        atomic_write_text(run_dir / RUN_NAME,
                       json.dumps(self._run_json(run_dir, resumed, ranks), indent=2) + "\n")
 
     def _run_json(self, run_dir: Path, resumed: bool, ranks: int) -> dict:
@@ -215,9 +216,3 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -42,6 +42,7 @@ from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import MetricsSink
 from hpcgnn.train.optim import decays, make_optimizer
 from hpcgnn.train.preempt import clear_marker, process_flag, write_marker
+from hpcgnn.train.writes import fatal_if_unwritable
 from hpcgnn.train.records import RunRecord, check_resume
 
 log = get_logger()
@@ -113,6 +114,7 @@ class Trainer:
         self.sink = MetricsSink(self.run_dir, enabled=self.ctx.is_root)
         self.preempt = process_flag()      # installed by `hpcgnn train` before torch
         self._auto_start: dict | None = None          # kind = "auto": epoch 0's codecs, for its record
+        self._saved_epochs = 0                  # epochs done at the last checkpoint saved or resumed
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model, self.cfg.train)        # groups: train.weight_decay_on
@@ -131,9 +133,10 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.ctx.is_root:                       # no rank saves before epoch 0's Allreduce
             ckpt.remove_temporaries(self.run_dir)
-        if self.ctx.is_root and self.record is not None:
-            self.record.write(self.run_dir, resumed=self.resume, ranks=self.ctx.size)
-        self.sink.start(self.progress.epochs_done)
+        with fatal_if_unwritable(self.ctx, self.run_dir, self._kept()):
+            if self.ctx.is_root and self.record is not None:
+                self.record.write(self.run_dir, resumed=self.resume, ranks=self.ctx.size)
+            self.sink.start(self.progress.epochs_done)
         self.preempt.install()
         s, epochs = self.cfg.train.staleness, self.cfg.train.epochs
         if s >= epochs and self.ctx.is_root:
@@ -164,6 +167,7 @@ class Trainer:
                         self.run_dir)
             return
         self.load_state(state)
+        self._saved_epochs = self.progress.epochs_done
         if self.resume_stale is not None:                 # this rank's own buffers only
             self.model.load_stale_state(self.resume_stale)
             self.resume_stale = None
@@ -308,7 +312,8 @@ class Trainer:
                                    for k, v in self._auto_start["bits"].items()))
         for epoch in range(self.progress.epochs_done, end):
             record, stop = self.run_epoch(epoch)
-            self.sink.write(record)
+            with fatal_if_unwritable(self.ctx, self.sink.path, self._kept()):
+                self.sink.write(record)
             self.progress.epochs_done = done = epoch + 1
             self._log_epoch(record)
             if not math.isfinite(record["loss"]):
@@ -318,14 +323,17 @@ class Trainer:
                 self.save_checkpoint()
             if stop and done < epochs:
                 if self.ctx.is_root:
-                    write_marker(self.run_dir, epoch, done)
+                    with fatal_if_unwritable(self.ctx, self.run_dir, self._kept()):
+                        write_marker(self.run_dir, epoch, done)
                     log.warning("preempted at epoch %d; resume with --resume", epoch)
                 return "preempted"
         if end < epochs:
             log.info("stopped after %d epochs (--stop-after); continue with --resume",
                      self.progress.epochs_done)
             return "stopped"
-        self.sink.summary(self.summary())
+        summary = self.summary()
+        with fatal_if_unwritable(self.ctx, self.run_dir / "summary.json", self._kept()):
+            self.sink.summary(summary)
         return "done"
 
     def _report_divergence(self, epoch: int, loss: float) -> None:
@@ -519,14 +527,24 @@ class Trainer:
         if stale is not None:
             tag = ckpt.new_tag() if self.ctx.is_root else None
             tag = self.ctx.comm.bcast(tag, root=0) if self.ctx.size > 1 else tag
-            ckpt.save_rank_state(self.run_dir, self.ctx.rank, self.ctx.size, tag,
-                                 self.progress.epochs_done, stale)
+            with fatal_if_unwritable(self.ctx, self.run_dir, self._kept()):
+                ckpt.save_rank_state(self.run_dir, self.ctx.rank, self.ctx.size, tag,
+                                     self.progress.epochs_done, stale)
             self._barrier()                              # every rank file is in place
         if self.ctx.is_root:
-            ckpt.save_checkpoint(self.run_dir, self.checkpoint_state(tag))
+            with fatal_if_unwritable(self.ctx, self.run_dir / ckpt.CHECKPOINT_NAME, self._kept()):
+                ckpt.save_checkpoint(self.run_dir, self.checkpoint_state(tag))
+        self._saved_epochs = self.progress.epochs_done
         if stale is not None:
             self._barrier()                              # checkpoint.pt names the new tag
             ckpt.prune_rank_files(self.run_dir, self.ctx.rank, self.ctx.size, keep=tag)
+
+    def _kept(self) -> str:
+        """What a run directory that could not be written still holds, and how to go on."""
+        if not self._saved_epochs:
+            return "no checkpoint was saved before this: once fixed, start the run again"
+        return (f"{self.run_dir / ckpt.CHECKPOINT_NAME} holds epoch {self._saved_epochs - 1} as "
+                f"it was saved: once fixed, continue with --resume")
 
     def _barrier(self) -> None:
         if self.ctx.size > 1:
