@@ -1,7 +1,8 @@
 """``python -m hpcgnn train|predict|plot|info|summary``: the thin command line.
 
 Launch training with ``mpirun -n K python -m mpi4py -m hpcgnn train ...`` (``-m mpi4py`` turns
-an exception on one rank into an abort of the whole job instead of a hang).
+an exception on one rank into an abort of the whole job instead of a hang; ``python -m hpcgnn``
+alone does the same for an exception that escapes ``main``).
 """
 from __future__ import annotations
 
@@ -233,5 +234,25 @@ TRAFFIC = {"1.5d": "1.5D bytes exchanged (block broadcasts, row all-reduces)",
            "3d": "3D bytes exchanged (SUMMA block broadcasts, all-gathers, layer reduce-scatters)"}
 
 
+def abort_on_uncaught() -> None:
+    """An exception escaped ``main`` (a bug: user errors are reported and end every rank
+    cleanly): print it and, with MPI up on more than one rank, abort the job, as
+    ``python -m mpi4py`` does; without it the other ranks waited in their next collective
+    until the job's time limit."""
+    import traceback
+    traceback.print_exc()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
+            and mpi.COMM_WORLD.Get_size() > 1:
+        mpi.COMM_WORLD.Abort(1)
+    sys.exit(1)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:
+        abort_on_uncaught()

@@ -69,6 +69,37 @@ def test_a_shard_whose_lock_is_refused_names_the_lock_not_a_rewrite(shards, tmp_
         assert proc.returncode == 0, proc.stderr
 
 
+
+INJECT = """\
+import runpy, sys
+from mpi4py import MPI
+import hpcgnn.train.trainer as trainer
+real = trainer.Trainer.run_epoch
+def run_epoch(self, epoch):
+    if MPI.COMM_WORLD.Get_rank() == 1 and epoch == 2:
+        raise ZeroDivisionError("a bug injected on rank 1")
+    return real(self, epoch)
+trainer.Trainer.run_epoch = run_epoch
+sys.argv = ["hpcgnn", *sys.argv[1:]]
+runpy.run_module("hpcgnn", run_name="__main__")
+"""
+
+
+def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(shards, tmp_path):
+    """``mpiexec python -m hpcgnn`` (no ``-m mpi4py``): an exception escaping on rank 1 at
+    epoch 2 (a bug, injected) aborts the job with its traceback; rank 0 waited in the epoch's
+    collective until the job's time limit."""
+    from _mpi import FAMILY_FLAGS, MPIEXEC, mpi_family
+    command = [str(MPIEXEC), "-n", "2", *FAMILY_FLAGS[mpi_family()], sys.executable, "-c", INJECT,
+               "train", "--shards", str(shards("cora", 2, "metis")), "--config", "configs/cora.toml",
+               "--out", str(tmp_path / "run"), "--set", "train.epochs=50"]
+    t0 = time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=mpi_env(),
+                          stdin=subprocess.DEVNULL, cwd=Path(__file__).parent.parent)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 60, proc.stderr
+    assert "ZeroDivisionError: a bug injected on rank 1" in proc.stderr
+    assert "epoch 1 (2/50)" in proc.stderr and "epoch 2 (3/50)" not in proc.stderr
+
 def _can_mount_tmpfs() -> bool:
     """A private mount namespace with a tmpfs in it (root, util-linux unshare)."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
