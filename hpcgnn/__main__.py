@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpcgnn.log import get_logger, say_error, setup_logging
+from hpcgnn.log import abort_on_uncaught, get_logger, say_error, setup_logging
 
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3           # the training loss was not finite (Trainer.run)
@@ -232,21 +232,6 @@ def _traffic_name(run_dir: Path) -> str:
 TRAFFIC = {"1.5d": "1.5D bytes exchanged (block broadcasts, row all-reduces)",
            "2d": "2D bytes exchanged (SUMMA block broadcasts, row all-gathers)",
            "3d": "3D bytes exchanged (SUMMA block broadcasts, all-gathers, layer reduce-scatters)"}
-
-
-def abort_on_uncaught() -> None:
-    """An exception escaped ``main`` (a bug: user errors are reported and end every rank
-    cleanly): print it and, with MPI up on more than one rank, abort the job, as
-    ``python -m mpi4py`` does; without it the other ranks waited in their next collective
-    until the job's time limit."""
-    import traceback
-    traceback.print_exc()
-    sys.stderr.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
-            and mpi.COMM_WORLD.Get_size() > 1:
-        mpi.COMM_WORLD.Abort(1)
-    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 
 LOGGER_NAME = "hpcgnn"
 
@@ -38,3 +39,17 @@ def setup_logging(rank: int, size: int = 1, level: int | None = None) -> logging
     log.addHandler(handler)
     log.propagate = False
     return log
+
+
+def abort_on_uncaught() -> None:
+    """An exception escaped a command's ``main`` (a bug: user errors are reported and end every
+    rank cleanly): print it and, with MPI up on more than one rank, abort the job, as
+    ``python -m mpi4py`` does; without it the other ranks waited in their next collective
+    until the job's time limit."""
+    traceback.print_exc()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
+            and mpi.COMM_WORLD.Get_size() > 1:
+        mpi.COMM_WORLD.Abort(1)
+    sys.exit(1)

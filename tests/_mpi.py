@@ -77,3 +77,16 @@ def run_mpi(nranks: int, args: list[str], timeout: float, env: dict | None = Non
     return subprocess.run(mpi_command(nranks, args), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout,
                           env=mpi_env(env), cwd=str(cwd or REPO))
+
+
+def run_injected(nranks: int, module: str, fault: str, args: list[str], timeout: float
+                 ) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` on ``nranks`` ranks launched WITHOUT the mpi4py runner (as a
+    user may), every rank first running ``fault``: Python code that injects a bug (e.g. an
+    exception on one rank) into the real program."""
+    code = (f"{fault}\nimport runpy, sys\nsys.argv = [{module!r}, *sys.argv[1:]]\n"
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
+    command = [str(MPIEXEC), "-n", str(nranks), *FAMILY_FLAGS[mpi_family()], sys.executable,
+               "-c", code, *[str(a) for a in args]]
+    return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout, env=mpi_env(), cwd=str(REPO))

@@ -237,6 +237,22 @@ def test_unwritable_out_is_refused_on_every_rank_before_reading(tmp_path):
 
 
 @pytest.mark.mpi
+def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(tmp_path):
+    """``mpiexec python -m preprocess`` (no ``-m mpi4py``): a bug on rank 1 as it writes its
+    parts (injected) aborts the job with its traceback instead of leaving rank 0 waiting."""
+    from _mpi import run_injected
+    fault = ("from mpi4py import MPI\nimport preprocess.dist_run as d\nreal = d._write_own\n"
+             "def write_own(*a):\n"
+             "    if MPI.COMM_WORLD.Get_rank() == 1: raise ZeroDivisionError('a bug on rank 1')\n"
+             "    return real(*a)\n"
+             "d._write_own = write_own\n")
+    proc = run_injected(2, "preprocess", fault, ["--dataset", "cora", "--parts", "4", "--partitioner",
+                                                 "random", "--out", tmp_path / "out"], timeout=120)
+    assert proc.returncode != 0 and "ZeroDivisionError: a bug on rank 1" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out" / "meta.json").exists()
+
+
+@pytest.mark.mpi
 def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
     """The npz reader's checks run on each rank's slice of an h5 input: a NaN feature is
     reported with the input file and its dataset (not the part file it would have gone to),

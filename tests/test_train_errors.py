@@ -17,7 +17,7 @@ import pytest
 import numpy as np
 
 from _graphs import tamper
-from _mpi import mpi_command, mpi_env
+from _mpi import mpi_command, mpi_env, run_injected
 from conftest import refused_before_torch, train
 from hpcgnn.data.shard import sha256_file
 
@@ -70,8 +70,7 @@ def test_a_shard_whose_lock_is_refused_names_the_lock_not_a_rewrite(shards, tmp_
 
 
 
-INJECT = """\
-import runpy, sys
+RANK_1_FAILS_AT_EPOCH_2 = """\
 from mpi4py import MPI
 import hpcgnn.train.trainer as trainer
 real = trainer.Trainer.run_epoch
@@ -80,8 +79,6 @@ def run_epoch(self, epoch):
         raise ZeroDivisionError("a bug injected on rank 1")
     return real(self, epoch)
 trainer.Trainer.run_epoch = run_epoch
-sys.argv = ["hpcgnn", *sys.argv[1:]]
-runpy.run_module("hpcgnn", run_name="__main__")
 """
 
 
@@ -89,13 +86,10 @@ def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(shards,
     """``mpiexec python -m hpcgnn`` (no ``-m mpi4py``): an exception escaping on rank 1 at
     epoch 2 (a bug, injected) aborts the job with its traceback; rank 0 waited in the epoch's
     collective until the job's time limit."""
-    from _mpi import FAMILY_FLAGS, MPIEXEC, mpi_family
-    command = [str(MPIEXEC), "-n", "2", *FAMILY_FLAGS[mpi_family()], sys.executable, "-c", INJECT,
-               "train", "--shards", str(shards("cora", 2, "metis")), "--config", "configs/cora.toml",
-               "--out", str(tmp_path / "run"), "--set", "train.epochs=50"]
     t0 = time.monotonic()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=mpi_env(),
-                          stdin=subprocess.DEVNULL, cwd=Path(__file__).parent.parent)
+    proc = run_injected(2, "hpcgnn", RANK_1_FAILS_AT_EPOCH_2, [
+        "train", "--shards", shards("cora", 2, "metis"), "--config", "configs/cora.toml",
+        "--out", tmp_path / "run", "--set", "train.epochs=50"], timeout=120)
     assert proc.returncode != 0 and time.monotonic() - t0 < 60, proc.stderr
     assert "ZeroDivisionError: a bug injected on rank 1" in proc.stderr
     assert "epoch 1 (2/50)" in proc.stderr and "epoch 2 (3/50)" not in proc.stderr
