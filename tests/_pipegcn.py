@@ -56,6 +56,20 @@ def torch_sparse(m) -> torch.Tensor:
                                    check_invariants=True).coalesce()
 
 
+class Sent(torch.autograd.Function):
+    """``rows`` (what a codec delivered of ``h``) in the forward; ``back(grad)`` (what it
+    returns of the gradient) in the backward."""
+
+    @staticmethod
+    def forward(ctx, h, rows, back):
+        ctx.back = back
+        return rows.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.back(grad), None, None
+
+
 def keep(n: int, width: int, p: float, seed: int, epoch: int, layer: int) -> torch.Tensor:
     from hpcgnn.nn.dropout import keep_mask
     return keep_mask(torch.arange(n), width, p, seed, epoch, layer).float() / (1.0 - p)
@@ -93,14 +107,17 @@ def layer_fn(x, p, layer, model: Model, ops, epoch):
 
 def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: float,
                    epochs: int, lr: float = 0.01, weight_decay: float = 5e-4,
-                   received=None) -> list[float]:
+                   received=None, returned=None) -> list[float]:
     """Per-epoch training losses of PipeGCN with staleness ``s`` (0: synchronous) over the
     node partition ``parts`` (``part[v]``), from the parameters ``init``. ``received(layer,
     epoch, h, q)``: the rows of ``h`` (``(N, F)``, each layer's input after the first) that part
     ``q`` gets when they are sent at ``epoch`` (a codec's values, e.g. Sylvie's quantisation;
-    rows of nodes that are not ``q``'s halo are not read); the gradients go back fp32, as the
-    adjoint of a value codec. Default: the rows themselves."""
+    rows of nodes that are not ``q``'s halo are not read). ``returned(layer, epoch, grad, q)``:
+    what the owners get of the gradient ``grad`` (``(N, F)``) of the halo rows part ``q`` used
+    at ``epoch`` (only ``q``'s halo rows; the owners add up what every part returns). Defaults:
+    the rows and the gradients themselves (fp32)."""
     recv_of = received or (lambda layer, epoch, h, q: h)
+    back_of = returned or (lambda layer, epoch, grad, q: grad)
     ops = graph_ops(g)
     x0, y = torch.from_numpy(g.dense_features()).float(), torch.from_numpy(g.labels)
     train = torch.from_numpy(g.train_idx)
@@ -138,8 +155,10 @@ def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: fl
             for q, rows in enumerate(own):
                 if stale:
                     seen = torch.where(rows, h, leaves[layer][q])
-                elif layer > 0 and received is not None:      # synchronous: the gradient passes
-                    seen = torch.where(rows, h, h + (recv_of(layer, t, h.detach(), q) - h).detach())
+                elif layer > 0 and (received or returned):    # synchronous, through the codec
+                    sent = Sent.apply(h, recv_of(layer, t, h.detach(), q),
+                                      lambda g, layer=layer, q=q: back_of(layer, t, g, q))
+                    seen = torch.where(rows, h, sent)
                 else:
                     seen = h
                 out = out + rows * layer_fn(seen * mask, p, layer, model, ops, t)
@@ -148,7 +167,8 @@ def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: fl
         opt.zero_grad()
         loss.backward()
         for layer, parts_leaves in leaves.items():       # each owner's rows, summed over peers
-            sent_grads[layer][t] = sum(leaf.grad for leaf in parts_leaves)
+            sent_grads[layer][t] = sum(back_of(layer, t, leaf.grad, q)
+                                       for q, leaf in enumerate(parts_leaves))
         opt.step()
         losses.append(loss.item())
     return losses

@@ -2,10 +2,11 @@
 written here. Bounded staleness (PipeGCN, ``tests/_pipegcn.py``): each layer's input rows of
 epoch t - s stand in for the halo, dropped out and multiplied by the current weights at the
 receiver, halo gradients reach their owners s epochs later, the first s epochs are
-synchronous, and smoothing averages both; Sylvie (quantised stale rows) is the same PipeGCN
-fed the rows the numpy quantiser of ``test_codecs`` gives; resume with staleness on equals the
-uninterrupted run, and a stale 1-bit run still learns. Compression: a sampled, random-channel schedule trains exactly as the
-whole-graph model whose halo rows are what the documented selection delivers."""
+synchronous, and smoothing averages both; Sylvie (quantised stale rows and gradients) is the
+same PipeGCN fed what the numpy quantiser of ``test_codecs`` gives; resume with staleness on
+equals the uninterrupted run, and a stale 1-bit run still learns. Compression: a sampled,
+random-channel schedule trains exactly as the whole-graph model whose halo rows are what the
+documented selection delivers."""
 from __future__ import annotations
 
 import numpy as np
@@ -241,19 +242,27 @@ def test_compressed_training_equals_single_process_computation(ranks, shards, in
 
 # -- Sylvie: bounded staleness with quantised rows, against PipeGCN fed the quantiser's output --
 
-SYLVIE = 'codec = "quant"\nbits = 2\ncompress_last_layer = true\ncompress_backward = false\n'
+SYLVIE = 'codec = "quant"\nbits = 2\ncompress_last_layer = true\n'    # backward: 2 bits too
 
 
 def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0):
-    """``received(layer, epoch, h, q)`` of ``tests/_pipegcn.py``: part ``q``'s halo rows as the
-    documented quantiser delivers them (``test_codecs.ref_quant``, numpy): each sender ``p``
+    """``(received, returned)`` of ``tests/_pipegcn.py`` as the documented quantiser
+    (``test_codecs.ref_quant``, numpy) delivers rows and gradients. Rows: each sender ``p``
     quantises its whole send buffer ``h[global_id[send_index]]`` (grouped by destination) with
     the noise key ``mix(seed, epoch, layer, 0, p)``, and ``q``'s block of it is ``q``'s halo
-    block from ``p``, in order."""
+    block from ``p``, in order. Gradients: part ``q`` quantises those of all its halo rows, in
+    halo order, with ``mix(seed, epoch, layer, 1, q)`` (``epoch``: the one the rows were used
+    at), and each owner takes its block."""
     from hpcgnn.data.shard import read_shard
     from test_codecs import ref_quant
     from test_exchange_exact import mix
     shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
+
+    def returned(layer: int, epoch: int, grad: torch.Tensor, q: int) -> torch.Tensor:
+        gid = torch.from_numpy(shards[q].halo_global_id)
+        out = torch.zeros_like(grad)
+        out[gid] = torch.from_numpy(ref_quant(grad[gid].numpy(), bits, mix(seed, epoch, layer, 1, q)))
+        return out
 
     def received(layer: int, epoch: int, h: torch.Tensor, q: int) -> torch.Tensor:
         out, start = h.detach().clone(), 0
@@ -268,15 +277,16 @@ def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0):
             start += rows
         return out
 
-    return received
+    return received, returned
 
 
 @pytest.mark.mpi
 def test_stale_quantised_training_equals_sylvie(shards, init_of, tmp_path):
-    """Sylvie (staleness 1, every stale layer's rows stochastically rounded to 2 bits, the
-    gradients back fp32) on 3 uneven METIS parts, a 3-layer GCN with dropout: the single-process
-    PipeGCN whose halo rows are what the numpy quantiser gives, at the epoch each was sent
-    (epoch 0 synchronous, quantised too; the first layer's features cross once, exactly)."""
+    """Sylvie (staleness 1, every stale layer's rows and their gradients stochastically rounded
+    to 2 bits) on 3 uneven METIS parts, a 3-layer GCN with dropout: the single-process PipeGCN
+    whose halo rows and returned gradients are what the numpy quantiser gives, with the keys of
+    the epoch each was sent for (epoch 0 synchronous, quantised too; the first layer's features
+    cross once, exactly)."""
     from _pipegcn import pipegcn_losses
     from hpcgnn.data.datasets import load_dataset
     ranks, model_sets = 3, ("model.arch=gcn", "model.layers=3")
@@ -288,8 +298,9 @@ def test_stale_quantised_training_equals_sylvie(shards, init_of, tmp_path):
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
     g, parts, init = load_dataset(CSBM), _parts(shard_dir, ranks), init_of(CSBM, sets)
     model = reference_model(model_sets)
-    want = pipegcn_losses(g, parts, init, model, 1, 0.0, EPOCHS,
-                          received=quantised_rows(shard_dir, ranks, 2))
+    received, returned = quantised_rows(shard_dir, ranks, 2)
+    want = pipegcn_losses(g, parts, init, model, 1, 0.0, EPOCHS, received=received,
+                          returned=returned)
     assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
     fp32 = pipegcn_losses(g, parts, init, model, 1, 0.0, EPOCHS)
     assert got != pytest.approx(fp32, rel=1e-4)            # the quantisation changed the run
