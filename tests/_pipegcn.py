@@ -56,6 +56,15 @@ def torch_sparse(m) -> torch.Tensor:
                                    check_invariants=True).coalesce()
 
 
+def adam_step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> float:
+    """One step of a whole-graph reference: the gradients of ``loss``, then ``opt``'s step;
+    returns the loss."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
 class Sent(torch.autograd.Function):
     """``rows`` (what a codec delivered of ``h``) in the forward; ``back(grad)`` (what it
     returns of the gradient) in the backward."""

@@ -52,7 +52,7 @@ def varco_losses(parts: torch.Tensor, init: dict, learned: bool, epochs: int = 6
     layer 0 (48 -> 16 wide: it sends ``x W``) sends ``k = floor(16 / r(t))`` channels,
     ``r(t) = max(1, 16 - t * 15 / (T - 2))``, through the encoder and decoder where ``k < 16``
     (as ``truncate`` when not ``learned``); the last layer is not compressed."""
-    from _pipegcn import graph_ops, keep
+    from _pipegcn import adam_step, graph_ops, keep
     from hpcgnn.data.datasets import load_dataset
     g = load_dataset(GRAPH)
     op = graph_ops(g)[0]
@@ -81,11 +81,7 @@ def varco_losses(parts: torch.Tensor, init: dict, learned: bool, epochs: int = 6
                 sent = z @ pair["dec_w"].T + pair["dec_b"]
             h = torch.sparse.mm(a_own, rows) + torch.sparse.mm(a_cut, sent) + p[f"layers.{layer}.bias"]
             h = torch.relu(h) if layer == 0 else h
-        loss = F.cross_entropy(h[train], y[train])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        losses.append(adam_step(opt, F.cross_entropy(h[train], y[train])))
     return losses
 
 
