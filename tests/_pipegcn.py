@@ -56,6 +56,29 @@ def torch_sparse(m) -> torch.Tensor:
                                    check_invariants=True).coalesce()
 
 
+def adam_step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> float:
+    """One step of a whole-graph reference: the gradients of ``loss``, then ``opt``'s step;
+    returns the loss."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+class Sent(torch.autograd.Function):
+    """``rows`` (what a codec delivered of ``h``) in the forward; ``back(grad)`` (what it
+    returns of the gradient) in the backward."""
+
+    @staticmethod
+    def forward(ctx, h, rows, back):
+        ctx.back = back
+        return rows.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.back(grad), None, None
+
+
 def keep(n: int, width: int, p: float, seed: int, epoch: int, layer: int) -> torch.Tensor:
     from hpcgnn.nn.dropout import keep_mask
     return keep_mask(torch.arange(n), width, p, seed, epoch, layer).float() / (1.0 - p)
@@ -92,9 +115,18 @@ def layer_fn(x, p, layer, model: Model, ops, epoch):
 
 
 def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: float,
-                   epochs: int, lr: float = 0.01, weight_decay: float = 5e-4) -> list[float]:
+                   epochs: int, lr: float = 0.01, weight_decay: float = 5e-4,
+                   received=None, returned=None) -> list[float]:
     """Per-epoch training losses of PipeGCN with staleness ``s`` (0: synchronous) over the
-    node partition ``parts`` (``part[v]``), from the parameters ``init``."""
+    node partition ``parts`` (``part[v]``), from the parameters ``init``. ``received(layer,
+    epoch, h, q)``: the rows of ``h`` (``(N, F)``, each layer's input after the first) that part
+    ``q`` gets when they are sent at ``epoch`` (a codec's values, e.g. Sylvie's quantisation;
+    rows of nodes that are not ``q``'s halo are not read). ``returned(layer, epoch, grad, q)``:
+    what the owners get of the gradient ``grad`` (``(N, F)``) of the halo rows part ``q`` used
+    at ``epoch`` (only ``q``'s halo rows; the owners add up what every part returns). Defaults:
+    the rows and the gradients themselves (fp32)."""
+    recv_of = received or (lambda layer, epoch, h, q: h)
+    back_of = returned or (lambda layer, epoch, grad, q: grad)
     ops = graph_ops(g)
     x0, y = torch.from_numpy(g.dense_features()).float(), torch.from_numpy(g.labels)
     train = torch.from_numpy(g.train_idx)
@@ -106,7 +138,8 @@ def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: fl
     act = F.elu if model.arch == "gat" else torch.relu
     posted = [dict() for _ in range(model.layers)]     # layer -> epoch -> rows it posted
     sent_grads = [dict() for _ in range(model.layers)]  # layer -> epoch -> halo gradient posted
-    avg_x, avg_g = [None] * model.layers, [None] * model.layers
+    avg_x = [[None] * len(own) for _ in range(model.layers)]   # per receiving part
+    avg_g = [None] * model.layers
     losses = []
     for t in range(epochs):
         h, leaves = x0, {}
@@ -120,21 +153,31 @@ def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: fl
                         m * avg_g[layer] + (1 - m) * back
                     h.register_hook(lambda grad, add=avg_g[layer]: grad + add)   # grad[boundary] += recv
             if stale:
-                recv = posted[layer].pop(t - s)
-                avg_x[layer] = recv if (m == 0 or avg_x[layer] is None) else \
-                    m * avg_x[layer] + (1 - m) * recv
-                leaves[layer] = avg_x[layer].clone().requires_grad_(True)
+                posted_h = posted[layer].pop(t - s)
+                for q in range(len(own)):
+                    recv = recv_of(layer, t - s, posted_h, q)
+                    avg_x[layer][q] = recv if (m == 0 or avg_x[layer][q] is None) else \
+                        m * avg_x[layer][q] + (1 - m) * recv
+                leaves[layer] = [a.clone().requires_grad_(True) for a in avg_x[layer]]
             mask = keep(n, h.shape[1], model.dropout, model.seed, t, layer) if model.dropout else 1.0
             out = 0.0
             for q, rows in enumerate(own):
-                seen = torch.where(rows, h, leaves[layer]) if stale else h
+                if stale:
+                    seen = torch.where(rows, h, leaves[layer][q])
+                elif layer > 0 and (received or returned):    # synchronous, through the codec
+                    sent = Sent.apply(h, recv_of(layer, t, h.detach(), q),
+                                      lambda g, layer=layer, q=q: back_of(layer, t, g, q))
+                    seen = torch.where(rows, h, sent)
+                else:
+                    seen = h
                 out = out + rows * layer_fn(seen * mask, p, layer, model, ops, t)
             h = act(out) if layer < model.layers - 1 else out
         loss = F.cross_entropy(h[train], y[train])
         opt.zero_grad()
         loss.backward()
-        for layer, leaf in leaves.items():               # each owner's rows, summed over peers
-            sent_grads[layer][t] = leaf.grad.clone()
+        for layer, parts_leaves in leaves.items():       # each owner's rows, summed over peers
+            sent_grads[layer][t] = sum(back_of(layer, t, leaf.grad, q)
+                                       for q, leaf in enumerate(parts_leaves))
         opt.step()
         losses.append(loss.item())
     return losses

@@ -9,10 +9,13 @@ owners) has other peers than the forward. Every transport path (plain ``Alltoall
 limit; blocking and non-blocking) is checked on 2, 3, 4 and 8 ranks against a single-process
 computation written here in numpy from the input graph: the forward's halo rows and the
 backward's owned-row gradients. Training on 8 ranks on the neighbourhood collective (GCN in one
-call, SAGE in rounds) gives the 1-rank per-epoch losses. This file is also the MPI worker.
+call, SAGE in rounds; GCN on the all-to-all too) gives the 1-rank per-epoch losses, and those are the losses of a
+plain-torch whole-graph model of the input arrays (``tests/test_model.py``'s), so the input is
+not read transposed at every rank count alike. This file is also the MPI worker.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -143,10 +146,10 @@ def test_every_transport_on_a_one_way_partition(lattice, ranks, tmp_path):
 
 
 # each architecture trains on the neighbourhood collective (the path of the original defect: 27 %
-# and 160 % off), GCN in one call, SAGE in rounds; the exchange test above covers every path at
-# every rank count, so the training runs need not repeat them (8-rank launches are the suite's
-# slowest)
-TRAIN_TRANSPORTS = {"gcn": ("neighbor",), "sage": ("neighbor-rounds",)}
+# and 160 % off), GCN in one call, SAGE in rounds, and GCN on the default all-to-all (no other
+# test trains on 8 ranks on it); the exchange test above covers every path at every rank count.
+# All in one job (8-rank launches are the suite's slowest; a run here takes well under a second)
+TRAIN_TRANSPORTS = {"gcn": ("neighbor", "alltoallv"), "sage": ("neighbor-rounds",)}
 
 
 def train_sets(arch: str) -> tuple[str, ...]:
@@ -163,16 +166,43 @@ def runs_on_8(lattice, tmp_path_factory):
         for arch, names in TRAIN_TRANSPORTS.items() for name in names})
 
 
+def plain_torch_losses(arrays: dict, arch: str, init: dict) -> list[float]:
+    """The whole-graph model of ``tests/test_model.py`` on the lattice, from the npz arrays
+    (row ``i`` of the CSR lists the nodes whose messages reach ``i``): what the 1-rank run
+    must give, so that a direction mistake common to every rank count cannot pass."""
+    from types import SimpleNamespace
+
+    from test_model import _reference_losses
+    g = SimpleNamespace(num_nodes=int(arrays["num_nodes"]), num_edges=len(arrays["adj_indices"]),
+                        indptr=arrays["adj_indptr"], indices=arrays["adj_indices"],
+                        dense_features=lambda: arrays["features"], labels=arrays["labels"],
+                        train_idx=arrays["train_idx"])
+    return _reference_losses(arch, init, layers=2, p=0.5, seed=0, g=g, normalize=False, epochs=6)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("arch", list(TRAIN_TRANSPORTS))
 def test_training_on_8_ranks_equals_1_rank_across_the_transports(lattice, arch, runs_on_8, tmp_path):
-    _, dirs = lattice
+    """The 1-rank run equals a plain-torch whole-graph model of the directed input (not its
+    transpose), and the 8-rank runs equal both."""
+    import torch
+
+    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
+    arrays, dirs = lattice
+    # the initial weights: a 1-rank run's after a step of (practically) nothing
+    train_here(dirs[1], tmp_path / "init", *train_sets(arch), "train.epochs=1", "train.lr=1e-30",
+               "train.weight_decay=0", config=None)
+    init = torch.load(tmp_path / "init" / CHECKPOINT_NAME, weights_only=True)["model"]
     want = [r["loss"] for r in train_here(dirs[1], tmp_path / "one", *train_sets(arch), config=None)]
+    assert len(want) == 6
+    assert want == pytest.approx(plain_torch_losses(arrays, arch, init), rel=1e-5), arch
     for name in TRAIN_TRANSPORTS[arch]:
         proc, out = runs_on_8((arch, name))
         check_ok(proc)
         got = [r["loss"] for r in read_metrics(out)]
         assert got == pytest.approx(want, rel=1e-5), (arch, name, got, want)
+        summary = json.loads((out / "summary.json").read_text())     # the transport it used
+        assert summary["transport"] == name.split("-")[0], (name, summary["transport"])
 
 
 # -- the worker (runs on every rank) ------------------------------------------------------------

@@ -2,9 +2,11 @@
 written here. Bounded staleness (PipeGCN, ``tests/_pipegcn.py``): each layer's input rows of
 epoch t - s stand in for the halo, dropped out and multiplied by the current weights at the
 receiver, halo gradients reach their owners s epochs later, the first s epochs are
-synchronous, and smoothing averages both; resume with staleness on equals the uninterrupted
-run, and a stale 1-bit run still learns. Compression: a sampled, random-channel schedule trains exactly as the
-whole-graph model whose halo rows are what the documented selection delivers."""
+synchronous, and smoothing averages both; Sylvie (quantised stale rows and gradients) is the
+same PipeGCN fed what the numpy quantiser of ``test_codecs`` gives; resume with staleness on
+equals the uninterrupted run, and a stale 1-bit run still learns. Compression: a sampled,
+random-channel schedule trains exactly as the whole-graph model whose halo rows are what the
+documented selection delivers."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +15,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from _pipegcn import torch_sparse
+from _pipegcn import adam_step, torch_sparse
 from conftest import CSBM, check_ok, read_metrics, together, train, train_here, train_together
 from test_codecs import np_hash32, ref_channels, ref_kept_rows
 
@@ -219,11 +221,7 @@ def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
     for t in range(EPOCHS):
         h = torch.relu(propagate(x, 0, t) @ p["layers.0.weight"] + p["layers.0.bias"])
         out = propagate(h @ p["layers.1.weight"], 1, t) + p["layers.1.bias"]
-        loss = F.cross_entropy(out[train_idx], y[train_idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        losses.append(adam_step(opt, F.cross_entropy(out[train_idx], y[train_idx])))
     return losses
 
 
@@ -236,3 +234,69 @@ def test_compressed_training_equals_single_process_computation(ranks, shards, in
                    extra=("--schedule", str(tmp_path / "s.toml")), timeout=180))
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
     assert got == pytest.approx(compressed_reference(shard_dir, ranks, init_params), rel=2e-5)
+
+
+# -- Sylvie: bounded staleness with quantised rows, against PipeGCN fed the quantiser's output --
+
+SYLVIE = 'codec = "quant"\nbits = 2\ncompress_last_layer = true\n'    # backward: 2 bits too
+
+
+def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0):
+    """``(received, returned)`` of ``tests/_pipegcn.py`` as the documented quantiser
+    (``test_codecs.ref_quant``, numpy) delivers rows and gradients. Rows: each sender ``p``
+    quantises its whole send buffer ``h[global_id[send_index]]`` (grouped by destination) with
+    the noise key ``mix(seed, epoch, layer, 0, p)``, and ``q``'s block of it is ``q``'s halo
+    block from ``p``, in order. Gradients: part ``q`` quantises those of all its halo rows, in
+    halo order, with ``mix(seed, epoch, layer, 1, q)`` (``epoch``: the one the rows were used
+    at), and each owner takes its block."""
+    from hpcgnn.data.shard import read_shard
+    from test_codecs import ref_quant
+    from test_exchange_exact import mix
+    shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
+
+    def returned(layer: int, epoch: int, grad: torch.Tensor, q: int) -> torch.Tensor:
+        gid = torch.from_numpy(shards[q].halo_global_id)
+        out = torch.zeros_like(grad)
+        out[gid] = torch.from_numpy(ref_quant(grad[gid].numpy(), bits, mix(seed, epoch, layer, 1, q)))
+        return out
+
+    def received(layer: int, epoch: int, h: torch.Tensor, q: int) -> torch.Tensor:
+        out, start = h.detach().clone(), 0
+        for p, rows in enumerate(shards[q].recv_counts.tolist()):
+            if rows:
+                sp_ = shards[p]
+                buf = h.detach()[torch.from_numpy(sp_.global_id[sp_.send_index])].numpy()
+                deq = ref_quant(buf, bits, mix(seed, epoch, layer, 0, p))
+                off = int(sp_.send_counts[:q].sum())
+                gid = shards[q].halo_global_id[start:start + rows]
+                out[torch.from_numpy(gid)] = torch.from_numpy(deq[off:off + rows])
+            start += rows
+        return out
+
+    return received, returned
+
+
+@pytest.mark.mpi
+def test_stale_quantised_training_equals_sylvie(shards, init_of, tmp_path):
+    """Sylvie (staleness 1, every stale layer's rows and their gradients stochastically rounded
+    to 2 bits) on 3 uneven METIS parts, a 3-layer GCN with dropout: the single-process PipeGCN
+    whose halo rows and returned gradients are what the numpy quantiser gives, with the keys of
+    the epoch each was sent for (epoch 0 synchronous, quantised too; the first layer's features
+    cross once, exactly)."""
+    from _pipegcn import pipegcn_losses
+    from hpcgnn.data.datasets import load_dataset
+    ranks, model_sets = 3, ("model.arch=gcn", "model.layers=3")
+    shard_dir = shards(CSBM, ranks, "metis")
+    sets = (*model_sets, "model.dropout=0.5", f"train.epochs={EPOCHS}")
+    (tmp_path / "q.toml").write_text(SYLVIE)
+    check_ok(train(ranks, shard_dir, tmp_path / "run", *sets, "train.staleness=1",
+                   extra=("--schedule", str(tmp_path / "q.toml")), timeout=180))
+    got = [r["loss"] for r in read_metrics(tmp_path / "run")]
+    g, parts, init = load_dataset(CSBM), _parts(shard_dir, ranks), init_of(CSBM, sets)
+    model = reference_model(model_sets)
+    received, returned = quantised_rows(shard_dir, ranks, 2)
+    want = pipegcn_losses(g, parts, init, model, 1, 0.0, EPOCHS, received=received,
+                          returned=returned)
+    assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
+    fp32 = pipegcn_losses(g, parts, init, model, 1, 0.0, EPOCHS)
+    assert got != pytest.approx(fp32, rel=1e-4)            # the quantisation changed the run

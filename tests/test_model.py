@@ -364,19 +364,26 @@ def _dense_operator(g, arch: str) -> np.ndarray:
     return a / np.maximum(deg, 1)[:, None]
 
 
-def _reference_losses(arch: str, init: dict, layers: int, p: float, seed: int) -> list[float]:
-    """Plain full-graph training: dense features, a COO adjacency, torch's Adam."""
-    from hpcgnn.data.datasets import load_dataset
-    g = load_dataset("cora")
+def _reference_losses(arch: str, init: dict, layers: int, p: float, seed: int, g=None,
+                      normalize: bool = True, epochs: int = EPOCHS) -> list[float]:
+    """Plain full-graph training: dense features, a COO adjacency, torch's Adam. ``g``: the
+    graph (``num_nodes``, ``num_edges``, CSR ``indptr``/``indices`` where row ``i`` lists the
+    nodes whose messages reach ``i``, ``dense_features()``, ``labels``, ``train_idx``); Cora
+    when not given, its features row-normalised unless ``normalize`` is false."""
+    from _pipegcn import adam_step
+    if g is None:
+        from hpcgnn.data.datasets import load_dataset
+        g = load_dataset("cora")
     x = torch.from_numpy(g.dense_features())
-    x = x / x.sum(1, keepdim=True).clamp_min(1e-30) * (x.sum(1, keepdim=True) > 0)
+    if normalize:
+        x = x / x.sum(1, keepdim=True).clamp_min(1e-30) * (x.sum(1, keepdim=True) > 0)
     adj = torch.from_numpy(_dense_operator(g, arch)).float().to_sparse()
     y, train = torch.from_numpy(g.labels), torch.from_numpy(g.train_idx)
     gid = torch.arange(g.num_nodes)
     params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = torch.optim.Adam(params.values(), lr=0.01, weight_decay=5e-4)
     losses = []
-    for epoch in range(EPOCHS):
+    for epoch in range(epochs):
         h = x
         for i in range(layers):
             h = h * keep_mask(gid, h.shape[1], p, seed, epoch, i) / (1 - p)
@@ -387,11 +394,7 @@ def _reference_losses(arch: str, init: dict, layers: int, p: float, seed: int) -
                 out = w.shape[1] // 2
                 h = h @ w[:, :out] + torch.sparse.mm(adj, h) @ w[:, out:] + b
             h = torch.relu(h) if i < layers - 1 else h
-        loss = F.cross_entropy(h[train], y[train])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+        losses.append(adam_step(opt, F.cross_entropy(h[train], y[train])))
     return losses
 
 

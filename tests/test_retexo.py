@@ -148,6 +148,7 @@ def test_ranks_equal_one_rank_and_bytes_per_stage(ranks, arch, shards, one_rank,
     halo = halo_rows(shard_dir, ranks)
     widths = [FEATS] + [HIDDEN] * (LAYERS - 1)
     counts = stage_param_counts(arch)
+    assert [rec["stage"] for rec in summary["stages"]] == list(range(LAYERS))   # every stage, once
     for s, rec in enumerate(summary["stages"]):
         assert rec["exchange_bytes"] == halo * widths[s] * 4
         assert rec["allreduce_bytes"] == (counts[s] + 1) * 4 * ranks * ROUNDS

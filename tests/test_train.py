@@ -1,6 +1,7 @@
 """The oracle: uncompressed training on 2, 3, 4 ranks gives the per-epoch losses of the 1-rank
-run (dropout on, METIS and random parts, GCN and SAGE, overlap on and off), and Cora on 4 ranks
-reaches Kipf & Welling's accuracy.
+run (dropout on, METIS and random parts and very uneven ones with an empty part and a part
+without training nodes, GCN and SAGE, overlap on and off), and Cora on 4 ranks reaches Kipf &
+Welling's accuracy.
 
 One mpiexec launch trains several models (this file is also the MPI worker: see ``__main__``),
 because starting ranks (importing torch) dominates a small run's time.
@@ -30,6 +31,9 @@ LAUNCHES = [
     ("cora", "metis", 2, ("gcn", "sage-overlap")),
     ("cora", "random", 3, ("gcn-overlap", "sage")),
     (CSBM, "random", 4, ("gcn-overlap", "sage-3layer")),
+    # METIS and random parts differ in size by a few %: here 2127, 40, 0 and 541 nodes, the
+    # 40 with no training node, the third rank with nothing at all (``uneven_cora``)
+    ("cora", "uneven", 4, ("gcn", "sage-overlap")),
 ]
 
 
@@ -54,17 +58,41 @@ def reference(shards, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def uneven_cora(tmp_path_factory):
+    """Cora in 4 very uneven parts (written by the real ``write_shards``): part 0 about 4/5 of
+    the nodes, part 1 40 nodes none of which is a training node, part 2 empty, part 3 the rest."""
+    import numpy as np
+
+    from hpcgnn.data.datasets import load_dataset
+    from preprocess import write_shards
+    g = load_dataset("cora")
+    rng = np.random.default_rng(0)
+    parts = np.zeros(g.num_nodes, dtype=np.int64)
+    small = rng.choice(np.setdiff1d(np.arange(g.num_nodes), g.train_idx), 40, replace=False)
+    parts[rng.choice(np.setdiff1d(np.arange(g.num_nodes), small), g.num_nodes // 5,
+                     replace=False)] = 3
+    parts[small] = 1
+    out = tmp_path_factory.mktemp("uneven") / "set"
+    write_shards(g, parts, out, partitioner="custom", seed=0, force=False, num_parts=4)
+    assert np.bincount(parts, minlength=4).tolist() == [2127, 40, 0, 541]
+    assert np.bincount(parts[g.train_idx], minlength=4)[1:3].tolist() == [0, 0]
+    return out
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("dataset,partitioner,ranks,variants", LAUNCHES,
                          ids=[f"{d.split(':')[0]}-{p}-{r}" for d, p, r, _ in LAUNCHES])
 def test_losses_equal_single_rank(dataset, partitioner, ranks, variants, shards, reference,
-                                  tmp_path):
-    proc = run_mpi(ranks, [__file__, str(shards(dataset, ranks, partitioner)), str(tmp_path),
-                           dataset, *variants], timeout=180)
+                                  request, tmp_path):
+    shard_dir = (request.getfixturevalue("uneven_cora") if partitioner == "uneven"
+                 else shards(dataset, ranks, partitioner))
+    proc = run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path), dataset, *variants],
+                   timeout=180)
     check_ok(proc)
     for variant in variants:
         got, want = read_metrics(tmp_path / variant), reference(dataset, variant)
-        assert [r["epoch"] for r in got] == list(range(EPOCHS))
+        assert [r["epoch"] for r in got] == [r["epoch"] for r in want] == list(range(EPOCHS))
         for g, w in zip(got, want):
             assert g["loss"] == pytest.approx(w["loss"], rel=1e-5), (variant, g["epoch"])
             assert g["val_acc"] == pytest.approx(w["val_acc"], abs=2e-3), (variant, g["epoch"])
