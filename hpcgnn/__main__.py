@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpcgnn.log import abort_on_uncaught, get_logger, say_error, setup_logging
+from hpcgnn.log import get_logger, run_command, say_error, setup_logging
 
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3           # the training loss was not finite (Trainer.run)
@@ -235,9 +235,4 @@ TRAFFIC = {"1.5d": "1.5D bytes exchanged (block broadcasts, row all-reduces)",
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException:
-        abort_on_uncaught()
+    run_command(main)

@@ -53,3 +53,13 @@ def abort_on_uncaught() -> None:
             and mpi.COMM_WORLD.Get_size() > 1:
         mpi.COMM_WORLD.Abort(1)
     sys.exit(1)
+
+
+def run_command(main) -> None:
+    """``sys.exit(main())``, with an exception that escapes it ended by ``abort_on_uncaught``."""
+    try:
+        sys.exit(main())
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:
+        abort_on_uncaught()

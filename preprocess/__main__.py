@@ -14,7 +14,7 @@ from pathlib import Path
 from hpcgnn.data.datasets import SPEC_HELP, load_dataset
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.shard import ShardFormatError
-from hpcgnn.log import abort_on_uncaught, say_error
+from hpcgnn.log import run_command, say_error
 from preprocess.errors import PreprocessError
 from preprocess.partition import PARTITIONERS, partition_graph
 from preprocess.verify import verify_shards
@@ -167,9 +167,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException:
-        abort_on_uncaught()
+    run_command(main)
