@@ -50,6 +50,7 @@ from hpcgnn.codecs.base import IDENTITY, CompressionPolicy, WireCodec
 from hpcgnn.codecs.build import CodecSpec, build_codec, parse_codec
 from hpcgnn.codecs.learned import learned_pair
 from hpcgnn.codecs.quant import BITS
+from hpcgnn.config import SECTIONS
 
 try:
     import tomllib
@@ -518,6 +519,11 @@ def _auto(top: dict, where: _Where) -> AutoPolicy:
 def parse_schedule(top: dict, path: str = "<schedule>") -> CompressionPolicy:
     """A policy from an already-parsed schedule table; every check runs here."""
     where = _Where(path)
+    config = [key for key in SECTIONS if isinstance(top.get(key), dict)]
+    if config:
+        raise where.error(config[0], f"[{config[0]}] is a run config's section: this file is a "
+                          "run config, not a compression schedule", "pass it with --config, and "
+                          "give --schedule a schedule file (configs/schedules/)")
     if top.get("kind") == "auto":
         return _auto(top, where)
     _check_keys(top, TOP_KEYS, "", where)
@@ -538,4 +544,8 @@ def load_schedule(path: str | Path) -> CompressionPolicy:
     except tomllib.TOMLDecodeError as err:
         raise ScheduleError(f"schedule {path}: not valid TOML ({err}); fix: correct the "
                             "syntax") from None
+    if not top:                 # parse_schedule({}) is VARCO's default curve; a file says so
+        raise ScheduleError(f"schedule {path}: the file sets no key (it is empty or only "
+                            "comments); fix: write the schedule's keys (e.g. kind, codec; see "
+                            "configs/schedules/), or leave out --schedule to train uncompressed")
     return parse_schedule(top, str(path))

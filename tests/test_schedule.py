@@ -114,6 +114,9 @@ BAD = [
     ('[backward]\nslope = 0.0\n', "backward.slope", "never decreases"),
     ('max_ratio = "big"\n', "max_ratio", "expected a number"),
     ('codec = \n', "", "not valid TOML"),
+    ('', "", "sets no key"),                                 # ran VARCO's 128 -> 1 silently
+    ('# a schedule to come\n', "", "leave out --schedule"),
+    ('[model]\nhidden = 16\n[train]\nepochs = 5\n', "'model'", "pass it with --config"),
 ]
 
 
