@@ -63,6 +63,10 @@ STAGE_KEYS = ("bits", "keep")
 RULE_KEYS = ("codec", *RATE_KEYS, *STAGE_KEYS)
 TOP_KEYS = (*RULE_KEYS, "epochs", "compress_last_layer", "compress_backward", "backward", "layers")
 LAYER_KEYS = (*RULE_KEYS, "backward")
+KIND_KEYS = {"constant": ("ratio", "max_ratio"), "linear": ("max_ratio", "min_ratio", "slope"),
+             "exponential": ("max_ratio", "min_ratio", "slope"),
+             "step": ("max_ratio", "min_ratio", "every", "factor"), "table": ("phase",)}
+"""The rate keys each curve kind reads; another rate key beside it would have no effect."""
 DEFAULTS = {"codec": "truncate", "kind": "linear", "max_ratio": 128.0, "min_ratio": 1.0,
             "slope": 5.0, "factor": 2.0}
 
@@ -142,8 +146,8 @@ def _number(table: dict, key: str, prefix: str, where: _Where, default: Any = No
 def _ratio(table: dict, key: str, prefix: str, where: _Where, default: Any = None) -> Any:
     value = _number(table, key, prefix, where, default)
     if value is not None and not (value >= 1.0 and math.isfinite(value)):
-        raise where.error(prefix + key, f"ratio {value} is below 1 (1 = uncompressed)",
-                          "use a finite ratio >= 1.0")
+        problem = "is below 1 (1 = uncompressed)" if value < 1.0 else "is not a finite number"
+        raise where.error(prefix + key, f"ratio {value} {problem}", "use a finite ratio >= 1.0")
     return value
 
 
@@ -339,10 +343,30 @@ class LayerRules:
     backward: ExchangeRule
 
 
+def _unread_keys(own: dict, merged: dict, prefix: str, where: _Where) -> None:
+    """The rate keys a table sets itself (``own``) that its curve's kind (``merged``'s) does not
+    read: refused, as they would have no effect (e.g. ``slope`` beside ``kind = 'constant'``)."""
+    kind = merged.get("kind", DEFAULTS["kind"])
+    reads = KIND_KEYS.get(kind)
+    if reads is None:
+        return                                        # _curve reports the kind
+    if kind == "constant" and "ratio" in own and "max_ratio" in own:
+        raise where.error(prefix + "max_ratio", "has no effect: kind = 'constant' reads ratio "
+                          "when both are set", "remove max_ratio")
+    for key in RATE_KEYS:
+        if key in own and key not in (*reads, "kind", "ratio"):   # ratio: _curve's message
+            raise where.error(prefix + key, f"has no effect: kind = {kind!r} reads only "
+                              f"{', '.join(reads)}", f"remove {key}, or set the kind that "
+                              f"reads it (see the kinds in docs/compression.md)")
+
+
 def _layer_rules(top: dict, layer: dict, prefix: str, where: _Where) -> LayerRules:
     fwd = _merge(top, layer)
+    own_bwd = _sub_table(layer if prefix else top, "backward", prefix, where)
     bwd = _merge(_merge(fwd, _sub_table(top, "backward", "", where)),
                  _sub_table(layer, "backward", prefix, where))
+    _unread_keys(layer if prefix else top, fwd, prefix, where)
+    _unread_keys(own_bwd, bwd, prefix + "backward.", where)
     return LayerRules(_rule(fwd, prefix, where), _rule(bwd, prefix + "backward.", where))
 
 

@@ -117,6 +117,19 @@ BAD = [
     ('', "", "sets no key"),                                 # ran VARCO's 128 -> 1 silently
     ('# a schedule to come\n', "", "leave out --schedule"),
     ('[model]\nhidden = 16\n[train]\nepochs = 5\n', "'model'", "pass it with --config"),
+    ('kind = "constant"\nratio = 4.0\nslope = 3.0\n', "'slope'", "has no effect"),
+    ('kind = "constant"\nratio = 4.0\nmax_ratio = 8.0\n', "'max_ratio'", "reads ratio"),
+    ('kind = "linear"\nmax_ratio = 8.0\nevery = 3\n', "'every'", "max_ratio, min_ratio, slope"),
+    ('kind = "step"\nevery = 2\nslope = 3.0\n', "'slope'", "has no effect"),
+    ('kind = "constant"\nratio = 4.0\n[[phase]]\nuntil_epoch = 3\nratio = 2.0\n', "'phase'",
+     "has no effect"),
+    ('kind = "table"\nmax_ratio = 8.0\n[[phase]]\nuntil_epoch = 3\nratio = 2.0\n',
+     "'max_ratio'", "reads only phase"),
+    ('[layers.0]\nkind = "constant"\nratio = 2.0\nfactor = 2.0\n', "layers.0.factor",
+     "has no effect"),
+    ('[backward]\nkind = "constant"\nratio = 2.0\nmin_ratio = 1.0\n', "backward.min_ratio",
+     "has no effect"),
+    ('kind = "constant"\nratio = inf\n', "'ratio'", "inf is not a finite number"),
 ]
 
 
@@ -128,6 +141,16 @@ def test_bad_files_are_rejected_naming_file_key_and_fix(tmp_path, text, key, mes
         load_schedule(path)
     text = str(err.value)
     assert str(path) in text and key in text and message in text and "fix:" in text
+
+
+def test_keys_for_the_top_curve_stay_allowed_beside_an_override_of_another_kind(tmp_path):
+    """``[backward] slope`` tunes the top-level linear curve; layer 0's constant override does
+    not read it, and that is no mistake of the file (only the keys a table sets are checked
+    against its own kind)."""
+    p = _policy('kind = "linear"\nmax_ratio = 8.0\nslope = 1.0\n[backward]\nslope = 2.0\n'
+                '[layers.0]\nkind = "constant"\nratio = 4.0\n', tmp_path, epochs=12, layers=3)
+    assert p.ratio(5, 0, 3) == 4.0 and p.ratio(5, 1, 3) == pytest.approx(8.0 - 5 * 7 / 10)
+    assert p._ratio(p._rules(1).backward, 5) == pytest.approx(max(1.0, 8.0 - 10 * 7 / 10))
 
 
 def test_layer_override_beyond_the_model_is_rejected_at_bind(tmp_path):
