@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcgnn.autotune import OBJECTIVES, AutoPolicy, AutoSettings
-from hpcgnn.codecs.base import IDENTITY, CompressionPolicy, WireCodec
+from hpcgnn.codecs.base import IDENTITY, MIN_KEEP, CompressionPolicy, WireCodec
 from hpcgnn.codecs.build import CodecSpec, build_codec, parse_codec
 from hpcgnn.codecs.learned import learned_pair
 from hpcgnn.codecs.quant import BITS
@@ -253,7 +253,9 @@ def _valid_bits(value: Any) -> bool:
 
 
 def _valid_keep(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value <= 1
+    """``MIN_KEEP <= keep <= 1``: the codec raises a smaller fraction to ``MIN_KEEP``, so one
+    below it would not be what the file says."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and MIN_KEEP <= value <= 1
 
 
 # key -> (stage, why it has no effect when that stage is the rate stage, check, wanted, fix)
@@ -261,7 +263,7 @@ _FIXED = {
     "bits": ("quant", "with quant alone the ratio sets the bits (ratio 8 -> 4 bits)",
              _valid_bits, f"bits in {BITS}", "add bits = 4"),
     "keep": ("sample", "with sample as the rate stage the ratio sets the kept fraction "
-             "(1 / ratio)", _valid_keep, "a kept fraction in (0, 1]", "add keep = 0.5"),
+             "(1 / ratio)", _valid_keep, f"a kept fraction in [{MIN_KEEP}, 1]", "add keep = 0.5"),
 }
 
 

@@ -108,6 +108,9 @@ BAD = [
     ('[layers.0]\ncodec = "quant"\nbits = 4\nratio = 8.0\n', "layers.0.bits", "layers.0.ratio"),
     ('codec = "quant"\nbits = 3\n', "bits", "(1, 2, 4, 8)"),
     ('codec = "sample+truncate"\n', "keep", "keep = 0.5"),
+    ('codec = "sample+truncate"\nkeep = 0.05\n', "keep", "[0.125, 1], got 0.05"),  # sent 1/8
+    ('codec = "sample+truncate"\nkeep = 0\n', "keep", "[0.125, 1], got 0"),
+    ('codec = "sample+truncate"\nkeep = 1.5\n', "keep", "[0.125, 1], got 1.5"),
     ('compress_backward = "yes"\n', "compress_backward", "true or false"),
     ('[layers.x]\nratio = 2.0\n', "layers.x", "[layers.0]"),
     ('[layers.0]\nspeed = 2.0\n', "layers.0.speed", "unknown key"),
