@@ -418,6 +418,10 @@ class SchedulePolicy(CompressionPolicy):
         if bad:
             raise where.error(f"layers.{bad[0]}", f"the model has {num_layers} layers "
                               f"(0..{num_layers - 1})", "remove the override or add layers")
+        if not self.compress_last_layer and num_layers - 1 in self.layers:
+            raise where.error(f"layers.{num_layers - 1}", "has no effect: it is the model's last "
+                              "layer, which compress_last_layer = false keeps fp32",
+                              "set compress_last_layer = true, or remove the override")
         bound = copy.copy(self)
         bound.epochs = self.epochs if self.epochs is not None else int(epochs)
         bound.num_layers, bound.silent = int(num_layers), frozenset(silent)
@@ -542,6 +546,20 @@ def _auto(top: dict, where: _Where) -> AutoPolicy:
         probe_rows=_auto_probe_rows(top, where)))
 
 
+def _no_backward_tables(top: dict, where: _Where) -> None:
+    """``compress_backward = false`` sends every backward fp32: a backward table would have no
+    effect."""
+    if _flag(top, "compress_backward", True, where):
+        return
+    tables = ["backward"] * ("backward" in top) + [
+        f"layers.{name}.backward" for name, table in _sub_table(top, "layers", "", where).items()
+        if isinstance(table, dict) and "backward" in table]
+    if tables:
+        raise where.error(tables[0], "has no effect: compress_backward = false sends every "
+                          "backward exchange fp32", f"set compress_backward = true, or remove "
+                          f"[{tables[0]}]")
+
+
 def parse_schedule(top: dict, path: str = "<schedule>") -> CompressionPolicy:
     """A policy from an already-parsed schedule table; every check runs here."""
     where = _Where(path)
@@ -554,6 +572,7 @@ def parse_schedule(top: dict, path: str = "<schedule>") -> CompressionPolicy:
         return _auto(top, where)
     _check_keys(top, TOP_KEYS, "", where)
     _check_keys(_sub_table(top, "backward", "", where), RULE_KEYS, "backward.", where)
+    _no_backward_tables(top, where)
     return SchedulePolicy(path, _layer_rules(top, {}, "", where), _layers(top, where),
                           _flag(top, "compress_last_layer", False, where),
                           _flag(top, "compress_backward", True, where), _epochs(top, where))

@@ -133,6 +133,10 @@ BAD = [
     ('[backward]\nkind = "constant"\nratio = 2.0\nmin_ratio = 1.0\n', "backward.min_ratio",
      "has no effect"),
     ('kind = "constant"\nratio = inf\n', "'ratio'", "inf is not a finite number"),
+    ('compress_backward = false\n[backward]\ncodec = "quant"\n', "'backward'",
+     "compress_backward = true"),
+    ('compress_backward = false\n[layers.0.backward]\nratio = 2.0\n', "layers.0.backward",
+     "has no effect"),
 ]
 
 
@@ -161,6 +165,20 @@ def test_layer_override_beyond_the_model_is_rejected_at_bind(tmp_path):
     path.write_text('[layers.3]\nmax_ratio = 4.0\n')
     with pytest.raises(ScheduleError, match="layers.3.*has 2 layers"):
         load_schedule(path).bind(100, 2)
+
+
+def test_an_override_of_the_uncompressed_last_layer_is_rejected_at_bind(tmp_path):
+    """compress_last_layer = false keeps the last layer fp32: its override compressed nothing
+    (the run sent fp32 where the file asked for ratio 4)."""
+    path = tmp_path / "s.toml"
+    path.write_text('kind = "constant"\nratio = 8.0\n[layers.1]\nratio = 4.0\n')
+    with pytest.raises(ScheduleError, match=r"'layers.1': has no effect.*compress_last_layer = "
+                                            r"false.*fix: set compress_last_layer = true"):
+        load_schedule(path).bind(100, 2)
+    assert load_schedule(path).bind(100, 3).ratio(0, 1, 3) == 4.0     # not the last of 3
+    path.write_text('kind = "constant"\nratio = 8.0\ncompress_last_layer = true\n'
+                    '[layers.1]\nratio = 4.0\n')
+    assert load_schedule(path).bind(100, 2).ratio(0, 1, 2) == 4.0
 
 
 def test_missing_file(tmp_path):
