@@ -483,7 +483,7 @@ class SchedulePolicy(CompressionPolicy):
 
 # --- kind = "auto" -----------------------------------------------------------------------------
 AUTO_KEYS = ("kind", "codec", "bits", "every", "objective", "compress_last_layer",
-             "compress_backward", "probe_rows", "epochs")
+             "compress_backward", "probe_rows")
 
 
 def _auto_refusals(top: dict, where: _Where) -> None:
@@ -494,6 +494,9 @@ def _auto_refusals(top: dict, where: _Where) -> None:
                               "and direction, from measured error and cost)",
                               f"remove {key}, or use a curve kind (constant, linear, ...) with "
                               f"codec = 'quant' to fix the rate")
+    if "epochs" in top:
+        raise where.error("epochs", "has no effect: kind = 'auto' follows the loss, not a curve "
+                          "over the run's epochs", "remove epochs")
     for key in ("layers", "backward"):
         if key in top:
             raise where.error(key, "kind = 'auto' decides every layer and direction itself",
@@ -538,7 +541,6 @@ def _auto(top: dict, where: _Where) -> AutoPolicy:
     if objective not in OBJECTIVES:
         raise where.error("objective", f"unknown objective {objective!r}",
                           f"use one of {', '.join(OBJECTIVES)}")
-    _epochs(top, where)
     return AutoPolicy(where.path, AutoSettings(
         bits=_auto_bits(top, where), every=_auto_every(top, where), objective=objective,
         compress_last_layer=_flag(top, "compress_last_layer", True, where),
@@ -573,9 +575,15 @@ def parse_schedule(top: dict, path: str = "<schedule>") -> CompressionPolicy:
     _check_keys(top, TOP_KEYS, "", where)
     _check_keys(_sub_table(top, "backward", "", where), RULE_KEYS, "backward.", where)
     _no_backward_tables(top, where)
-    return SchedulePolicy(path, _layer_rules(top, {}, "", where), _layers(top, where),
-                          _flag(top, "compress_last_layer", False, where),
-                          _flag(top, "compress_backward", True, where), _epochs(top, where))
+    default, layers = _layer_rules(top, {}, "", where), _layers(top, where)
+    epochs = _epochs(top, where)
+    rules = [r for pair in (default, *layers.values()) for r in (pair.forward, pair.backward)]
+    if epochs is not None and not any(rule.curve.needs_epochs for rule in rules):
+        raise where.error("epochs", "has no effect: only kind = 'linear' or 'exponential' reads "
+                          "the run's epoch count, and no curve of this file is one",
+                          "remove epochs")
+    return SchedulePolicy(path, default, layers, _flag(top, "compress_last_layer", False, where),
+                          _flag(top, "compress_backward", True, where), epochs)
 
 
 def load_schedule(path: str | Path) -> CompressionPolicy:

@@ -133,6 +133,7 @@ BAD = [
     ('[backward]\nkind = "constant"\nratio = 2.0\nmin_ratio = 1.0\n', "backward.min_ratio",
      "has no effect"),
     ('kind = "constant"\nratio = inf\n', "'ratio'", "inf is not a finite number"),
+    ('kind = "step"\nevery = 5\nepochs = 100\n', "'epochs'", "has no effect"),
     ('compress_backward = false\n[backward]\ncodec = "quant"\n', "'backward'",
      "compress_backward = true"),
     ('compress_backward = false\n[layers.0.backward]\nratio = 2.0\n', "layers.0.backward",
