@@ -594,6 +594,9 @@ def load_schedule(path: str | Path) -> CompressionPolicy:
     except FileNotFoundError:
         raise ScheduleError(f"schedule {path}: file not found; fix: pass an existing "
                             "--schedule file (see configs/schedules/)") from None
+    except (OSError, UnicodeDecodeError) as err:     # a directory, unreadable, not text
+        raise ScheduleError(f"schedule {path}: cannot be read as a TOML text file ({err}); fix: "
+                            "pass a schedule file (see configs/schedules/)") from None
     except tomllib.TOMLDecodeError as err:
         raise ScheduleError(f"schedule {path}: not valid TOML ({err}); fix: correct the "
                             "syntax") from None

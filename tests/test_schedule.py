@@ -187,6 +187,16 @@ def test_missing_file(tmp_path):
         load_schedule(tmp_path / "nope.toml")
 
 
+def test_a_directory_or_binary_file_names_the_schedule(tmp_path):
+    """The errors were Python's alone ('utf-8' codec can't decode byte ...), without the file."""
+    (tmp_path / "dir.toml").mkdir()
+    (tmp_path / "bin.toml").write_bytes(b"\x97\xff\x00codec")
+    for name in ("dir.toml", "bin.toml"):
+        with pytest.raises(ScheduleError, match=rf"schedule {tmp_path / name}: cannot be read "
+                                                r"as a TOML text file .*fix: pass a schedule"):
+            load_schedule(tmp_path / name)
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_shipped_schedules_load(path):
     policy = load_schedule(path).bind(200, 2)
