@@ -289,14 +289,18 @@ def _rule(table: dict, prefix: str, where: _Where) -> ExchangeRule:
     return ExchangeRule(_codec(table, prefix, where), _curve(table, prefix, where))
 
 
+def _rate_stage(codec: Any) -> str | None:
+    """The stage a codec name's ratio drives; None for a bad name (``_codec`` reports it)."""
+    try:
+        return parse_codec(codec).rate_stage
+    except ValueError:
+        return None
+
+
 def _bits_as_rate(table: dict, prefix: str, where: _Where) -> dict:
     """``codec = "quant"`` (quant the rate stage) with ``bits = b`` and no rate keys: a constant
     ratio ``32 / b`` (which gives ``b`` bits); ``bits`` next to rate keys is a conflict."""
-    try:
-        rate_stage = parse_codec(table.get("codec", DEFAULTS["codec"])).rate_stage
-    except ValueError:
-        return table                                  # _codec reports the bad codec
-    if rate_stage != "quant" or "bits" not in table:
+    if _rate_stage(table.get("codec", DEFAULTS["codec"])) != "quant" or "bits" not in table:
         return table
     given = [key for key in RATE_KEYS if key in table]
     if given:
@@ -313,12 +317,19 @@ def _bits_as_rate(table: dict, prefix: str, where: _Where) -> dict:
 
 def _merge(base: dict, override: dict) -> dict:
     """Override rule keys; an override that sets ``kind`` replaces the whole rate curve, one that
-    sets ``codec`` replaces the stage settings (``bits``, ``keep``)."""
+    sets ``codec`` replaces the stage settings (``bits``, ``keep``). Where quant is the rate
+    stage, ``bits`` is a curve of its own (``32 / bits``): an override's ``bits`` replaces the
+    inherited rate keys, and an override's rate keys the inherited ``bits``."""
     merged = {k: v for k, v in base.items() if k in RULE_KEYS}
     if "kind" in override:
         merged = {k: v for k, v in merged.items() if k not in RATE_KEYS}
     if "codec" in override:
         merged = {k: v for k, v in merged.items() if k not in STAGE_KEYS}
+    if _rate_stage(override.get("codec", merged.get("codec", DEFAULTS["codec"]))) == "quant":
+        if "bits" in override:
+            merged = {k: v for k, v in merged.items() if k not in RATE_KEYS}
+        elif any(key in override for key in RATE_KEYS):
+            merged.pop("bits", None)
     merged.update({k: v for k, v in override.items() if k in RULE_KEYS})
     return merged
 

@@ -60,6 +60,21 @@ def test_an_override_codec_drops_the_inherited_stage_settings(tmp_path):
     assert repr(p.forward_codec(0, 0, 3, 16)) == "sample(0.125)+quant(2)"
 
 
+def test_quant_bits_in_an_override_replace_the_inherited_curve(tmp_path):
+    """``bits = b`` is codec 'quant''s constant ratio 32 / b in an override too: it was refused
+    as 'bits and backward.max_ratio both set the rate', naming a key the table did not have.
+    Likewise an override's ratio replaces inherited bits."""
+    p = _policy('codec = "truncate"\nkind = "linear"\nmax_ratio = 16.0\n'
+                '[backward]\ncodec = "quant"\nbits = 2\n', tmp_path, epochs=12)
+    assert p.ratio(0, 0, 2) == 16.0 and repr(p.forward_codec(0, 0, 2, 16)) == "truncate(k=1)"
+    assert [repr(p.backward_codec(t, 0, 2, 16)) for t in (0, 11)] == ["quant(2)"] * 2
+    q = _policy('codec = "quant"\nbits = 2\ncompress_last_layer = true\n'
+                '[layers.1]\nkind = "constant"\nratio = 32.0\n[layers.0.backward]\nbits = 8\n',
+                tmp_path)
+    assert [repr(q.forward_codec(0, layer, 2, 16)) for layer in (0, 1)] == ["quant(2)", "quant(1)"]
+    assert [repr(q.backward_codec(0, layer, 2, 16)) for layer in (0, 1)] == ["quant(8)", "quant(1)"]
+
+
 def test_combined_codecs_and_flags(tmp_path):
     p = _policy('codec = "truncate+quant"\nbits = 4\nkind = "constant"\nratio = 4.0\n'
                 'compress_backward = false\n', tmp_path)
