@@ -319,7 +319,7 @@ def _merge(base: dict, override: dict) -> dict:
     """Override rule keys; an override that sets ``kind`` replaces the whole rate curve, one that
     sets ``codec`` replaces the stage settings (``bits``, ``keep``). Where quant is the rate
     stage, ``bits`` is a curve of its own (``32 / bits``): an override's ``bits`` replaces the
-    inherited rate keys, and an override's rate keys the inherited ``bits``."""
+    inherited rate keys, and an override's ``kind`` the inherited ``bits``."""
     merged = {k: v for k, v in base.items() if k in RULE_KEYS}
     if "kind" in override:
         merged = {k: v for k, v in merged.items() if k not in RATE_KEYS}
@@ -328,7 +328,7 @@ def _merge(base: dict, override: dict) -> dict:
     if _rate_stage(override.get("codec", merged.get("codec", DEFAULTS["codec"]))) == "quant":
         if "bits" in override:
             merged = {k: v for k, v in merged.items() if k not in RATE_KEYS}
-        elif any(key in override for key in RATE_KEYS):
+        elif "kind" in override:
             merged.pop("bits", None)
     merged.update({k: v for k, v in override.items() if k in RULE_KEYS})
     return merged

@@ -63,7 +63,7 @@ def test_an_override_codec_drops_the_inherited_stage_settings(tmp_path):
 def test_quant_bits_in_an_override_replace_the_inherited_curve(tmp_path):
     """``bits = b`` is codec 'quant''s constant ratio 32 / b in an override too: it was refused
     as 'bits and backward.max_ratio both set the rate', naming a key the table did not have.
-    Likewise an override's ratio replaces inherited bits."""
+    Likewise an override's kind replaces inherited bits."""
     p = _policy('codec = "truncate"\nkind = "linear"\nmax_ratio = 16.0\n'
                 '[backward]\ncodec = "quant"\nbits = 2\n', tmp_path, epochs=12)
     assert p.ratio(0, 0, 2) == 16.0 and repr(p.forward_codec(0, 0, 2, 16)) == "truncate(k=1)"
@@ -73,6 +73,8 @@ def test_quant_bits_in_an_override_replace_the_inherited_curve(tmp_path):
                 tmp_path)
     assert [repr(q.forward_codec(0, layer, 2, 16)) for layer in (0, 1)] == ["quant(2)", "quant(1)"]
     assert [repr(q.backward_codec(0, layer, 2, 16)) for layer in (0, 1)] == ["quant(8)", "quant(1)"]
+    with pytest.raises(ScheduleError, match="bits and layers.0.slope both set the rate"):
+        _policy('codec = "quant"\nbits = 2\n[layers.0]\nslope = 3.0\n', tmp_path)  # which curve?
 
 
 def test_combined_codecs_and_flags(tmp_path):
