@@ -191,7 +191,8 @@ def _curve(table: dict, prefix: str, where: _Where) -> RateCurve:
                           "itself and is set for the whole schedule only", "write kind = "
                           "'auto' at the top of the file and remove this override")
     if kind not in KINDS:
-        raise where.error(prefix + "kind", f"unknown kind {kind!r}", f"use one of {', '.join(KINDS)}")
+        kinds = (*KINDS, "auto") if not prefix else KINDS    # auto: the whole file's only
+        raise where.error(prefix + "kind", f"unknown kind {kind!r}", f"use one of {', '.join(kinds)}")
     if "ratio" in table and kind != "constant":
         raise where.error(prefix + "ratio", f"'ratio' is for kind = 'constant', not {kind!r}",
                           "use max_ratio and min_ratio, or kind = 'constant'")
