@@ -584,6 +584,11 @@ def parse_schedule(top: dict, path: str = "<schedule>") -> CompressionPolicy:
                           "give --schedule a schedule file (configs/schedules/)")
     if top.get("kind") == "auto":
         return _auto(top, where)
+    for key in [k for k in AUTO_KEYS if k not in TOP_KEYS]:       # one order on every rank
+        if key in top:
+            raise where.error(key, "is a key of kind = 'auto' only, and this file's kind is "
+                              f"{top.get('kind', DEFAULTS['kind'])!r}", "add kind = 'auto' "
+                              f"(see configs/schedules/auto.toml), or remove {key}")
     _check_keys(top, TOP_KEYS, "", where)
     _check_keys(_sub_table(top, "backward", "", where), RULE_KEYS, "backward.", where)
     _no_backward_tables(top, where)

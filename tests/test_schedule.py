@@ -152,6 +152,7 @@ BAD = [
     ('kind = "constant"\nratio = inf\n', "'ratio'", "inf is not a finite number"),
     ('kind = "step"\nevery = 5\nepochs = 100\n', "'epochs'", "has no effect"),
     ('kind = "atuo"\n', "'kind'", "step, table, auto"),            # auto was not offered
+    ('objective = "bytes"\n', "'objective'", "add kind = 'auto'"),     # was 'unknown key' 
     ('compress_backward = false\n[backward]\ncodec = "quant"\n', "'backward'",
      "compress_backward = true"),
     ('compress_backward = false\n[layers.0.backward]\nratio = 2.0\n', "layers.0.backward",
