@@ -231,6 +231,8 @@ METHODS = ("full", "retexo")
 
 _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "comm": CommConfig,
                   "parallel": ParallelConfig, "run": RunConfig}
+SECTIONS = tuple(_SECTION_TYPES)
+"""The run config's sections (a schedule file holding one is a run config given as a schedule)."""
 
 
 def _default(cls: type, key: str) -> Any:
@@ -262,6 +264,12 @@ def build_config(raw: dict, where: str = "<config>") -> Config:
     """Nested dict (as read from TOML) -> validated Config."""
     parts = {}
     for section, table in raw.items():
+        if section not in _SECTION_TYPES and not isinstance(table, dict):
+            raise ConfigError(f"{where}: '{section}' is a key outside any [section], and a run "
+                              f"config holds only the sections {sorted(_SECTION_TYPES)}; fix: if "
+                              f"this file is a compression schedule (codec, kind, ...), pass it "
+                              f"with --schedule and give --config a run config such as "
+                              f"configs/cora.toml; else move '{section}' into its section")
         if section not in _SECTION_TYPES:
             raise ConfigError(f"{where}: unknown section [{section}]; "
                               f"{_did_you_mean(section, _SECTION_TYPES)}valid sections are "

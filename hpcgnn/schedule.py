@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from hpcgnn.autotune import OBJECTIVES, AutoPolicy, AutoSettings
-from hpcgnn.codecs.base import IDENTITY, CompressionPolicy, WireCodec
+from hpcgnn.codecs.base import IDENTITY, MIN_KEEP, CompressionPolicy, WireCodec
 from hpcgnn.codecs.build import CodecSpec, build_codec, parse_codec
 from hpcgnn.codecs.learned import learned_pair
 from hpcgnn.codecs.quant import BITS
+from hpcgnn.config import SECTIONS
 
 try:
     import tomllib
@@ -62,6 +63,10 @@ STAGE_KEYS = ("bits", "keep")
 RULE_KEYS = ("codec", *RATE_KEYS, *STAGE_KEYS)
 TOP_KEYS = (*RULE_KEYS, "epochs", "compress_last_layer", "compress_backward", "backward", "layers")
 LAYER_KEYS = (*RULE_KEYS, "backward")
+KIND_KEYS = {"constant": ("ratio", "max_ratio"), "linear": ("max_ratio", "min_ratio", "slope"),
+             "exponential": ("max_ratio", "min_ratio", "slope"),
+             "step": ("max_ratio", "min_ratio", "every", "factor"), "table": ("phase",)}
+"""The rate keys each curve kind reads; another rate key beside it would have no effect."""
 DEFAULTS = {"codec": "truncate", "kind": "linear", "max_ratio": 128.0, "min_ratio": 1.0,
             "slope": 5.0, "factor": 2.0}
 
@@ -141,8 +146,8 @@ def _number(table: dict, key: str, prefix: str, where: _Where, default: Any = No
 def _ratio(table: dict, key: str, prefix: str, where: _Where, default: Any = None) -> Any:
     value = _number(table, key, prefix, where, default)
     if value is not None and not (value >= 1.0 and math.isfinite(value)):
-        raise where.error(prefix + key, f"ratio {value} is below 1 (1 = uncompressed)",
-                          "use a finite ratio >= 1.0")
+        problem = "is below 1 (1 = uncompressed)" if value < 1.0 else "is not a finite number"
+        raise where.error(prefix + key, f"ratio {value} {problem}", "use a finite ratio >= 1.0")
     return value
 
 
@@ -186,7 +191,8 @@ def _curve(table: dict, prefix: str, where: _Where) -> RateCurve:
                           "itself and is set for the whole schedule only", "write kind = "
                           "'auto' at the top of the file and remove this override")
     if kind not in KINDS:
-        raise where.error(prefix + "kind", f"unknown kind {kind!r}", f"use one of {', '.join(KINDS)}")
+        kinds = (*KINDS, "auto") if not prefix else KINDS    # auto: the whole file's only
+        raise where.error(prefix + "kind", f"unknown kind {kind!r}", f"use one of {', '.join(kinds)}")
     if "ratio" in table and kind != "constant":
         raise where.error(prefix + "ratio", f"'ratio' is for kind = 'constant', not {kind!r}",
                           "use max_ratio and min_ratio, or kind = 'constant'")
@@ -248,7 +254,9 @@ def _valid_bits(value: Any) -> bool:
 
 
 def _valid_keep(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value <= 1
+    """``MIN_KEEP <= keep <= 1``: the codec raises a smaller fraction to ``MIN_KEEP``, so one
+    below it would not be what the file says."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and MIN_KEEP <= value <= 1
 
 
 # key -> (stage, why it has no effect when that stage is the rate stage, check, wanted, fix)
@@ -256,7 +264,7 @@ _FIXED = {
     "bits": ("quant", "with quant alone the ratio sets the bits (ratio 8 -> 4 bits)",
              _valid_bits, f"bits in {BITS}", "add bits = 4"),
     "keep": ("sample", "with sample as the rate stage the ratio sets the kept fraction "
-             "(1 / ratio)", _valid_keep, "a kept fraction in (0, 1]", "add keep = 0.5"),
+             "(1 / ratio)", _valid_keep, f"a kept fraction in [{MIN_KEEP}, 1]", "add keep = 0.5"),
 }
 
 
@@ -282,14 +290,18 @@ def _rule(table: dict, prefix: str, where: _Where) -> ExchangeRule:
     return ExchangeRule(_codec(table, prefix, where), _curve(table, prefix, where))
 
 
+def _rate_stage(codec: Any) -> str | None:
+    """The stage a codec name's ratio drives; None for a bad name (``_codec`` reports it)."""
+    try:
+        return parse_codec(codec).rate_stage
+    except ValueError:
+        return None
+
+
 def _bits_as_rate(table: dict, prefix: str, where: _Where) -> dict:
     """``codec = "quant"`` (quant the rate stage) with ``bits = b`` and no rate keys: a constant
     ratio ``32 / b`` (which gives ``b`` bits); ``bits`` next to rate keys is a conflict."""
-    try:
-        rate_stage = parse_codec(table.get("codec", DEFAULTS["codec"])).rate_stage
-    except ValueError:
-        return table                                  # _codec reports the bad codec
-    if rate_stage != "quant" or "bits" not in table:
+    if _rate_stage(table.get("codec", DEFAULTS["codec"])) != "quant" or "bits" not in table:
         return table
     given = [key for key in RATE_KEYS if key in table]
     if given:
@@ -306,12 +318,19 @@ def _bits_as_rate(table: dict, prefix: str, where: _Where) -> dict:
 
 def _merge(base: dict, override: dict) -> dict:
     """Override rule keys; an override that sets ``kind`` replaces the whole rate curve, one that
-    sets ``codec`` replaces the stage settings (``bits``, ``keep``)."""
+    sets ``codec`` replaces the stage settings (``bits``, ``keep``). Where quant is the rate
+    stage, ``bits`` is a curve of its own (``32 / bits``): an override's ``bits`` replaces the
+    inherited rate keys, and an override's ``kind`` the inherited ``bits``."""
     merged = {k: v for k, v in base.items() if k in RULE_KEYS}
     if "kind" in override:
         merged = {k: v for k, v in merged.items() if k not in RATE_KEYS}
     if "codec" in override:
         merged = {k: v for k, v in merged.items() if k not in STAGE_KEYS}
+    if _rate_stage(override.get("codec", merged.get("codec", DEFAULTS["codec"]))) == "quant":
+        if "bits" in override:
+            merged = {k: v for k, v in merged.items() if k not in RATE_KEYS}
+        elif "kind" in override:
+            merged.pop("bits", None)
     merged.update({k: v for k, v in override.items() if k in RULE_KEYS})
     return merged
 
@@ -338,10 +357,30 @@ class LayerRules:
     backward: ExchangeRule
 
 
+def _unread_keys(own: dict, merged: dict, prefix: str, where: _Where) -> None:
+    """The rate keys a table sets itself (``own``) that its curve's kind (``merged``'s) does not
+    read: refused, as they would have no effect (e.g. ``slope`` beside ``kind = 'constant'``)."""
+    kind = merged.get("kind", DEFAULTS["kind"])
+    reads = KIND_KEYS.get(kind)
+    if reads is None:
+        return                                        # _curve reports the kind
+    if kind == "constant" and "ratio" in own and "max_ratio" in own:
+        raise where.error(prefix + "max_ratio", "has no effect: kind = 'constant' reads ratio "
+                          "when both are set", "remove max_ratio")
+    for key in RATE_KEYS:
+        if key in own and key not in (*reads, "kind", "ratio"):   # ratio: _curve's message
+            raise where.error(prefix + key, f"has no effect: kind = {kind!r} reads only "
+                              f"{', '.join(reads)}", f"remove {key}, or set the kind that "
+                              f"reads it (see the kinds in docs/compression.md)")
+
+
 def _layer_rules(top: dict, layer: dict, prefix: str, where: _Where) -> LayerRules:
     fwd = _merge(top, layer)
+    own_bwd = _sub_table(layer if prefix else top, "backward", prefix, where)
     bwd = _merge(_merge(fwd, _sub_table(top, "backward", "", where)),
                  _sub_table(layer, "backward", prefix, where))
+    _unread_keys(layer if prefix else top, fwd, prefix, where)
+    _unread_keys(own_bwd, bwd, prefix + "backward.", where)
     return LayerRules(_rule(fwd, prefix, where), _rule(bwd, prefix + "backward.", where))
 
 
@@ -391,6 +430,10 @@ class SchedulePolicy(CompressionPolicy):
         if bad:
             raise where.error(f"layers.{bad[0]}", f"the model has {num_layers} layers "
                               f"(0..{num_layers - 1})", "remove the override or add layers")
+        if not self.compress_last_layer and num_layers - 1 in self.layers:
+            raise where.error(f"layers.{num_layers - 1}", "has no effect: it is the model's last "
+                              "layer, which compress_last_layer = false keeps fp32",
+                              "set compress_last_layer = true, or remove the override")
         bound = copy.copy(self)
         bound.epochs = self.epochs if self.epochs is not None else int(epochs)
         bound.num_layers, bound.silent = int(num_layers), frozenset(silent)
@@ -452,7 +495,7 @@ class SchedulePolicy(CompressionPolicy):
 
 # --- kind = "auto" -----------------------------------------------------------------------------
 AUTO_KEYS = ("kind", "codec", "bits", "every", "objective", "compress_last_layer",
-             "compress_backward", "probe_rows", "epochs")
+             "compress_backward", "probe_rows")
 
 
 def _auto_refusals(top: dict, where: _Where) -> None:
@@ -463,6 +506,9 @@ def _auto_refusals(top: dict, where: _Where) -> None:
                               "and direction, from measured error and cost)",
                               f"remove {key}, or use a curve kind (constant, linear, ...) with "
                               f"codec = 'quant' to fix the rate")
+    if "epochs" in top:
+        raise where.error("epochs", "has no effect: kind = 'auto' follows the loss, not a curve "
+                          "over the run's epochs", "remove epochs")
     for key in ("layers", "backward"):
         if key in top:
             raise where.error(key, "kind = 'auto' decides every layer and direction itself",
@@ -507,7 +553,6 @@ def _auto(top: dict, where: _Where) -> AutoPolicy:
     if objective not in OBJECTIVES:
         raise where.error("objective", f"unknown objective {objective!r}",
                           f"use one of {', '.join(OBJECTIVES)}")
-    _epochs(top, where)
     return AutoPolicy(where.path, AutoSettings(
         bits=_auto_bits(top, where), every=_auto_every(top, where), objective=objective,
         compress_last_layer=_flag(top, "compress_last_layer", True, where),
@@ -515,16 +560,47 @@ def _auto(top: dict, where: _Where) -> AutoPolicy:
         probe_rows=_auto_probe_rows(top, where)))
 
 
+def _no_backward_tables(top: dict, where: _Where) -> None:
+    """``compress_backward = false`` sends every backward fp32: a backward table would have no
+    effect."""
+    if _flag(top, "compress_backward", True, where):
+        return
+    tables = ["backward"] * ("backward" in top) + [
+        f"layers.{name}.backward" for name, table in _sub_table(top, "layers", "", where).items()
+        if isinstance(table, dict) and "backward" in table]
+    if tables:
+        raise where.error(tables[0], "has no effect: compress_backward = false sends every "
+                          "backward exchange fp32", f"set compress_backward = true, or remove "
+                          f"[{tables[0]}]")
+
+
 def parse_schedule(top: dict, path: str = "<schedule>") -> CompressionPolicy:
     """A policy from an already-parsed schedule table; every check runs here."""
     where = _Where(path)
+    config = [key for key in SECTIONS if isinstance(top.get(key), dict)]
+    if config:
+        raise where.error(config[0], f"[{config[0]}] is a run config's section: this file is a "
+                          "run config, not a compression schedule", "pass it with --config, and "
+                          "give --schedule a schedule file (configs/schedules/)")
     if top.get("kind") == "auto":
         return _auto(top, where)
+    for key in [k for k in AUTO_KEYS if k not in TOP_KEYS]:       # one order on every rank
+        if key in top:
+            raise where.error(key, "is a key of kind = 'auto' only, and this file's kind is "
+                              f"{top.get('kind', DEFAULTS['kind'])!r}", "add kind = 'auto' "
+                              f"(see configs/schedules/auto.toml), or remove {key}")
     _check_keys(top, TOP_KEYS, "", where)
     _check_keys(_sub_table(top, "backward", "", where), RULE_KEYS, "backward.", where)
-    return SchedulePolicy(path, _layer_rules(top, {}, "", where), _layers(top, where),
-                          _flag(top, "compress_last_layer", False, where),
-                          _flag(top, "compress_backward", True, where), _epochs(top, where))
+    _no_backward_tables(top, where)
+    default, layers = _layer_rules(top, {}, "", where), _layers(top, where)
+    epochs = _epochs(top, where)
+    rules = [r for pair in (default, *layers.values()) for r in (pair.forward, pair.backward)]
+    if epochs is not None and not any(rule.curve.needs_epochs for rule in rules):
+        raise where.error("epochs", "has no effect: only kind = 'linear' or 'exponential' reads "
+                          "the run's epoch count, and no curve of this file is one",
+                          "remove epochs")
+    return SchedulePolicy(path, default, layers, _flag(top, "compress_last_layer", False, where),
+                          _flag(top, "compress_backward", True, where), epochs)
 
 
 def load_schedule(path: str | Path) -> CompressionPolicy:
@@ -535,7 +611,14 @@ def load_schedule(path: str | Path) -> CompressionPolicy:
     except FileNotFoundError:
         raise ScheduleError(f"schedule {path}: file not found; fix: pass an existing "
                             "--schedule file (see configs/schedules/)") from None
+    except (OSError, UnicodeDecodeError) as err:     # a directory, unreadable, not text
+        raise ScheduleError(f"schedule {path}: cannot be read as a TOML text file ({err}); fix: "
+                            "pass a schedule file (see configs/schedules/)") from None
     except tomllib.TOMLDecodeError as err:
         raise ScheduleError(f"schedule {path}: not valid TOML ({err}); fix: correct the "
                             "syntax") from None
+    if not top:                 # parse_schedule({}) is VARCO's default curve; a file says so
+        raise ScheduleError(f"schedule {path}: the file sets no key (it is empty or only "
+                            "comments); fix: write the schedule's keys (e.g. kind, codec; see "
+                            "configs/schedules/), or leave out --schedule to train uncompressed")
     return parse_schedule(top, str(path))

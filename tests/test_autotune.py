@@ -442,6 +442,7 @@ AUTO_BAD = [
     ('budget = 0.1\n', "budget", "unknown key"),
     ('[layers.0]\nbits = 2\n', "layers", "decides every layer"),
     ('[backward]\nkind = "constant"\n', "backward", "compress_backward = false"),
+    ('epochs = 100\n', "epochs", "has no effect"),        # was accepted, and read by nothing
 ]
 
 

@@ -6,7 +6,8 @@ synchronous, and smoothing averages both; Sylvie (quantised stale rows and gradi
 same PipeGCN fed what the numpy quantiser of ``test_codecs`` gives; resume with staleness on
 equals the uninterrupted run, and a stale 1-bit run still learns. Compression: a sampled,
 random-channel schedule trains exactly as the whole-graph model whose halo rows are what the
-documented selection delivers."""
+documented selection delivers, and VARCO's learned codec as the whole-graph model whose halo
+rows pass a trained encoder, the first k channels and a trained decoder while k < F."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,7 +16,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from _pipegcn import adam_step, torch_sparse
+from _pipegcn import torch_sparse
 from conftest import CSBM, check_ok, read_metrics, together, train, train_here, train_together
 from test_codecs import np_hash32, ref_channels, ref_kept_rows
 
@@ -178,22 +179,44 @@ def _block_key(seed: int, layer: int, src: int, dst: int, epoch: int) -> int:
     return int(np_hash32(np.uint64(mix(seed, layer, src, dst) & 0xFFFFFFFF) ^ np_hash32(epoch)))
 
 
-def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
-    """The same GCN on the whole graph, each part's halo rows of every layer replaced by what
-    the documented selection of ``sample+random`` (keep 1/2 of each block's rows, half the
-    channels, scaled by rows/kept) delivers; autograd gives the gradient of that forward."""
+def _split_operator(shard_dir, ranks: int):
+    """The whole graph and its GCN operator split into the part-local entries (``a_loc``) and,
+    per receiving part ``q``, the entries whose column is another part's node (``a_halo[q]``)."""
     from hpcgnn.data.datasets import load_dataset
-    from hpcgnn.data.shard import read_shard
     g = load_dataset(CSBM)
-    shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
     part_of = _parts(shard_dir, ranks)
     a = sp.coo_matrix(_gcn_operator(g))
     same = part_of[a.row] == part_of[a.col]
     a_loc = torch_sparse(sp.coo_matrix((a.data * same, (a.row, a.col)), shape=a.shape))
     a_halo = [torch_sparse(sp.coo_matrix((a.data * (~same & (part_of[a.row] == q)),
                                           (a.row, a.col)), shape=a.shape)) for q in range(ranks)]
+    return g, a_loc, a_halo
+
+
+def _train_gcn(g, p: dict, opt, propagate) -> list[float]:
+    """EPOCHS full-batch steps of the 2-layer GCN (layer 0 propagates X, layer 1 H W1, as the
+    ranks do for these widths) with ``propagate(e, layer, epoch)``; the losses."""
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
     train_idx = torch.from_numpy(g.train_idx)
+    losses = []
+    for t in range(EPOCHS):
+        h = torch.relu(propagate(x, 0, t) @ p["layers.0.weight"] + p["layers.0.bias"])
+        out = propagate(h @ p["layers.1.weight"], 1, t) + p["layers.1.bias"]
+        loss = F.cross_entropy(out[train_idx], y[train_idx])
+        opt.zero_grad(set_to_none=False)      # a parameter this step leaves alone still steps
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
+    """The same GCN on the whole graph, each part's halo rows of every layer replaced by what
+    the documented selection of ``sample+random`` (keep 1/2 of each block's rows, half the
+    channels, scaled by rows/kept) delivers; autograd gives the gradient of that forward."""
+    from hpcgnn.data.shard import read_shard
+    g, a_loc, a_halo = _split_operator(shard_dir, ranks)
+    shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
 
@@ -217,12 +240,7 @@ def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
         return torch.sparse.mm(a_loc, e) + sum(torch.sparse.mm(a_halo[q], ms[q] * e)
                                                for q in range(ranks))
 
-    losses = []
-    for t in range(EPOCHS):
-        h = torch.relu(propagate(x, 0, t) @ p["layers.0.weight"] + p["layers.0.bias"])
-        out = propagate(h @ p["layers.1.weight"], 1, t) + p["layers.1.bias"]
-        losses.append(adam_step(opt, F.cross_entropy(out[train_idx], y[train_idx])))
-    return losses
+    return _train_gcn(g, p, opt, propagate)
 
 
 @pytest.mark.mpi
@@ -300,3 +318,61 @@ def test_stale_quantised_training_equals_sylvie(shards, init_of, tmp_path):
     assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
     fp32 = pipegcn_losses(g, parts, init, model, 1, 0.0, EPOCHS)
     assert got != pytest.approx(fp32, rel=1e-4)            # the quantisation changed the run
+
+
+# -- VARCO's learned codec against a single-process computation ----------------------------
+
+LEARNED = ('codec = "learned"\nkind = "linear"\nmax_ratio = 4.0\nmin_ratio = 1.0\nslope = 1.0\n'
+           'compress_last_layer = true\n')
+
+
+def learned_reference(shard_dir, ranks: int, init: dict) -> list[float]:
+    """The same GCN on the whole graph, every halo row of layer ``l`` at epoch ``t`` replaced by
+    ``D_l([E_l(row)[:k], 0])``: ``E_l``, ``D_l`` linear maps ``F -> F`` that start as the
+    identity and train with the model (Adam, no weight decay: train.weight_decay_codec is
+    false), ``k = floor(F / r_t)`` with VARCO's ``r_t = max(1, 4 - t * 3 / (EPOCHS - 2))``; no
+    map at all where ``k = F`` (ratio 1). Owned rows never pass through the maps."""
+    g, a_loc, a_halo = _split_operator(shard_dir, ranks)
+    a_cross = sum(a_halo[1:], a_halo[0]).coalesce()
+    p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    codec = {}
+    for layer, width in enumerate((g.dense_features().shape[1], 4)):
+        for name in ("encoder", "decoder"):
+            codec[f"layers.{layer}.{name}.weight"] = torch.eye(width).requires_grad_(True)
+            codec[f"layers.{layer}.{name}.bias"] = torch.zeros(width).requires_grad_(True)
+    opt = torch.optim.Adam([{"params": list(p.values()), "weight_decay": 5e-4},
+                            {"params": list(codec.values()), "weight_decay": 0.0}], lr=0.01)
+
+    def propagate(e: torch.Tensor, layer: int, epoch: int) -> torch.Tensor:
+        width = e.shape[1]
+        ratio = max(1.0, 4.0 - epoch * 3.0 / (EPOCHS - 2))
+        k = max(1, min(width, int(width / ratio + 1e-9)))
+        sent = e
+        if k < width:
+            code = (e @ codec[f"layers.{layer}.encoder.weight"].T
+                    + codec[f"layers.{layer}.encoder.bias"])[:, :k]
+            padded = torch.cat([code, torch.zeros(e.shape[0], width - k)], dim=1)
+            sent = (padded @ codec[f"layers.{layer}.decoder.weight"].T
+                    + codec[f"layers.{layer}.decoder.bias"])
+        return torch.sparse.mm(a_loc, e) + torch.sparse.mm(a_cross, sent)
+
+    return _train_gcn(g, p, opt, propagate), codec
+
+
+@pytest.mark.mpi
+def test_learned_training_equals_single_process_computation(shards, init_params, tmp_path):
+    """The encoder/decoder pair on real ranks (k = 6, 6, 8, 9, 12, 16 of 24 input channels,
+    then ratio 1; 1-2 of 4 in the last layer): the losses of the whole-graph computation above,
+    and the checkpoint's trained pair is that computation's."""
+    shard_dir = shards(CSBM, 2, "random")
+    (tmp_path / "s.toml").write_text(LEARNED)
+    check_ok(train(2, shard_dir, tmp_path / "run", *SETS,
+                   extra=("--schedule", str(tmp_path / "s.toml")), timeout=180))
+    got = [r["loss"] for r in read_metrics(tmp_path / "run")]
+    want, codec = learned_reference(shard_dir, 2, init_params)
+    assert got == pytest.approx(want, rel=2e-5)
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["model"]
+    for name, value in codec.items():
+        assert not torch.equal(value.detach(), torch.eye(value.shape[0]) if value.ndim == 2
+                               else torch.zeros_like(value)), name       # it trained
+        torch.testing.assert_close(state[name], value.detach(), rtol=1e-3, atol=1e-4)  # lr 0.01

@@ -60,6 +60,23 @@ def test_an_override_codec_drops_the_inherited_stage_settings(tmp_path):
     assert repr(p.forward_codec(0, 0, 3, 16)) == "sample(0.125)+quant(2)"
 
 
+def test_quant_bits_in_an_override_replace_the_inherited_curve(tmp_path):
+    """``bits = b`` is codec 'quant''s constant ratio 32 / b in an override too: it was refused
+    as 'bits and backward.max_ratio both set the rate', naming a key the table did not have.
+    Likewise an override's kind replaces inherited bits."""
+    p = _policy('codec = "truncate"\nkind = "linear"\nmax_ratio = 16.0\n'
+                '[backward]\ncodec = "quant"\nbits = 2\n', tmp_path, epochs=12)
+    assert p.ratio(0, 0, 2) == 16.0 and repr(p.forward_codec(0, 0, 2, 16)) == "truncate(k=1)"
+    assert [repr(p.backward_codec(t, 0, 2, 16)) for t in (0, 11)] == ["quant(2)"] * 2
+    q = _policy('codec = "quant"\nbits = 2\ncompress_last_layer = true\n'
+                '[layers.1]\nkind = "constant"\nratio = 32.0\n[layers.0.backward]\nbits = 8\n',
+                tmp_path)
+    assert [repr(q.forward_codec(0, layer, 2, 16)) for layer in (0, 1)] == ["quant(2)", "quant(1)"]
+    assert [repr(q.backward_codec(0, layer, 2, 16)) for layer in (0, 1)] == ["quant(8)", "quant(1)"]
+    with pytest.raises(ScheduleError, match="bits and layers.0.slope both set the rate"):
+        _policy('codec = "quant"\nbits = 2\n[layers.0]\nslope = 3.0\n', tmp_path)  # which curve?
+
+
 def test_combined_codecs_and_flags(tmp_path):
     p = _policy('codec = "truncate+quant"\nbits = 4\nkind = "constant"\nratio = 4.0\n'
                 'compress_backward = false\n', tmp_path)
@@ -108,12 +125,38 @@ BAD = [
     ('[layers.0]\ncodec = "quant"\nbits = 4\nratio = 8.0\n', "layers.0.bits", "layers.0.ratio"),
     ('codec = "quant"\nbits = 3\n', "bits", "(1, 2, 4, 8)"),
     ('codec = "sample+truncate"\n', "keep", "keep = 0.5"),
+    ('codec = "sample+truncate"\nkeep = 0.05\n', "keep", "[0.125, 1], got 0.05"),  # sent 1/8
+    ('codec = "sample+truncate"\nkeep = 0\n', "keep", "[0.125, 1], got 0"),
+    ('codec = "sample+truncate"\nkeep = 1.5\n', "keep", "[0.125, 1], got 1.5"),
     ('compress_backward = "yes"\n', "compress_backward", "true or false"),
     ('[layers.x]\nratio = 2.0\n', "layers.x", "[layers.0]"),
     ('[layers.0]\nspeed = 2.0\n', "layers.0.speed", "unknown key"),
     ('[backward]\nslope = 0.0\n', "backward.slope", "never decreases"),
     ('max_ratio = "big"\n', "max_ratio", "expected a number"),
     ('codec = \n', "", "not valid TOML"),
+    ('', "", "sets no key"),                                 # ran VARCO's 128 -> 1 silently
+    ('# a schedule to come\n', "", "leave out --schedule"),
+    ('[model]\nhidden = 16\n[train]\nepochs = 5\n', "'model'", "pass it with --config"),
+    ('kind = "constant"\nratio = 4.0\nslope = 3.0\n', "'slope'", "has no effect"),
+    ('kind = "constant"\nratio = 4.0\nmax_ratio = 8.0\n', "'max_ratio'", "reads ratio"),
+    ('kind = "linear"\nmax_ratio = 8.0\nevery = 3\n', "'every'", "max_ratio, min_ratio, slope"),
+    ('kind = "step"\nevery = 2\nslope = 3.0\n', "'slope'", "has no effect"),
+    ('kind = "constant"\nratio = 4.0\n[[phase]]\nuntil_epoch = 3\nratio = 2.0\n', "'phase'",
+     "has no effect"),
+    ('kind = "table"\nmax_ratio = 8.0\n[[phase]]\nuntil_epoch = 3\nratio = 2.0\n',
+     "'max_ratio'", "reads only phase"),
+    ('[layers.0]\nkind = "constant"\nratio = 2.0\nfactor = 2.0\n', "layers.0.factor",
+     "has no effect"),
+    ('[backward]\nkind = "constant"\nratio = 2.0\nmin_ratio = 1.0\n', "backward.min_ratio",
+     "has no effect"),
+    ('kind = "constant"\nratio = inf\n', "'ratio'", "inf is not a finite number"),
+    ('kind = "step"\nevery = 5\nepochs = 100\n', "'epochs'", "has no effect"),
+    ('kind = "atuo"\n', "'kind'", "step, table, auto"),            # auto was not offered
+    ('objective = "bytes"\n', "'objective'", "add kind = 'auto'"),     # was 'unknown key' 
+    ('compress_backward = false\n[backward]\ncodec = "quant"\n', "'backward'",
+     "compress_backward = true"),
+    ('compress_backward = false\n[layers.0.backward]\nratio = 2.0\n', "layers.0.backward",
+     "has no effect"),
 ]
 
 
@@ -127,6 +170,16 @@ def test_bad_files_are_rejected_naming_file_key_and_fix(tmp_path, text, key, mes
     assert str(path) in text and key in text and message in text and "fix:" in text
 
 
+def test_keys_for_the_top_curve_stay_allowed_beside_an_override_of_another_kind(tmp_path):
+    """``[backward] slope`` tunes the top-level linear curve; layer 0's constant override does
+    not read it, and that is no mistake of the file (only the keys a table sets are checked
+    against its own kind)."""
+    p = _policy('kind = "linear"\nmax_ratio = 8.0\nslope = 1.0\n[backward]\nslope = 2.0\n'
+                '[layers.0]\nkind = "constant"\nratio = 4.0\n', tmp_path, epochs=12, layers=3)
+    assert p.ratio(5, 0, 3) == 4.0 and p.ratio(5, 1, 3) == pytest.approx(8.0 - 5 * 7 / 10)
+    assert p._ratio(p._rules(1).backward, 5) == pytest.approx(max(1.0, 8.0 - 10 * 7 / 10))
+
+
 def test_layer_override_beyond_the_model_is_rejected_at_bind(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text('[layers.3]\nmax_ratio = 4.0\n')
@@ -134,9 +187,33 @@ def test_layer_override_beyond_the_model_is_rejected_at_bind(tmp_path):
         load_schedule(path).bind(100, 2)
 
 
+def test_an_override_of_the_uncompressed_last_layer_is_rejected_at_bind(tmp_path):
+    """compress_last_layer = false keeps the last layer fp32: its override compressed nothing
+    (the run sent fp32 where the file asked for ratio 4)."""
+    path = tmp_path / "s.toml"
+    path.write_text('kind = "constant"\nratio = 8.0\n[layers.1]\nratio = 4.0\n')
+    with pytest.raises(ScheduleError, match=r"'layers.1': has no effect.*compress_last_layer = "
+                                            r"false.*fix: set compress_last_layer = true"):
+        load_schedule(path).bind(100, 2)
+    assert load_schedule(path).bind(100, 3).ratio(0, 1, 3) == 4.0     # not the last of 3
+    path.write_text('kind = "constant"\nratio = 8.0\ncompress_last_layer = true\n'
+                    '[layers.1]\nratio = 4.0\n')
+    assert load_schedule(path).bind(100, 2).ratio(0, 1, 2) == 4.0
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ScheduleError, match="not found"):
         load_schedule(tmp_path / "nope.toml")
+
+
+def test_a_directory_or_binary_file_names_the_schedule(tmp_path):
+    """The errors were Python's alone ('utf-8' codec can't decode byte ...), without the file."""
+    (tmp_path / "dir.toml").mkdir()
+    (tmp_path / "bin.toml").write_bytes(b"\x97\xff\x00codec")
+    for name in ("dir.toml", "bin.toml"):
+        with pytest.raises(ScheduleError, match=rf"schedule {tmp_path / name}: cannot be read "
+                                                r"as a TOML text file .*fix: pass a schedule"):
+            load_schedule(tmp_path / name)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])

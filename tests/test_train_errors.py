@@ -314,3 +314,28 @@ def test_a_diverged_run_stops_with_its_own_exit_code(shards, tmp_path):
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     assert state["progress"]["epochs_done"] == len(records) - 1       # the last finite epoch's
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_an_empty_schedule_or_swapped_files_end_the_job_on_every_rank(shards, tmp_path):
+    """An empty --schedule trained VARCO's 128 -> 1 truncation as if the file said so; a run
+    config given as --schedule, or a schedule as --config, was refused with a 'did you mean'
+    that pointed at a wrong key. Each ends the job on both ranks, one error naming the file
+    and the fix, before any exchange, and no checkpoint."""
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# to be written\n")
+    cases = (("configs/cora.toml", empty, f"schedule {empty}: the file sets no key"),
+             ("configs/cora.toml", "configs/cora.toml",
+              "schedule configs/cora.toml: key 'model': [model] is a run config's section"),
+             ("configs/schedules/varco.toml", None, "configs/schedules/varco.toml (with --set "
+              "overrides): 'codec' is a key outside any [section]"))
+    fixes = ("leave out --schedule", "pass it with --config", "pass it with --schedule")
+    for (config, schedule, want), fix in zip(cases, fixes):
+        out = tmp_path / f"run-{fix.split()[-1]}"
+        extra = ("--schedule", str(schedule)) if schedule else ()
+        proc = train(2, shards("cora", 2), out, "train.epochs=2", config=config, extra=extra,
+                     timeout=90)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        errors = [ln for ln in proc.stderr.splitlines() if " ERROR " in ln]
+        assert len(errors) == 1 and errors[0].startswith("[rank 0/2] ERROR ranks 0-1: "), errors
+        assert want in errors[0] and fix in errors[0], errors
+        assert not (out / "checkpoint.pt").exists() and not (out / "metrics.jsonl").exists()
