@@ -94,6 +94,8 @@ def test_a_run_variant_may_name_the_token_bucket(variant, burst, want):
         ["--set", "comm.progress=fine"] if "fine" in variant else [])
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_a_failed_run_is_named_and_the_rest_of_the_sweep_runs(tmp_path):
     """A run that fails (here: a schedule with no file; on a GPU machine, a link emulation its
     kernel lacks) is reported and skipped. The runs after it still run and are summarised, the
