@@ -21,12 +21,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")        # import Triton without a 
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hpcgnn
 from hpcgnn.codecs import fused  # noqa: E402
 from hpcgnn.codecs.base import WireCodec  # noqa: E402
 from hpcgnn.codecs.rng import Blocks  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hpcgnn
 from gpu_meter import streamed_time  # noqa: E402
 
 CODECS = {"quant(2)": WireCodec(bits=2), "quant(8)": WireCodec(bits=8),

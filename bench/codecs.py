@@ -26,12 +26,11 @@ from pathlib import Path
 
 import torch
 
-from hpcgnn.codecs import build_codec, parse_codec
-from hpcgnn.codecs.build import CodecSpec
-from hpcgnn.codecs.rng import Blocks, epoch_keys
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hpcgnn
+from hpcgnn.codecs import build_codec, parse_codec  # noqa: E402
+from hpcgnn.codecs.build import CodecSpec  # noqa: E402
+from hpcgnn.codecs.rng import Blocks, epoch_keys  # noqa: E402
 from gpu_meter import best_time, copy_bandwidth, device_name, device_seconds, launches, streamed_time  # noqa: E402
 
 CASES = [("none", 1), ("truncate", 8), ("truncate", 128), ("random", 8), ("quant", 4),

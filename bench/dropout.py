@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hpcgnn.nn.dropout import counter_dropout
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hpcgnn
+from hpcgnn.nn.dropout import counter_dropout  # noqa: E402
 from gpu_meter import best_time, copy_bandwidth, device_name, launches  # noqa: E402
 
 P = 0.5

@@ -52,8 +52,9 @@ set against its stale floor (``floor@sN`` in the same sweep; ``vs_max_stale``). 
 epochs ``epoch_s`` is the median of; ``bytes_per_epoch`` is the mean over every epoch, which for
 a stale run also holds the first layer's input rows that cross once, in epoch 0 (fp32: 19 % more
 than a Sylvie step's bytes over 100 epochs on the cSBM 20k, 47 % over 40). Results: ``OUT.json``, ``OUT.md`` and, with ``--plot``,
-``OUT-tta.png`` (accuracy against wall-clock) and ``OUT-speedup.png``. Run it on an otherwise
-idle machine.
+``OUT-tta.png`` (accuracy against wall-clock) and ``OUT-speedup.png``. A run that fails is named,
+skipped and listed under ``failed`` (exit status 1); ``OUT.partial.json`` holds the finished runs
+while the sweep goes on. Run it on an otherwise idle machine.
 """
 from __future__ import annotations
 
@@ -314,12 +315,19 @@ def wire_s(res: dict, rate: str) -> float | None:
         return None                                  # 'none' or 'shm': no rate
 
 
-def run_all(args) -> dict:
+def run_all(args, failed: list[str] | None = None) -> dict:
+    """Every run of the sweep. A run that fails (or outlasts ``--timeout``) is reported, named in
+    ``failed`` and skipped: the rest of the sweep goes on (a link emulation this machine lacks
+    must not cost the shared-memory runs). The results so far are kept in ``OUT.partial.json``
+    after each run, so a sweep stopped from outside leaves its finished runs summarised."""
     root = Path(args.work)
     root.mkdir(parents=True, exist_ok=True)
     config = root / "run.toml"
     config.write_text(RUN_TOML.format(epochs=args.epochs, seed=args.seed, eval_every=args.eval_every,
                                       layers=LAYERS))
+    partial = Path(args.out).with_name(Path(args.out).name + ".partial.json")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    failed = [] if failed is None else failed
     results: dict = {}
     for ranks in args.ranks:
         for rate in args.rates:
@@ -330,11 +338,17 @@ def run_all(args) -> dict:
                 shards = shard_set(args.dataset, parts, root, args.partitioner)
                 run_dir = root / f"r{ranks}-{rate}-{schedule}"
                 t0 = time.perf_counter()
-                launch(ranks, shards, schedule, rate, run_dir, config, args.timeout, args.epochs,
-                       args.device, args.burst)
-                res = summarise(run_dir)
+                try:
+                    launch(ranks, shards, schedule, rate, run_dir, config, args.timeout, args.epochs,
+                           args.device, args.burst)
+                    res = summarise(run_dir)
+                except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+                    failed.append(f"{ranks}|{rate}|{schedule}")
+                    print(f"ranks {ranks} link {rate} {schedule}: FAILED, skipped: {exc}", flush=True)
+                    continue
                 res["wall_s"] = time.perf_counter() - t0
                 results[f"{ranks}|{rate}|{schedule}"] = res
+                partial.write_text(json.dumps({"failed": failed, "results": results}, indent=1))
                 print(f"ranks {ranks} link {rate} {schedule}: epoch {1e3 * res['epoch_s']:.1f} ms, "
                       f"test {res['test_acc']:.4f}, bytes {100 * res['bytes_ratio']:.1f} %", flush=True)
     return results
@@ -517,7 +531,8 @@ def main() -> None:
     if args.replot:
         plot(json.loads(out.with_name(out.name + ".json").read_text())["results"], out)
         return
-    results = run_all(args)
+    failed: list[str] = []
+    results = run_all(args, failed)
     if args.append and out.with_name(out.name + ".json").is_file():      # merge with an earlier sweep
         results = {**json.loads(out.with_name(out.name + ".json").read_text())["results"], **results}
     add_time_to_accuracy(results)
@@ -528,10 +543,13 @@ def main() -> None:
                                                    "device": args.device, "burst": args.burst,
                                                    "eval_every": args.eval_every,
                                                    "load_average": os.getloadavg()[0],
-                                                   "results": results}, indent=1))
+                                                   "failed": failed, "results": results}, indent=1))
+    out.with_name(out.name + ".partial.json").unlink(missing_ok=True)
     print(table)
     if args.plot:
         plot(results, out)
+    if failed:
+        sys.exit(f"bench/network.py: {len(failed)} run(s) failed (their errors above): {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -92,3 +92,30 @@ def test_a_run_variant_may_name_the_token_bucket(variant, burst, want):
     assert network.link_variant(variant, burst) == want
     assert network.progress_variant(want[0])[0] == (
         ["--set", "comm.progress=fine"] if "fine" in variant else [])
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_failed_run_is_named_and_the_rest_of_the_sweep_runs(tmp_path):
+    """A run that fails (here: a schedule with no file; on a GPU machine, a link emulation its
+    kernel lacks) is reported and skipped. The runs after it still run and are summarised, the
+    exit status names the failure, and no partial file is left behind. It stopped the whole
+    sweep with a traceback and wrote no results at all."""
+    import os
+    import subprocess
+    import sys
+    out = tmp_path / "net"
+    env = {**os.environ, **network.MPI_ENV}
+    proc = subprocess.run(
+        [sys.executable, str(Path(network.__file__)), "--dataset",
+         "csbm:nodes=300,classes=3,degree=4,features=8,seed=1", "--ranks", "2", "--rates", "shm",
+         "--schedules", "no-such-schedule", "full", "--epochs", "2", "--eval-every", "1",
+         "--work", str(tmp_path / "work"), "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "1 run(s) failed" in proc.stderr and "2|shm|no-such-schedule" in proc.stderr
+    assert "ranks 2 link shm no-such-schedule: FAILED, skipped" in proc.stdout
+    saved = json.loads(out.with_name("net.json").read_text())
+    assert list(saved["results"]) == ["2|shm|full"] and saved["failed"] == ["2|shm|no-such-schedule"]
+    assert saved["results"]["2|shm|full"]["bytes_ratio"] == 1.0
+    assert (out.with_name("net.md")).is_file() and not out.with_name("net.partial.json").exists()

@@ -55,15 +55,15 @@ def ref_channels(key: int, width: int, k: int) -> list[int]:
 
 
 def ref_quant_parts(x: np.ndarray, bits: int, key: int):
-    """(lo float32, step float32, codes) of each row: lo exact, step rounded up to bfloat16,
-    stochastic rounding with u16 = half (c % 2) of hash32(hash32(key ^ hash32(r)) ^ col(c // 2))."""
+    """(lo float32, step float32, codes) of each row: lo exact, step rounded up to bfloat16 and
+    at least 2^-126 (the smallest normal float) where the row is not constant, stochastic rounding with u16 = half (c % 2) of hash32(hash32(key ^ hash32(r)) ^ col(c // 2))."""
     x = x.astype(np.float32)
     levels = np.float32(2 ** bits - 1)
     lo, hi = x.min(1), x.max(1)
     span = ((hi - lo) / levels).astype(np.float32)
     b = span.view(np.uint32).astype(np.uint64)
     up = np.where(b & 0xFFFF, (b & 0xFFFF0000) + 0x10000, b).astype(np.uint32).view(np.float32)
-    step = np.where(hi > lo, up, np.float32(0))
+    step = np.where(hi > lo, np.maximum(up, np.float32(2.0 ** -126)), np.float32(0))   # >= FLT_MIN
     with np.errstate(divide="ignore"):
         inv = np.where(step > 0, np.float32(1) / step, np.float32(0)).astype(np.float32)
     rows, width = x.shape
@@ -233,6 +233,29 @@ def test_quant_error_is_within_one_step(scale, dev):
         step = (x.amax(1) - x.amin(1)) / (2 ** bits - 1)
         assert ((y - x).abs() <= step[:, None] * (1 + 2 ** -7)).all(), bits
         assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("native", (True, False))
+def test_rows_of_tiny_range_land_within_one_step(native, monkeypatch, dev):
+    """Rows whose range is below ``2^-126 (2^b - 1)`` (halo gradients can be that small): the step
+    is at least 2^-126, so ``1 / step`` is finite, every value lands within one step, and every
+    path sends the reference's bytes. With the step a subnormal, ``1 / step`` overflowed: the C
+    and Triton kernels sent every value of such a row as the top code, the torch path as 0."""
+    if not native:
+        monkeypatch.setenv("HPCGNN_NATIVE", "0")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(24, 9, generator=g)
+    x[0::4] *= 1e-38
+    x[1::4] *= 1e-40
+    x[2::4] *= 1e-44                                       # a few subnormal steps wide
+    x[3::4] = 0.0
+    x[3::4, 4] = 1e-45                                     # one value of the smallest subnormal
+    x = x.to(dev)
+    for bits in (1, 2, 4, 8):
+        y = _roundtrip(WireCodec(bits=bits), x, [10, 14], noise=77)
+        assert np.array_equal(y.cpu().numpy(), ref_quant(x.cpu().numpy(), bits, 77)), bits
+        step = torch.clamp((x.amax(1) - x.amin(1)) / (2 ** bits - 1) * (1 + 2 ** -7), min=2.0 ** -126)
+        assert torch.isfinite(y).all() and ((y - x).abs() <= step[:, None]).all(), bits
 
 
 def test_quant_is_unbiased_and_error_shrinks_with_samples(dev):

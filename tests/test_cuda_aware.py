@@ -90,6 +90,10 @@ def test_info_names_the_library_its_file_and_the_rule():
     rc, lines, _ = info(env={"HPCGNN_CUDA_AWARE": "1"})
     assert rc == 0 and lines["cuda-aware mpi"] == "yes"
     assert lines["decided by"] == "set by HPCGNN_CUDA_AWARE=1 (the library was not asked)"
+    if lines["mpi library"].startswith("Open MPI v5"):
+        # the override decides, but what the library was built with is still read and shown:
+        # it is what a user checks the override against
+        assert lines["built with cuda"] == "no"
 
 
 @pytest.mark.skipif(not MPICH_PY, reason="set HPCGNN_TEST_MPICH_PYTHON to an MPICH venv's python")
@@ -131,6 +135,41 @@ def test_cuda_built_open_mpi_4_answers_at_compile_time_and_obeys_its_switch():
     rc, lines, err = info(CUDA_OMPI_PY, env={"OMPI_MCA_opal_cuda_support": "0"})
     assert rc == 0, err
     assert lines["cuda-aware mpi"] == "no" and "opal_cuda_support = off" in lines["decided by"]
+
+
+def _open_mpi_globals(tmp_path: Path, built: int, switch: int) -> ctypes.CDLL:
+    """A real shared library exporting what an Open MPI built without its ``cuda`` extension
+    exports about CUDA: the globals ``opal_built_with_cuda_support`` and ``opal_cuda_support``
+    (C ``bool``), and no ``MPIX_Query_cuda_support``."""
+    import shutil
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        pytest.skip("no C compiler")
+    src, lib = tmp_path / f"opal{built}{switch}.c", tmp_path / f"libopal{built}{switch}.so"
+    src.write_text("#include <stdbool.h>\n"
+                   f"bool opal_built_with_cuda_support = {built};\nbool opal_cuda_support = {switch};\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=60)
+    return ctypes.CDLL(str(lib))
+
+
+def test_open_mpi_without_its_query_obeys_the_switch_and_open_mpi_5_is_not_assumed(tmp_path):
+    """Without ``MPIX_Query_cuda_support`` (an Open MPI built without its cuda extension), the
+    compile-time flag alone is not enough: Open MPI 4 is CUDA-aware only while its run-time
+    switch ``opal_cuda_support`` is on (off: ``--mca opal_cuda_support 0``, or no libcuda.so.1),
+    and Open MPI 5, which decides at run time, cannot be asked: staged, with the override named.
+    Device buffers handed to a library whose CUDA support is off are read as host memory."""
+    from hpcgnn.comm import gpu
+    off = gpu._open_mpi("Open MPI v4.1.4", [_open_mpi_globals(tmp_path, 1, 0)])
+    assert (off.aware, off.built, off.runtime) == (False, True, False)
+    assert "opal_cuda_support = off" in off.how and "no MPIX_Query_cuda_support" in off.how
+    on = gpu._open_mpi("Open MPI v4.1.4", [_open_mpi_globals(tmp_path, 1, 1)])
+    assert (on.aware, on.built, on.runtime) == (True, True, True)
+    assert "opal_cuda_support = on" in on.how
+    five = gpu._open_mpi("Open MPI v5.0.11", [_open_mpi_globals(tmp_path, 1, 0)])
+    assert five.aware is False and five.built is True
+    assert "Open MPI 5" in five.how and f"{gpu.ENV_CUDA_AWARE}=1" in five.how
+    none = gpu._open_mpi("Open MPI v4.1.4", [_open_mpi_globals(tmp_path, 0, 0)])
+    assert none.aware is False and none.built is False
 
 
 # -- the staging pool ---------------------------------------------------------------------------

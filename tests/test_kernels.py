@@ -93,6 +93,7 @@ def _input(rows: int, width: int, dev: str, seed: int) -> torch.Tensor:
     x = torch.randn(rows, width, generator=g) * 3 + 1
     x[1::5] = 0.25                                   # constant rows (step 0)
     x[2::7] = 0.0                                    # zero rows
+    x[3::11] *= 1e-40                                # rows of a subnormal range (step 2^-126)
     return x.to(dev)
 
 

@@ -3,7 +3,8 @@
  *
  * Row layout (row_bytes = 6 + ceil(width * bits / 8)):
  *   lo   float32  the row minimum, exact
- *   step bfloat16 (max - lo) / (2^bits - 1) rounded up to bfloat16 (0 for a constant row)
+ *   step bfloat16 (max - lo) / (2^bits - 1) rounded up to bfloat16, at least 2^-126 (0 for a
+ *        constant row)
  *   codes, 8 / bits per byte, code j at bit (j % (8 / bits)) * bits of byte j / (8 / bits)
  * q = min(levels, floor((x - lo) * (1 / step) + u)), u = (u16 + 0.5) / 2^16, with u16 the
  * 16-bit half (c % 2) of h(r, c / 2) = hash32(hash32(key ^ hash32(r)) ^ col(c / 2)).
@@ -30,6 +31,10 @@ static inline uint32_t hash32(uint32_t x) {
 }
 
 static inline uint32_t col_seed(uint32_t g) { return hash32(g * 0x9E3779B1u + 0x7F4A7C15u); }
+
+/* the smallest step of a row that is not constant: FLT_MIN (2^-126, a bfloat16), so that
+ * 1 / step is finite; a subnormal step's reciprocal overflows */
+#define MIN_STEP 0x1p-126f
 
 static inline float bf16_up(float v) {           /* round a positive float up to bfloat16 */
     uint32_t b;
@@ -166,6 +171,7 @@ MULTIARCH void hpcgnn_quant_encode(const float *x, int64_t rows, int64_t width, 
             hi = xr[c] > hi ? xr[c] : hi;
         }
         float step = hi > lo ? bf16_up((hi - lo) / levels) : 0.0f;
+        if (hi > lo && step < MIN_STEP) step = MIN_STEP;   /* 1 / step stays finite */
         float inv = step > 0.0f ? 1.0f / step : 0.0f;
         uint32_t sbits;
         memcpy(&sbits, &step, 4);

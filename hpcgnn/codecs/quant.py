@@ -2,13 +2,16 @@
 ``b`` in {1, 2, 4, 8} bits per value, bit-packed.
 
 Quantisation of one row ``x`` (``F`` values):
-``lo = min(x)`` (fp32, exact), ``step = (max(x) - lo) / (2^b - 1)`` rounded *up* to bfloat16,
+``lo = min(x)`` (fp32, exact), ``step = (max(x) - lo) / (2^b - 1)`` rounded *up* to bfloat16
+and at least ``2^-126`` (``MIN_STEP_BITS``; 0 for a constant row),
 ``q = min(2^b - 1, floor((x - lo) / step + u))`` with ``u = (u16 + 1/2) / 2^16`` from the
 counter-based noise of ``rng.noise_u16``, ``x^ = lo + q * step``. Since ``lo`` is exact and
 ``step`` only rounds up, every ``x^`` is within one step of ``x`` (``|x^ - x| < step <=
-(max - min) / (2^b - 1) * (1 + 2^-7)``), and ``E[x^] = x`` up to the noise grid (bias below
-``2^-17`` of a step). bfloat16 keeps fp32's exponent range, so tiny halo gradients neither
-flush to zero nor overflow.
+max((max - min) / (2^b - 1) * (1 + 2^-7), 2^-126)``), and ``E[x^] = x`` up to the noise grid
+(bias below ``2^-17`` of a step). bfloat16 keeps fp32's exponent range, so tiny halo gradients
+neither flush to zero nor overflow; the ``2^-126`` floor (the smallest normal float) keeps
+``1 / step`` finite for a row whose range is a few subnormals. A row's range must itself be
+finite (``max - min`` below about ``3.4e38``).
 
 Wire layout of one row: ``lo`` (4 bytes) | ``step`` (2) | ``ceil(F * b / 8)`` bytes of codes,
 ``8 / b`` codes per byte, lowest bits first — ``6 + ceil(F * b / 8)`` bytes a row.
@@ -29,6 +32,9 @@ from hpcgnn.kernels import use_triton
 BITS = (1, 2, 4, 8)
 FP32 = 32
 HEADER_BYTES = 6  # lo float32, step bfloat16
+MIN_STEP_BITS = 0x00800000
+"""The smallest step of a row that is not constant, as float32 bits: 2^-126 (the smallest normal
+float, a bfloat16), so that ``1 / step`` is finite (a subnormal step's reciprocal overflows)."""
 
 
 def row_bytes(width: int, bits: int) -> int:
@@ -77,7 +83,8 @@ def _encode_torch(y: torch.Tensor, bits: int, key: int) -> torch.Tensor:
     levels = (1 << bits) - 1
     lo = y.amin(dim=1)
     hi = y.amax(dim=1)
-    step_bits = torch.where(hi > lo, _bf16_up((hi - lo) / levels), torch.zeros_like(lo, dtype=torch.int32))
+    step_bits = torch.where(hi > lo, _bf16_up((hi - lo) / levels).clamp_(min=MIN_STEP_BITS),
+                            torch.zeros_like(lo, dtype=torch.int32))
     step = step_bits.view(torch.float32)
     inv = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
     u = (noise_u16(y.shape[0], y.shape[1], key, y.device).to(torch.float32) + 0.5) * (1.0 / 65536.0)

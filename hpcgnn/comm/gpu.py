@@ -9,7 +9,8 @@ CUDA-awareness is decided by the first rule that applies (``cuda_awareness``):
    time (is its CUDA accelerator component in use); Open MPI 4 answers what it was compiled
    with, and its run-time switch ``opal_cuda_support`` (an MCA parameter, on by default in a
    CUDA build; MPI_Init turns it off when libcuda.so.1 cannot be loaded) must be on too.
-   ``opal_built_with_cuda_support`` is read for the report;
+   ``opal_built_with_cuda_support`` is read for the report. Without the extension, Open MPI 4
+   is its compile-time flag and the switch; Open MPI 5 is assumed not CUDA-aware;
 3. MPICH family: ``MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA)``, a run-time answer; Cray
    MPICH without it: ``MPICH_GPU_SUPPORT_ENABLED=1``;
 4. otherwise no query is available: assumed not CUDA-aware.
@@ -95,8 +96,16 @@ def _open_mpi(name: str, libs: list[ctypes.CDLL]) -> CudaAwareness:
     if query is None:
         if built is None:
             return _no_query(f"{name} (built without its cuda extension)")
-        return CudaAwareness(built, f"opal_built_with_cuda_support = {int(built)} (no MPIX_Query_cuda_"
-                                    f"support: the library's compile-time flag decides)", built)
+        if major >= 5:          # decides at run time (its accelerator component): not askable here
+            return CudaAwareness(False, f"no MPIX_Query_cuda_support (built without its cuda extension; "
+                                        f"opal_built_with_cuda_support = {int(built)}): Open MPI "
+                                        f"{major} decides at run time and cannot be asked: assumed "
+                                        f"not CUDA-aware (set {ENV_CUDA_AWARE}=1 if it is)", built)
+        switch = _flag(libs, "opal_cuda_support")
+        return CudaAwareness(built and switch is not False,
+                             f"opal_built_with_cuda_support = {int(built)} (no MPIX_Query_cuda_support: "
+                             f"the library's compile-time flag); run-time switch opal_cuda_support = "
+                             f"{_word(switch)}", built, switch)
     if major >= 5:
         return CudaAwareness(bool(query), f"MPIX_Query_cuda_support() = {query}: Open MPI {major}'s "
                                           f"run-time answer (its CUDA accelerator component is "

@@ -23,6 +23,9 @@ def describe() -> dict[str, str]:
     devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
     aware = gpu.cuda_awareness()
     libs = gpu.mpi_library_paths()
+    built = aware.built
+    if built is None:       # HPCGNN_CUDA_AWARE decided: what the library says is still shown
+        built = gpu._flag(gpu._loaded_mpi_libraries(), "opal_built_with_cuda_support")
     out = {
         "mpi library": gpu.mpi_library(),
         "loaded from": ", ".join(libs) if libs else "(not visible in /proc/self/maps)",
@@ -30,7 +33,7 @@ def describe() -> dict[str, str]:
         "mpi4py": mpi4py.__version__,
         "cuda-aware mpi": "yes" if aware.aware else "no",
         "decided by": aware.how,
-        "built with cuda": _yes_no(aware.built),
+        "built with cuda": _yes_no(built),
     }
     if gpu.mpi_library().startswith("Open MPI"):
         out["ompi_info"] = ompi_info_cuda(libs)

@@ -238,9 +238,11 @@ def _row_range(y, m):
 
 @triton.jit
 def _step(lo, hi, BITS: tl.constexpr):
-    """(step bits as uint32, 1 / step or 0): ``(hi - lo) / levels`` rounded up to bfloat16."""
+    """(step bits as uint32, 1 / step or 0): ``(hi - lo) / levels`` rounded up to bfloat16, at
+    least 2^-126 (``quant.MIN_STEP_BITS``: its reciprocal is finite)."""
     span = tl.math.div_rn(hi - lo, ((1 << BITS) - 1) * 1.0).to(tl.uint32, bitcast=True)
     up = (span & 0xFFFF0000) + (((span & 0xFFFF) != 0).to(tl.uint32) << 16)
+    up = tl.maximum(up, 0x00800000)
     step_bits = tl.where(hi > lo, up, 0).to(tl.uint32)
     step = step_bits.to(tl.float32, bitcast=True)
     inv = tl.where(step > 0, tl.math.div_rn(1.0, step), 0.0)
