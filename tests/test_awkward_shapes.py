@@ -75,8 +75,7 @@ def one_rank(sets, tmp_path_factory):
 CASES = [  # (name, ranks, parts, arch, sets)
     ("halo-6", 6, 6, "gcn", ()),
     ("halo-6-neighbor-rounds", 6, 6, "gat", ("comm.transport=neighbor", "comm.max_message=5")),
-    ("halo-3-of-6", 3, 6, "sage", ()),
-    ("halo-2-of-6-alltoallv-rounds", 2, 6, "gcn", ("comm.transport=alltoallv",
+    ("halo-3-of-6-alltoallv-rounds", 3, 6, "sage", ("comm.transport=alltoallv",
                                                    "comm.max_message=3")),
     ("1.5d-6-c1", 6, 6, "gcn", ("parallel.algorithm=1.5d",)),
     ("1.5d-8-c2", 8, 4, "sage", ("parallel.algorithm=1.5d", "parallel.replication=2")),
