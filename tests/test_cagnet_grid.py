@@ -65,6 +65,28 @@ def test_wrong_rank_counts_are_refused_with_the_valid_ones(plan, k, size, valid)
     assert f"the job has {size} ranks" in msg and "parallel.algorithm = 'halo'" in msg
 
 
+@pytest.mark.parametrize("k,c,size", [(2, 2, 6), (3, 2, 4), (3, 2, 6), (1, 2, 2), (4, 2, 12),
+                                        (6, 4, 24), (2, 3, 4), (4, 2, 9)])
+def test_15d_refusals_suggest_counts_that_work(k, c, size):
+    """Every rank count and part count a 1.5D refusal suggests is one that plans: a K-part set
+    with c not dividing K is refused for its c (no rank count helps), not told to launch K*c
+    ranks, and ``preprocess N parts`` is offered only when N parts would run on these ranks."""
+    import re
+    with pytest.raises(ShardFormatError) as err:
+        plan_15d("DIR", k, 0, size, SimpleNamespace(replication=c))
+    msg = str(err.value)
+    assert "DIR/meta.json" in msg and f"replication {c}" in msg
+    for ranks in re.findall(r"mpirun -n (\d+)", msg):
+        assert plan_15d("DIR", k, 0, int(ranks), SimpleNamespace(replication=c)).c == c
+    for parts in re.findall(r"preprocess (\d+) parts", msg):
+        assert plan_15d("DIR", int(parts), 0, size, SimpleNamespace(replication=c)).k == int(parts)
+    for fits in re.findall(r"replication in ([\d, ]+) for", msg):
+        for other in map(int, fits.split(", ")):
+            assert plan_15d("DIR", k, 0, k * other, SimpleNamespace(replication=other)).k == k
+    if k % c:
+        assert f"divisible by c^2 = {c * c}" in msg and "mpirun -n" not in msg
+
+
 def test_right_rank_counts_are_planned():
     assert (plan_2d("D", 6, 5, 9, PAR).q, plan_2d("D", 6, 5, 9, PAR).c) == (3, 1)
     assert (plan_3d("D", 8, 7, 8, PAR).q, plan_3d("D", 8, 7, 8, PAR).c) == (2, 2)

@@ -34,6 +34,10 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
     cagnet = _run("summary", str(tmp_path))
     assert "1.5D bytes exchanged (block broadcasts, row all-reduces) 1,234,567" in cagnet.stdout
     assert "halo" not in cagnet.stdout
+    for alg in ("2d", "3d"):                                    # docs/cagnet.md says what they print
+        (tmp_path / "config.toml").write_text(f'[parallel]\nalgorithm = "{alg}"\n')
+        out = _run("summary", str(tmp_path)).stdout
+        assert f"{alg.upper()} bytes exchanged (SUMMA block broadcasts" in out and "halo" not in out
     (tmp_path / "config.toml").write_text('[parallel]\nalgorithm = "halo"\n')
     assert "halo bytes exchanged 1,234,567" in _run("summary", str(tmp_path)).stdout
     assert "peak memory" not in cagnet.stdout                  # a run from before it was recorded

@@ -155,17 +155,23 @@ class ProcessGrid:
 
 def plan_15d(shards, k: int, rank: int, size: int, parallel) -> ProcessGrid:
     """The 1.5D grid of ``size`` ranks over a ``k``-part set with ``parallel.replication``;
-    raises naming the numbers and the fix."""
+    raises naming the numbers and a fix that plans (``c`` must divide ``k`` whatever the rank
+    count, so that comes first; a part count is offered only when it would run)."""
     c = parallel.replication
+    if k % c:
+        fits = ", ".join(str(d) for d in range(1, k + 1) if k % d == 0)
+        raise ShardFormatError(
+            f"{shards}/meta.json: parallel.algorithm = '1.5d' with replication {c} needs the "
+            f"part count K = {k} divisible by c (the K*c ranks divisible by c^2 = {c * c}); use "
+            f"parallel.replication in {fits} for this {k}-part set (on {k} x c ranks), or "
+            f"preprocess a multiple of {c} parts")
     if k * c != size:
+        parts = size // c if size % c == 0 and (size // c) % c == 0 else None
+        other = f" or preprocess {parts} parts" if parts else ""
         raise ShardFormatError(
             f"{shards}/meta.json: parallel.algorithm = '1.5d' with replication {c} over this "
-            f"{k}-part set needs {k * c} ranks, the job has {size}; launch `mpirun -n {k * c}` "
-            f"or preprocess {size // c if size % c == 0 else 'P/c'} parts")
-    if size % (c * c):
-        raise ValueError(f"parallel.replication = {c}: 1.5D needs the rank count ({size}) "
-                         f"divisible by c^2 = {c * c}; use another c or launch on K*c ranks "
-                         f"with K divisible by c")
+            f"{k}-part set needs {k * c} ranks, the job has {size}; launch `mpirun -n {k * c}`"
+            f"{other}")
     return ProcessGrid(k, c, rank)
 
 

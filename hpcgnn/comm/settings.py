@@ -5,7 +5,7 @@ recorded in ``RUN_DIR/run.json``.
 | key | values | environment override |
 |---|---|---|
 | ``transport`` | auto, alltoallv, neighbor | ``HPCGNN_EXCHANGE`` |
-| ``max_message`` | bytes per block and round (>= 1) | ``HPCGNN_MAX_MESSAGE`` |
+| ``max_message`` | bytes one MPI call may move (>= 1) | ``HPCGNN_MAX_MESSAGE`` |
 | ``progress`` | test, fine, thread | ``HPCGNN_PROGRESS`` |
 | ``cuda_aware`` | auto, true, false | ``HPCGNN_CUDA_AWARE`` (1 / 0) |
 
