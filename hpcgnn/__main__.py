@@ -22,7 +22,9 @@ EXIT_DIVERGED = 3           # the training loss was not finite (Trainer.run)
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m hpcgnn", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    tr = sub.add_parser("train", help="train on a K-part shard set (launch with mpirun -n R, R dividing K)")
+    tr = sub.add_parser("train", help="train on a K-part shard set (launch with mpirun -n R, R "
+                        "dividing K; parallel.algorithm = 1.5d/2d/3d take other counts: "
+                        "docs/cagnet.md)")
     tr.add_argument("--shards", required=True, help="shard directory written by `python -m preprocess`")
     tr.add_argument("--config", help="run config TOML (see configs/); defaults if omitted")
     tr.add_argument("--schedule", help="compression schedule TOML (see configs/schedules/)")

@@ -96,7 +96,9 @@ def partition_graph(graph: Graph, parts: int, partitioner: str = "metis",
         assignment = metis_parts(graph, parts, seed)[0]
         empty = np.flatnonzero(np.bincount(assignment, minlength=parts) == 0)
         if empty.size:
-            log.warning("METIS left part(s) %s empty; pass num_parts=%d to write_shards",
-                        empty.tolist(), parts)
+            log.warning("METIS left part(s) %s of %d empty (a graph this small, or with many "
+                        "isolated nodes); the set still has %d part files, and the empty ones "
+                        "train as ranks without rows; --partitioner random fills every part",
+                        empty.tolist(), parts, parts)
         return assignment
     raise PreprocessError(f"--partitioner {partitioner!r}: unknown; choose one of {PARTITIONERS}")
