@@ -231,11 +231,14 @@ class AutoState:
 
 # -- the decision rule (pure) --------------------------------------------------------------------
 def fit_wire(samples: list[tuple[float, float]]) -> tuple[float, float]:
-    """``(alpha, beta)`` of ``seconds ~ alpha + beta * bytes`` by least squares. Where the
-    samples show no cost per byte (``beta <= 0``: the link moves these sizes faster than the
-    timing noise resolves) ``(mean seconds, 0)``: bytes are free. Only where one size was ever
-    measured (no slope to fit) the ratio ``(0, sum s / sum bytes)``, which charges every second
-    to the bytes."""
+    """``(alpha, beta)`` of ``seconds ~ alpha + beta * bytes`` by least squares, with ``alpha >=
+    0`` (a message takes no negative time): where the free fit's intercept is negative (small
+    messages timed slower than the line through the large ones predicts; seen at -58 ms) the
+    line through the origin, ``(0, sum b s / sum b^2)``, the least-squares fit under that
+    constraint. Where the samples show no cost per byte (``beta <= 0``: the link moves these
+    sizes faster than the timing noise resolves) ``(mean seconds, 0)``: bytes are free. Only
+    where one size was ever measured (no slope to fit) the ratio ``(0, sum s / sum bytes)``,
+    which charges every second to the bytes."""
     if not samples:
         return 0.0, 0.0
     n = len(samples)
@@ -244,7 +247,11 @@ def fit_wire(samples: list[tuple[float, float]]) -> tuple[float, float]:
     sxx = sum((b - mx) ** 2 for b, _ in samples)
     if sxx > 0:
         beta = sum((b - mx) * (s - my) for b, s in samples) / sxx
-        return (my - beta * mx, beta) if beta > 0 else (my, 0.0)
+        if beta <= 0:
+            return max(my, 0.0), 0.0
+        if my - beta * mx >= 0:
+            return my - beta * mx, beta
+        return 0.0, sum(b * s for b, s in samples) / sum(b * b for b, _ in samples)
     total = sum(b for b, _ in samples)
     return 0.0, (sum(s for _, s in samples) / total if total > 0 else 0.0)
 

@@ -92,6 +92,20 @@ def test_fit_wire_least_squares_free_bytes_and_the_ratio_fallback():
     assert fit_wire([]) == (0.0, 0.0)
 
 
+def test_fit_wire_never_gives_a_negative_latency():
+    """Small messages timed far below the line through the large ones: the free fit's intercept
+    is -3 ms, so a 1 kB message would take negative time and a fp32/compressed cost ratio
+    could be infinite or negative. The fit is then the least-squares line through the origin
+    (the best with ``alpha >= 0``): checked against a brute-force search over slopes."""
+    samples = [(1000.0, 1e-4), (2000.0, 1e-4), (100000.0, 0.3)]
+    alpha, beta = fit_wire(samples)
+    assert alpha == 0.0
+    sse = lambda b: sum((s - b * x) ** 2 for x, s in samples)      # noqa: E731
+    grid = [2.5e-6 + i * 1e-9 for i in range(1001)]
+    assert sse(beta) <= min(sse(b) for b in grid) + 1e-15
+    assert all(alpha + beta * x > 0 for x, _ in samples)
+
+
 def test_budget_is_the_share_of_the_fastest_improvement_and_never_rises():
     """``g``: the loss's relative fall per window, averaged over up to four windows back;
     the budget ``min(B, g / max g)``."""
