@@ -171,3 +171,21 @@ def _worker(shard_dir: str, out: str, jobs: list[str]) -> None:
 
 if __name__ == "__main__":
     _worker(sys.argv[1], sys.argv[2], sys.argv[3:])
+
+
+@pytest.mark.mpi
+def test_one_rank_auto_writes_strict_json(shards, tmp_path):
+    """One rank exchanges nothing, so the predicted gain over fp32 is unbounded: metrics.jsonl
+    holds null for it, not Python's ``Infinity`` (not JSON; jq and most readers refuse it)."""
+    from conftest import train
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    (tmp_path / "auto.toml").write_text(SCHEDULES["auto"])
+    (tmp_path / "run.toml").write_text(RUN)
+    check_ok(train(1, shards(GRAPH, 1, "random"), tmp_path / "run", "train.epochs=15",
+                   config=str(tmp_path / "run.toml"), extra=("--schedule", str(tmp_path / "auto.toml"))))
+    records = [json.loads(line, parse_constant=refuse)
+               for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["auto"]["steps"] for r in records if "auto" in r and "steps" in r["auto"]]
+    assert steps and all(s["predicted_gain"] is None for s in steps), steps
