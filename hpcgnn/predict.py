@@ -33,7 +33,7 @@ import torch
 from hpcgnn.codecs.base import FULL_PRECISION
 from hpcgnn.comm.context import CommContext
 from hpcgnn.config import ParallelConfig
-from hpcgnn.data.errors import hdf5_fix
+from hpcgnn.data.errors import H5_ERRORS, hdf5_fix
 from hpcgnn.data.shard import part_name
 from hpcgnn.log import get_logger
 from hpcgnn.train import checkpoint as ckpt
@@ -196,5 +196,7 @@ def _read_part(path: Path) -> dict[str, np.ndarray]:
                 raise PredictError(f"{path}: format_version {f.attrs.get('format_version')!r}, "
                                    f"this hpcgnn reads {PRED_VERSION}; run predict again")
             return {name: f[name][...] for name in FIELDS}
-    except OSError as exc:
+    except PredictError:
+        raise
+    except H5_ERRORS as exc:
         raise PredictError(f"{path}: unreadable ({exc}); {hdf5_fix(exc, 'run predict again')}") from exc

@@ -184,3 +184,31 @@ def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards,
     assert {p: p.read_bytes() for p in before} == before
     if case in ("no run", "rank count"):
         assert not out.exists()
+
+
+def test_damaged_prediction_parts_are_predict_errors(tmp_path):
+    """Every 16th byte of a real prediction part changed in turn: ``read_predictions`` reads it
+    or raises one PredictError naming the part, never HDF5's own RuntimeError or KeyError; and
+    an output directory holding it is still told apart from a foreign file."""
+    import torch
+
+    from hpcgnn.predict import PredictError, read_predictions, write_part
+    from hpcgnn.train.outdir import is_prediction_part
+    n = 12
+    write_part(tmp_path, 0, 1, 3, {"global_id": torch.arange(n), "pred": torch.zeros(n, dtype=torch.int64),
+                                   "logits": torch.randn(n, 3), "embedding": torch.randn(n, 4)})
+    (tmp_path / "meta.json").write_text(json.dumps({"format_version": 1, "num_parts": 1, "num_nodes": n,
+                                                    "num_classes": 3, "epochs_done": 3}))
+    path = tmp_path / "part-00000.h5"
+    good, refused = path.read_bytes(), 0
+    for at in range(0, len(good), 16):
+        data = bytearray(good)
+        data[at:at + 8] = bytes(b ^ 0xA5 for b in data[at:at + 8])
+        path.write_bytes(data)
+        is_prediction_part(path)                      # True or False, never an exception
+        try:
+            read_predictions(tmp_path)
+        except PredictError as exc:
+            assert str(tmp_path) in str(exc), exc         # the part, or the directory
+            refused += 1
+    assert refused > 20

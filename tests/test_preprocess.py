@@ -261,3 +261,35 @@ def test_a_part_file_whose_lock_is_refused_names_the_lock(tmp_path):
     message = str(write_failed(path, exc.value))
     assert "unable to lock file" in str(exc.value) and "HDF5_USE_FILE_LOCKING=FALSE" in message
     assert "writable" not in message and str(path) in message
+
+
+def test_damaged_part_files_are_shard_format_errors(tmp_path):
+    """Every 16th byte position of a real part file changed in turn (HDF5 keeps no checksum of
+    its data, so many changes read on): each reader of a part either reads it or raises one
+    ShardFormatError naming the file, never HDF5's own KeyError, RuntimeError ('bad local heap
+    signature', 'bad object header') or ValueError."""
+    import numpy as np
+
+    from hpcgnn.data.blocks import read_part_graph
+    from hpcgnn.data.shard import read_features_into, read_global_ids
+    from hpcgnn.data.shardset import read_train_count
+    graph = load_dataset("csbm:nodes=40,classes=2,degree=3,features=2,seed=5")
+    out = tmp_path / "shards"
+    write_shards(graph, partition_graph(graph, 2, "random", seed=0), out, partitioner="random", seed=0)
+    path = out / "part-00000.h5"
+    good = path.read_bytes()
+    readers = [lambda: read_shard(path), lambda: read_global_ids(out, 0),
+               lambda: read_train_count(path), lambda: read_part_graph(out, 0),
+               lambda: read_features_into(path, np.zeros((40, 2), np.float32), np.arange(len(read_shard(path, features=False).global_id)))]
+    refused = 0
+    for at in range(0, len(good), 16):
+        data = bytearray(good)
+        data[at:at + 8] = bytes(b ^ 0xA5 for b in data[at:at + 8])
+        path.write_bytes(data)
+        for read in readers:
+            try:
+                read()
+            except ShardFormatError as exc:
+                assert str(path) in str(exc), exc
+                refused += 1
+    assert refused > 50

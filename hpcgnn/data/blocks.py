@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from hpcgnn.data.errors import hdf5_fix
+from hpcgnn.data.errors import H5_ERRORS, hdf5_fix
 from hpcgnn.data.merge import member_parts
 from hpcgnn.data.shard import ShardFormatError, part_name, read_global_ids
 
@@ -57,7 +57,7 @@ def read_part_graph(shards_dir, part: int) -> PartGraph:
     try:
         with h5py.File(path, "r") as f:
             arrays = {k: np.asarray(f[v][...], dtype=np.int64) for k, v in GRAPH_FIELDS.items()}
-    except (OSError, KeyError) as exc:
+    except H5_ERRORS as exc:
         raise ShardFormatError(f"{path}: cannot read its graph datasets ({exc}); "
                                f"{hdf5_fix(exc, fix)}") from exc
     g = PartGraph(**arrays)

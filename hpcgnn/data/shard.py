@@ -21,7 +21,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpcgnn.data.errors import hdf5_fix
+from hpcgnn.data.errors import H5_ERRORS, hdf5_fix
 
 FORMAT_VERSION = 1
 META_NAME = "meta.json"
@@ -178,7 +178,7 @@ def read_shard(path: str | os.PathLike, *, part_id: PartId | None = None,
                           **arrays)
     except ShardFormatError:
         raise
-    except (OSError, KeyError) as exc:
+    except H5_ERRORS as exc:
         raise ShardFormatError(f"{path}: not a readable HDF5 shard ({exc}); {hdf5_fix(exc, fix)}") from exc
     if part_id is not None and shard.part_id != part_id:
         raise ShardFormatError(f"{path}: holds part {shard.part_id}, expected part {part_id}; {fix}")
@@ -211,7 +211,9 @@ def read_features_into(path: str | os.PathLike, out: np.ndarray, rows: np.ndarra
                 if not np.isfinite(buf[:n], out=finite[:n]).all():
                     raise ShardFormatError(f"{path}: nodes/features holds NaN or inf; {fix}")
                 out[rows[a:a + n]] = buf[:n]
-    except (OSError, KeyError) as exc:
+    except ShardFormatError:
+        raise
+    except H5_ERRORS as exc:
         raise ShardFormatError(f"{path}: cannot read nodes/features ({exc}); {hdf5_fix(exc, fix)}") from exc
 
 
@@ -355,6 +357,6 @@ def read_global_ids(directory: str | os.PathLike, part_id: PartId) -> np.ndarray
     try:
         with h5py.File(path, "r") as f:
             return np.asarray(f["nodes/global_id"][...], dtype=np.int64)
-    except (OSError, KeyError) as exc:
+    except H5_ERRORS as exc:
         fix = hdf5_fix(exc, "re-run `python -m preprocess` to rewrite the shard set")
         raise ShardFormatError(f"{path}: cannot read nodes/global_id ({exc}); {fix}") from exc

@@ -14,7 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpcgnn.data.errors import hdf5_fix
+from hpcgnn.data.errors import H5_ERRORS, hdf5_fix
 from hpcgnn.data.merge import member_parts, merge_parts
 from hpcgnn.data.shard import (DATASETS, META_NAME, NUM_TRAIN, Shard, ShardFormatError, num_train,
                                part_name, read_global_ids, read_meta, read_shard, sha256_file)
@@ -125,7 +125,7 @@ def read_train_count(path: Path) -> int:
         with h5py.File(path, "r") as f:
             mask = np.asarray(f[DATASETS["train_mask"][0]][...], dtype=bool)
             label = np.asarray(f[DATASETS["label"][0]][...], dtype=np.int64)
-    except (OSError, KeyError) as exc:
+    except H5_ERRORS as exc:
         fix = hdf5_fix(exc, "re-run `python -m preprocess` to rewrite the shard set")
         raise ShardFormatError(f"{path}: cannot read nodes/train_mask ({exc}); {fix}") from exc
     return int(np.count_nonzero(mask & (label >= 0))) if mask.shape == label.shape else 0

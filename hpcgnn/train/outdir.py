@@ -14,6 +14,7 @@ from pathlib import Path
 
 import h5py
 
+from hpcgnn.data.errors import H5_ERRORS
 from hpcgnn.data.shard import META_NAME                           # a shard set's name too
 from hpcgnn.train.rundir import check_dir_path, describe_run     # torch-free too
 
@@ -65,7 +66,7 @@ def is_prediction_part(path: Path) -> bool:
     try:
         with h5py.File(path, "r") as f:
             return "epochs_done" in f.attrs and "pred" in f and "logits" in f
-    except OSError:
+    except H5_ERRORS:
         return False            # unreadable: not ours to overwrite
 
 
