@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hpcgnn
 from hpcgnn.codecs import build_codec, parse_codec  # noqa: E402
 from hpcgnn.codecs.build import CodecSpec  # noqa: E402
-from hpcgnn.codecs.rng import Blocks, epoch_keys  # noqa: E402
+from hpcgnn.codecs.rng import Blocks, epoch_keys, pair_keys  # noqa: E402
 from gpu_meter import best_time, copy_bandwidth, device_name, device_seconds, launches, streamed_time  # noqa: E402
 
 CASES = [("none", 1), ("truncate", 8), ("truncate", 128), ("random", 8), ("quant", 4),
@@ -71,7 +71,7 @@ def run(row_sizes: list[int], widths: list[int], peers: int, repeat: int, device
         paths: tuple[str, ...] = ("cpu",)) -> list[dict]:
     torch.manual_seed(0)
     out = []
-    keys = epoch_keys(torch.arange(1, peers + 1, device=device), 0)
+    keys = epoch_keys(pair_keys(0, 0, 0, None, peers, device), 0)   # as training's: rows, channels
     for rows, width in [(r, w) for r in row_sizes for w in widths]:
         blocks = Blocks.of([rows // peers] * peers, device)
         x = torch.randn(blocks.rows, width, device=device)

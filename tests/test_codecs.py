@@ -42,8 +42,19 @@ def np_col(g):
                      & np.uint64(0xFFFFFFFF))
 
 
+def row_half(key: int) -> int:
+    """The row key of a packed block key: its high 32 bits (documented in hpcgnn/codecs/rng.py)."""
+    return (int(key) >> 32) & 0xFFFFFFFF
+
+
+def channel_half(key: int) -> int:
+    """The channel key of a packed block key: its low 32 bits."""
+    return int(key) & 0xFFFFFFFF
+
+
 def ref_kept_rows(key: int, rows: int, keep: float) -> list[int]:
-    """Row sample of one block: the ceil(rows * keep) rows of smallest score (ties: lower row)."""
+    """Row sample of one block with row key ``key`` (32 bits): the ceil(rows * keep) rows of
+    smallest score (ties: lower row)."""
     n = 0 if rows == 0 else min(rows, max(1, math.ceil(rows * keep - 1e-9)))
     score = np_hash32((np.uint64(key) ^ np.uint64(0x5A17E5)) ^ np_hash32(np.arange(rows)))
     return sorted(np.lexsort((np.arange(rows), score))[:n].tolist())
@@ -85,8 +96,15 @@ def ref_quant(x: np.ndarray, bits: int, key: int) -> np.ndarray:
 # -- helpers ---------------------------------------------------------------------------------
 
 def _keys(n, base=17, device="cpu"):
-    return torch.tensor([(base * (i + 1) * 2654435761) & 0xFFFFFFFF for i in range(n)],
-                        dtype=torch.int64, device=device)
+    """``n`` packed block keys: row key (high 32 bits, some >= 2^31: a negative int64) and
+    channel key (low 32 bits), both varying."""
+    vals = []
+    for i in range(n):
+        row = (base * (i + 1) * 2654435761) & 0xFFFFFFFF
+        chan = (base * (i + 7) * 40503 + 12345) & 0xFFFFFFFF
+        v = (row << 32) | chan
+        vals.append(v - (1 << 64) if v >= 1 << 63 else v)
+    return torch.tensor(vals, dtype=torch.int64, device=device)
 
 
 def _roundtrip(codec, x, counts, keys=None, noise=7):
@@ -169,12 +187,12 @@ def test_random_channels_are_the_documented_draw_per_block(dev):
     for p, c in enumerate(counts):
         if not c:
             continue
-        cols = ref_channels(int(keys[p]), 32, 4)
+        cols = ref_channels(channel_half(keys[p]), 32, 4)
         block = y[starts[p]:starts[p] + c]
         assert torch.equal(block[:, cols], x[starts[p]:starts[p] + c, cols])
         rest = [j for j in range(32) if j not in cols]
         assert not block[:, rest].any()
-    assert ref_channels(int(keys[0]), 32, 4) != ref_channels(int(keys[2]), 32, 4)
+    assert ref_channels(channel_half(keys[0]), 32, 4) != ref_channels(channel_half(keys[2]), 32, 4)
 
 
 @pytest.mark.parametrize("native", (True, False), ids=("c", "torch"))
@@ -191,7 +209,7 @@ def test_sample_keeps_the_documented_rows_scaled(counts, keep, native, monkeypat
     y = _roundtrip(WireCodec(keep=keep), x, counts, keys)
     start = 0
     for p, c in enumerate(counts):
-        kept = ref_kept_rows(int(keys[p]), c, keep)
+        kept = ref_kept_rows(row_half(keys[p]), c, keep)
         got = torch.nonzero(y[start:start + c].abs().sum(1) > 0).flatten().tolist()
         assert got == kept, p
         scale = np.float32(c) / np.float32(max(len(kept), 1))

@@ -50,12 +50,17 @@ def mix(*values):  # SplitMix64 chain, as documented in hpcgnn/comm/keys.py
     return h >> 1
 
 
-def block_key(src, dst):
-    pair = mix(SEED, LAYER, src, dst) & 0xFFFFFFFF
-    return int(np_hash32(np.uint64(pair) ^ np_hash32(EPOCH)))
+def block_keys(src, dst, layer=LAYER, epoch=EPOCH):
+    """(row key, channel key) of the block src -> dst, as hpcgnn/codecs/rng.py documents them:
+    ``hash32(pair ^ hash32(epoch))`` with the row pair ``mix(seed, src, dst)`` (no layer: one
+    boundary sample an epoch, as BNS-GCN) and the channel pair ``mix(seed, layer, src, dst)``."""
+    rows = mix(SEED, src, dst) & 0xFFFFFFFF
+    chans = mix(SEED, layer, src, dst) & 0xFFFFFFFF
+    return (int(np_hash32(np.uint64(rows) ^ np_hash32(epoch))),
+            int(np_hash32(np.uint64(chans) ^ np_hash32(epoch))))
 
 
-def expected(shard_dir: Path, parts: int, codec: str):
+def expected(shard_dir: Path, parts: int, codec: str, layer: int = LAYER, epoch: int = EPOCH):
     """(halo values per rank, owned-row gradients per rank), from the shard files alone."""
     from hpcgnn.data.shard import read_shard
     keep, channels, k, bits = CODECS[codec]
@@ -67,15 +72,16 @@ def expected(shard_dir: Path, parts: int, codec: str):
         for p, rows in enumerate(sq.recv_counts.tolist()):
             gid = sq.halo_global_id[start:start + rows]
             vals, mask = f(gid, cols), np.zeros((rows, WIDTH))
-            key = block_key(p, q)
-            kept = ref_kept_rows(key, rows, keep) if keep < 1 else list(range(rows))
+            row_key, chan_key = block_keys(p, q, layer, epoch)
+            kept = ref_kept_rows(row_key, rows, keep) if keep < 1 else list(range(rows))
             chans = {"all": list(range(WIDTH)), "truncate": list(range(k)),
-                     "random": ref_channels(key, WIDTH, k) if channels == "random" else []}[channels]
+                     "random": ref_channels(chan_key, WIDTH, k) if channels == "random" else []
+                     }[channels]
             mask[np.ix_(kept, chans)] = rows / len(kept) if kept else 0
             if bits != 32:                       # the sender's whole packed buffer, quantised
                 sp = shards[p]
                 buf = f(sp.global_id[sp.send_index], cols).astype(np.float32)
-                deq = ref_quant(buf, bits, mix(SEED, EPOCH, LAYER, 0, p))
+                deq = ref_quant(buf, bits, mix(SEED, epoch, layer, 0, p))
                 off = int(sp.send_counts[:q].sum())
                 vals = deq[off:off + rows]
             halo[start:start + rows] = vals * mask
@@ -104,33 +110,92 @@ def test_compressed_exchange_equals_single_process(ranks, shards, tmp_path):
                 assert got["bytes_sent"] < got["bytes_full"]
 
 
-def _worker(shard_dir: str, out: str) -> None:
+DRAWS = [(0, EPOCH), (1, EPOCH), (2, EPOCH), (1, EPOCH + 1)]   # (layer, epoch) of sample+random
+
+
+def _kept_rows(values):
+    return np.flatnonzero(np.abs(values).sum(1) > 0).tolist()
+
+
+@pytest.mark.mpi
+def test_every_layer_of_an_epoch_keeps_the_same_rows(shards, tmp_path):
+    """BNS-GCN draws one boundary sample an epoch, used by every layer forward and backward
+    (GATECH-EIC/BNS-GCN train.py: ``select_node`` once per epoch): the exchanges of layers 0, 1
+    and 2 at one epoch deliver the same rows of every block (and take gradients back for the
+    same owned rows), the next epoch others; ``random``'s channels stay a draw per layer. Each
+    exchange also equals the numpy computation from the documented keys."""
+    ranks = 2
+    shard_dir = shards(CSBM, ranks, "random")
+    proc = run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path), "layers"], timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = {(layer, epoch, r): tuple(np.array(d[n]).reshape(-1, WIDTH) for n in ("halo", "grad"))
+           for layer, epoch in DRAWS for r in range(ranks)
+           for d in [json.loads((tmp_path / f"draw-{layer}-{epoch}-{r}.json").read_text())]}
+    for r in range(ranks):
+        halo0, grad0 = got[0, EPOCH, r]
+        assert 0 < len(_kept_rows(halo0)) < len(halo0)
+        for layer in (1, 2):
+            halo, grad = got[layer, EPOCH, r]
+            assert _kept_rows(halo) == _kept_rows(halo0), f"layer {layer}, rank {r}: other rows"
+            assert _kept_rows(grad) == _kept_rows(grad0), f"layer {layer}, rank {r}: other grads"
+    assert any(_kept_rows(got[1, EPOCH + 1, r][0]) != _kept_rows(got[1, EPOCH, r][0])
+               for r in range(ranks)), "the next epoch kept the same rows"
+    assert any(not np.array_equal(got[0, EPOCH, r][0] != 0, got[1, EPOCH, r][0] != 0)
+               for r in range(ranks)), "random drew the same channels in two layers"
+    for layer, epoch in DRAWS:
+        halos, grads = expected(shard_dir, ranks, "sample+random", layer, epoch)
+        for r in range(ranks):
+            halo, grad = got[layer, epoch, r]
+            np.testing.assert_allclose(halo, halos[r], rtol=1e-6, atol=1e-6,
+                                       err_msg=f"layer {layer} epoch {epoch} halo, rank {r}")
+            np.testing.assert_allclose(grad, grads[r], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"layer {layer} epoch {epoch} grad, rank {r}")
+
+
+def _run(ctx, shard, exch, epoch: int, codec: str, path: Path) -> None:
+    """One forward and backward through ``exch`` with ``CODECS[codec]`` at ``epoch``: the halo,
+    the owned rows' gradient and the bytes, written to ``path``."""
     import torch
 
     from hpcgnn.codecs import IDENTITY, WireCodec
+    from hpcgnn.comm.exchange import ExchangeSettings
+    keep, channels, k, bits = CODECS[codec]
+    cols = np.arange(WIDTH)
+    settings = ExchangeSettings(epoch, WireCodec(keep=keep, channels=channels, k=k, bits=bits),
+                                IDENTITY)
+    x = torch.tensor(f(shard.global_id, cols), dtype=torch.float32, requires_grad=True)
+    halo = exch.exchange(x, settings)
+    weight = torch.tensor(w(ctx.rank, shard.halo_global_id, cols), dtype=torch.float32)
+    (halo * weight).sum().backward()
+    path.write_text(json.dumps(
+        {"halo": halo.detach().reshape(-1).tolist(), "grad": x.grad.reshape(-1).tolist(),
+         "bytes_sent": exch.stats.bytes_sent, "bytes_full": exch.stats.bytes_full}))
+
+
+def _worker(shard_dir: str, out: str, mode: str = "codecs") -> None:
+    """``codecs``: every codec of ``CODECS`` at (``LAYER``, ``EPOCH``), a fresh exchanger each;
+    ``layers``: ``sample+random`` at each of ``DRAWS``, one exchanger a layer."""
     from hpcgnn.comm.context import CommContext
-    from hpcgnn.comm.exchange import ExchangeSettings, ExchangeStats, HaloExchanger
+    from hpcgnn.comm.exchange import ExchangeStats, HaloExchanger
     from hpcgnn.comm.plan import HaloPlan
     from hpcgnn.train.inputs import load_part
     ctx = CommContext.from_world("cpu")
     _, shard = load_part(shard_dir, ctx.rank, ctx.size)
     plan = HaloPlan.from_shard(shard)
-    cols = np.arange(WIDTH)
-    for name, (keep, channels, k, bits) in CODECS.items():
-        stats = ExchangeStats()
-        exch = HaloExchanger(ctx, plan, layer=LAYER, seed=SEED, stats=stats)
-        settings = ExchangeSettings(EPOCH, WireCodec(keep=keep, channels=channels, k=k, bits=bits),
-                                    IDENTITY)
-        x = torch.tensor(f(shard.global_id, cols), dtype=torch.float32, requires_grad=True)
-        halo = exch.exchange(x, settings)
-        weight = torch.tensor(w(ctx.rank, shard.halo_global_id, cols), dtype=torch.float32)
-        (halo * weight).sum().backward()
-        Path(out, f"{name}-{ctx.rank}.json").write_text(json.dumps(
-            {"halo": halo.detach().reshape(-1).tolist(), "grad": x.grad.reshape(-1).tolist(),
-             "bytes_sent": stats.bytes_sent, "bytes_full": stats.bytes_full}))
+    if mode == "layers":
+        exchangers = {}
+        for layer, epoch in DRAWS:
+            exch = exchangers.setdefault(layer, HaloExchanger(ctx, plan, layer=layer, seed=SEED,
+                                                              stats=ExchangeStats()))
+            _run(ctx, shard, exch, epoch, "sample+random",
+                 Path(out, f"draw-{layer}-{epoch}-{ctx.rank}.json"))
+    else:
+        for name in CODECS:
+            exch = HaloExchanger(ctx, plan, layer=LAYER, seed=SEED, stats=ExchangeStats())
+            _run(ctx, shard, exch, EPOCH, name, Path(out, f"{name}-{ctx.rank}.json"))
     print(f"rank {ctx.rank}: done", flush=True)
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    _worker(sys.argv[1], sys.argv[2])
+    _worker(*sys.argv[1:4])

@@ -17,8 +17,8 @@ pytest.importorskip("triton")
 
 from hpcgnn.codecs import IDENTITY, WireCodec, backward_codec, fused  # noqa: E402
 from hpcgnn.codecs.rng import Blocks  # noqa: E402
-from test_codecs import (_keys, np_col, np_hash32, ref_channels, ref_kept_rows,  # noqa: E402
-                         ref_quant, ref_quant_parts)
+from test_codecs import (_keys, channel_half, np_hash32, ref_channels,  # noqa: E402
+                         ref_kept_rows, ref_quant, ref_quant_parts, row_half)
 from test_exchange_exact import mix  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the interpreter's numpy
@@ -68,8 +68,8 @@ def ref_codec(codec: WireCodec, x: np.ndarray, counts, keys, noise: int):
     width, rows, chans, scales, start = x.shape[1], [], [], [], 0
     k = codec.width_sent(width)
     for p, c in enumerate(counts):
-        kept = ref_kept_rows(keys[p], c, codec.keep) if codec.keep < 1 else list(range(c))
-        ch = ref_channels(keys[p], width, k) if codec.channels == "random" else list(range(k))
+        kept = ref_kept_rows(row_half(keys[p]), c, codec.keep) if codec.keep < 1 else list(range(c))
+        ch = ref_channels(channel_half(keys[p]), width, k) if codec.channels == "random" else list(range(k))
         scale = np.float32(c) / np.float32(max(len(kept), 1))
         rows += [start + r for r in kept]
         chans += [ch] * len(kept)

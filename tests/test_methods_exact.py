@@ -174,9 +174,14 @@ COMPRESSED = ('codec = "sample+random"\nkeep = 0.5\nkind = "constant"\nratio = 2
               'compress_last_layer = true\ncompress_backward = false\n')
 
 
-def _block_key(seed: int, layer: int, src: int, dst: int, epoch: int) -> int:
+def _block_keys(seed: int, layer: int, src: int, dst: int, epoch: int) -> tuple[int, int]:
+    """(row key, channel key) of the block src -> dst: the rows of an epoch's sample are the
+    same in every layer (no layer in the row key, as BNS-GCN), the channels a draw per layer."""
     from test_exchange_exact import mix
-    return int(np_hash32(np.uint64(mix(seed, layer, src, dst) & 0xFFFFFFFF) ^ np_hash32(epoch)))
+
+    def key(pair: int) -> int:
+        return int(np_hash32(np.uint64(pair & 0xFFFFFFFF) ^ np_hash32(epoch)))
+    return key(mix(seed, src, dst)), key(mix(seed, layer, src, dst))
 
 
 def _split_operator(shard_dir, ranks: int):
@@ -212,8 +217,9 @@ def _train_gcn(g, p: dict, opt, propagate) -> list[float]:
 
 def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
     """The same GCN on the whole graph, each part's halo rows of every layer replaced by what
-    the documented selection of ``sample+random`` (keep 1/2 of each block's rows, half the
-    channels, scaled by rows/kept) delivers; autograd gives the gradient of that forward."""
+    the documented selection of ``sample+random`` (keep 1/2 of each block's rows, the same rows
+    in both layers of an epoch, half the channels, drawn per layer, scaled by rows/kept)
+    delivers; autograd gives the gradient of that forward."""
     from hpcgnn.data.shard import read_shard
     g, a_loc, a_halo = _split_operator(shard_dir, ranks)
     shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
@@ -226,9 +232,9 @@ def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
             m, start = torch.zeros(g.num_nodes, width), 0
             for src, rows in enumerate(sq.recv_counts.tolist()):
                 gid = sq.halo_global_id[start:start + rows]
-                key = _block_key(0, layer, src, q, epoch)
-                kept = ref_kept_rows(key, rows, 0.5)
-                chans = ref_channels(key, width, width // 2)
+                row_key, chan_key = _block_keys(0, layer, src, q, epoch)
+                kept = ref_kept_rows(row_key, rows, 0.5)
+                chans = ref_channels(chan_key, width, width // 2)
                 if kept:
                     m[np.ix_(gid[kept], chans)] = rows / len(kept)
                 start += rows

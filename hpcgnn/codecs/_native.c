@@ -481,10 +481,12 @@ MULTIARCH void hpcgnn_dropout_matmul_backward(const float *x, const int64_t *row
 }
 
 /* The sample stage's row selection (hpcgnn/codecs/base.py _sample): in block b of counts[b]
- * rows, the kept[b] rows of smallest (score, row in block), score(i) = hash32((keys[b] ^
- * 0x5A17E5) ^ hash32(i)); out gets their buffer rows (block start + i) in ascending order, and
- * the function returns how many it wrote. work: max(counts) uint64 of scratch. One
- * quickselect per block (the scores are hashes: no adversarial order), then one scan. */
+ * rows, the kept[b] rows of smallest (score, row in block), score(i) = hash32((row_key ^
+ * 0x5A17E5) ^ hash32(i)), row_key the high 32 bits of the packed block key keys[b] (the low
+ * half is the channel key, hpcgnn/codecs/rng.py); out gets their buffer rows (block start + i)
+ * in ascending order, and the function returns how many it wrote. work: max(counts) uint64 of
+ * scratch. One quickselect per block (the scores are hashes: no adversarial order), then one
+ * scan. */
 static uint64_t select_kth(uint64_t *a, int64_t n, int64_t k) {     /* k-th smallest, 0-based */
     int64_t lo = 0, hi = n - 1;
     while (lo < hi) {
@@ -510,7 +512,7 @@ int64_t hpcgnn_sample_rows(const int64_t *keys, const int64_t *counts, const int
     int64_t start = 0, n = 0;
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t count = counts[b], k = kept[b];
-        const uint32_t salt = (uint32_t)keys[b] ^ 0x5A17E5u;
+        const uint32_t salt = (uint32_t)((uint64_t)keys[b] >> 32) ^ 0x5A17E5u;
         if (k >= count) {
             for (int64_t i = 0; i < count; i++) out[n++] = start + i;
         } else if (k > 0) {

@@ -4,9 +4,12 @@ A ``WireCodec`` turns the rows that one rank sends to its peers into bytes and b
 stages that always nest in this order:
 
 1. **rows** (BNS-GCN ``sample``): keep ``kept_rows(rows, keep)`` rows of each peer block, the
-   rows of smallest ``rng.row_scores`` (drawn from the block's key: both ends agree);
+   rows of smallest ``rng.row_scores``, drawn from the block's row key (both ends agree): a
+   function of the seed, the epoch and the pair (src, dst) alone, so every layer's exchange of
+   an epoch keeps the same rows of a block, as BNS-GCN draws one boundary sample an epoch;
 2. **channels** (VARCO): ``all``, the first ``k`` (``truncate``; ``learned`` is the same on the
-   wire, after the learned encoder), or ``k`` drawn per block from its key (``random``);
+   wire, after the learned encoder), or ``k`` drawn per block from its channel key, which also
+   holds the layer (``random``);
 3. **values**: fp32 (``bits = 32``) or ``b``-bit stochastic rounding (``quant``).
 
 The receiver undoes the stages: the values are decoded, the channels and rows that did not

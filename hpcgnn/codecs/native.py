@@ -120,7 +120,8 @@ def quant_decode(table: torch.Tensor, width: int, bits: int) -> torch.Tensor:
 
 def sample_rows(keys: torch.Tensor, counts: torch.Tensor, kept: list[int]) -> torch.Tensor:
     """The sample stage's kept rows (``base._sample``): int64 ``(sum(kept),)``, ascending, from
-    the blocks' int64 ``keys`` and ``counts`` (CPU) and their ``kept`` counts."""
+    the blocks' packed int64 ``keys`` (their row halves, ``rng.row_keys``) and ``counts`` (CPU)
+    and their ``kept`` counts."""
     keys, counts = keys.to(torch.int64).contiguous(), counts.to(torch.int64).contiguous()
     kept_t = torch.tensor(kept, dtype=torch.int64)
     out = torch.empty(sum(kept), dtype=torch.int64)

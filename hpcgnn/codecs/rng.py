@@ -2,15 +2,21 @@
 in one batched call on the tensor's device — no generator objects, no loop over peers.
 
 ``hash32`` is lowbias32 (C. Wellons) on int64 tensors holding values in ``[0, 2^32)``, from
-``hpcgnn.hashing`` (with ``mix`` and ``col_seeds``; re-exported here). The codecs use it three
-ways (all keys are 32-bit):
+``hpcgnn.hashing`` (with ``mix`` and ``col_seeds``; re-exported here). The codecs use it so:
 
-- **Block keys** ``(P,)``: one per peer block of one exchange, equal on the sender and the
-  receiver: ``hash32(pair ^ hash32(epoch))``, ``pair = mix(seed, layer, src, dst)`` made once
-  per exchanger (``pair_keys``). The row sample and the random channels of a block are drawn
-  from its key, so both ends agree on them without communicating.
-- **Row scores** (``row_scores``): ``hash32(block_key[b] ^ salt ^ hash32(i))`` for row ``i`` of
+- **Block keys** ``(P,)`` int64: one per peer block of one exchange, equal on the sender and
+  the receiver, two 32-bit keys in one: ``pack(row, channel)`` = ``row * 2^32 + channel`` (the
+  high half as a signed int64). The *row key* ``hash32(rows(src, dst) ^ hash32(epoch))``,
+  ``rows(src, dst) = mix(seed, src, dst)``, depends on the epoch and the pair alone: every
+  layer's exchange of an epoch, forward and backward, keeps the same rows of a block, as
+  BNS-GCN's reference code draws one boundary sample an epoch for all layers
+  (GATECH-EIC/BNS-GCN ``train.py``: ``select_node`` once per epoch). The *channel key*
+  ``hash32(channels(src, dst) ^ hash32(epoch))``, ``channels(src, dst) = mix(seed, layer, src,
+  dst)``, also holds the layer: ``random`` draws its channels per layer. Both pair keys are made
+  once per exchanger (``pair_keys``), so both ends agree on the draws without communicating.
+- **Row scores** (``row_scores``): ``hash32(row_key[b] ^ salt ^ hash32(i))`` for row ``i`` of
   block ``b`` — the sample stage keeps the rows of smallest score in each block.
+- **Channel scores** (``channel_scores``): ``hash32(channel_key[b] ^ salt ^ col(c))``.
 - **Rounding noise** (``noise_u16``): sender-side only. Element ``(r, c)`` of an ``(R, F)``
   buffer gets the 16-bit half ``c % 2`` of ``hash32(hash32(key ^ hash32(r)) ^ col(c // 2))``,
   ``col(g) = hash32((g * 0x9E3779B1 + 0x7F4A7C15) mod 2^32)``. The C kernel
@@ -28,22 +34,43 @@ import torch
 from hpcgnn.hashing import M32, col_seeds, hash32, hash32_int, mix
 
 __all__ = ["M32", "SALT_ROWS", "SALT_CHANNELS", "hash32", "hash32_int", "col_seeds", "pair_keys",
-           "epoch_keys", "noise_u16", "Blocks", "row_scores", "channel_scores"]
+           "pack", "row_keys", "channel_keys", "epoch_keys", "noise_u16", "Blocks", "row_scores",
+           "channel_scores"]
 SALT_ROWS = 0x5A17E5
 SALT_CHANNELS = 0xC4A22E
 
 
 def pair_keys(seed: int, layer: int, src: int | None, dst: int | None, parts: int,
               device: torch.device) -> torch.Tensor:
-    """``(parts,)`` 32-bit keys of the pairs (src -> p) when ``dst`` is None, or (p -> dst)."""
-    vals = [mix(seed, layer, src if src is not None else p, dst if dst is not None else p) & M32
-            for p in range(parts)]
-    return torch.tensor(vals, dtype=torch.int64, device=device)
+    """``(parts,)`` packed pair keys (``pack(rows, channels)``, module docstring) of the pairs
+    (src -> p) when ``dst`` is None, or (p -> dst); only the channel half holds ``layer``."""
+    pairs = [(src if src is not None else p, dst if dst is not None else p) for p in range(parts)]
+    rows = torch.tensor([mix(seed, s, d) & M32 for s, d in pairs], dtype=torch.int64)
+    chans = torch.tensor([mix(seed, layer, s, d) & M32 for s, d in pairs], dtype=torch.int64)
+    return pack(rows, chans).to(device)
+
+
+def pack(rows: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
+    """int64 ``rows * 2^32 + channels`` of two int64 tensors of 32-bit keys (the row key as the
+    high half, two's complement: no overflow)."""
+    high = torch.where(rows >= 1 << 31, rows - (1 << 32), rows)
+    return high * (1 << 32) + channels
+
+
+def row_keys(keys: torch.Tensor) -> torch.Tensor:
+    """The 32-bit row keys (high halves) of packed block keys."""
+    return (keys >> 32) & M32
+
+
+def channel_keys(keys: torch.Tensor) -> torch.Tensor:
+    """The 32-bit channel keys (low halves) of packed block keys."""
+    return keys & M32
 
 
 def epoch_keys(pairs: torch.Tensor, epoch: int) -> torch.Tensor:
-    """The block keys of one exchange: ``hash32(pair ^ hash32(epoch))``."""
-    return hash32(pairs ^ hash32_int(epoch))
+    """The block keys of one exchange: each half ``hash32(pair ^ hash32(epoch))``."""
+    e = hash32_int(epoch)
+    return pack(hash32(row_keys(pairs) ^ e), hash32(channel_keys(pairs) ^ e))
 
 
 def noise_u16(rows: int, width: int, key: int, device: torch.device) -> torch.Tensor:
@@ -99,10 +126,11 @@ class Blocks:
 
 
 def row_scores(blocks: Blocks, keys: torch.Tensor) -> torch.Tensor:
-    """``(R,)`` 32-bit score of every row, from its block's key and its index in the block."""
-    return hash32((keys[blocks.block_of_row] ^ SALT_ROWS) ^ hash32(blocks.row_in_block))
+    """``(R,)`` 32-bit score of every row, from its block's row key and its index in the block."""
+    return hash32((row_keys(keys)[blocks.block_of_row] ^ SALT_ROWS) ^ hash32(blocks.row_in_block))
 
 
 def channel_scores(keys: torch.Tensor, width: int) -> torch.Tensor:
-    """``(P, width)`` 32-bit score of every channel of every block."""
-    return hash32((keys[:, None] ^ SALT_CHANNELS) ^ col_seeds(width, keys.device)[None, :])
+    """``(P, width)`` 32-bit score of every channel of every block, from its channel key."""
+    return hash32((channel_keys(keys)[:, None] ^ SALT_CHANNELS)
+                  ^ col_seeds(width, keys.device)[None, :])

@@ -2,9 +2,9 @@
 
 ``block_key(seed, epoch, layer, direction, src, dst)`` is the same integer on the sender and
 the receiver, different for every block, epoch, layer and direction (0 = forward activations,
-1 = backward gradients). Codecs that draw random numbers (stochastic rounding, random channels,
-row sampling) seed with it, so both ends agree on what was drawn. ``mix`` and ``splitmix64`` live
-in ``hpcgnn.hashing`` (re-exported here).
+1 = backward gradients). The codecs' keys are made from ``mix`` in ``hpcgnn.codecs.rng`` (the
+row sample's without the layer: one sample an epoch, as BNS-GCN). ``mix`` and ``splitmix64``
+live in ``hpcgnn.hashing`` (re-exported here).
 """
 from __future__ import annotations
 

@@ -167,7 +167,7 @@ def _select_kernel(keys_ptr, counts_ptr, starts_ptr, kept_ptr, kept_start_ptr,
     pid = tl.program_id(0)
     if SAMPLE:
         if pid < n_blocks:
-            key = tl.load(keys_ptr + pid).to(tl.uint32)
+            key = ((tl.load(keys_ptr + pid) >> 32) & 0xFFFFFFFF).to(tl.uint32)   # the row half
             start = tl.load(starts_ptr + pid).to(tl.int32)
             _keep_smallest(key, salt_rows.to(tl.uint32), tl.load(counts_ptr + pid).to(tl.int32),
                            tl.load(kept_ptr + pid).to(tl.int32), index_ptr + tl.load(kept_start_ptr + pid),
@@ -176,15 +176,16 @@ def _select_kernel(keys_ptr, counts_ptr, starts_ptr, kept_ptr, kept_start_ptr,
     if RANDOM:
         b = pid - n_blocks if SAMPLE else pid
         if b >= 0:
-            key = tl.load(keys_ptr + b).to(tl.uint32)
+            key = (tl.load(keys_ptr + b) & 0xFFFFFFFF).to(tl.uint32)    # the channel half
             _keep_smallest(key, tl.cast(salt_channels, tl.uint32), width, k, chan_ptr + b.to(tl.int64) * k, 0,
                            chan_pos_ptr + b.to(tl.int64) * width, 0, False, CH)
 
 
 @explained
 def select(lay: Layout, keys: torch.Tensor) -> Selected:
-    """The rows and channels ``lay``'s codec sends from each block with block ``keys`` (int64
-    ``(P,)``): one launch; none, and ``Selected()``, for a codec that draws nothing."""
+    """The rows and channels ``lay``'s codec sends from each block with packed block ``keys``
+    (int64 ``(P,)``, ``rng.pack``: rows from the high halves, channels from the low): one
+    launch; none, and ``Selected()``, for a codec that draws nothing."""
     if not (lay.sample or lay.random):
         return _NOTHING
     dev, p = keys.device, int(keys.shape[0])
