@@ -187,11 +187,29 @@ def cmd_info() -> int:
     return 0
 
 
+def _unfinished(run_dir: Path) -> str:
+    """Why ``run_dir`` has no summary.json, and the fix: it is written once a run has done all
+    its epochs, so a stopped or preempted run is continued with --resume."""
+    from hpcgnn.train.preempt import PREEMPTED_NAME
+    from hpcgnn.train.rundir import CHECKPOINT_NAME, describe_run
+    what = describe_run(run_dir)
+    if what is None:
+        return (f"{run_dir} holds no run (no checkpoint.pt, metrics.jsonl or run.json); pass a run "
+                f"directory, the --out of `hpcgnn train`")
+    if not (run_dir / PREEMPTED_NAME).is_file():
+        what += ", or a run still training"
+    done = f"{run_dir} holds {what}; summary.json is written once the run has done all its epochs"
+    if (run_dir / CHECKPOINT_NAME).is_file():
+        return (f"{done}: continue a stopped run with `hpcgnn train --resume --out {run_dir}` and "
+                f"its --shards, --config and --schedule")
+    return (f"{done} (its epochs' records are in {run_dir}/metrics.jsonl); a run stopped without "
+            f"a checkpoint cannot be continued: train anew with --force")
+
+
 def cmd_summary(run_dir: Path) -> int:
     path = run_dir / "summary.json"
     if not path.is_file():
-        print(f"{path}: not found; the run has not finished (see {run_dir}/metrics.jsonl), or "
-              f"train with --out {run_dir}", file=sys.stderr)
+        print(f"{path}: not found; {_unfinished(run_dir)}", file=sys.stderr)
         return EXIT_USER_ERROR
     try:
         s = json.loads(path.read_text())

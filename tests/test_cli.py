@@ -45,6 +45,16 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
     assert "peak memory of the largest rank: resident 1,536 MiB" in _run("summary", str(tmp_path)).stdout
     missing = _run("summary", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "summary.json: not found" in missing.stderr
+    assert "holds no run" in missing.stderr and "metrics.jsonl)" not in missing.stderr
+    stopped = tmp_path / "stopped"                  # --stop-after: the fix is --resume, named
+    stopped.mkdir()
+    (stopped / "metrics.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n')
+    proc = _run("summary", str(stopped))
+    assert proc.returncode == 2 and "a run stopped after 2 epochs without a checkpoint" in proc.stderr
+    assert "--force" in proc.stderr and "--resume" not in proc.stderr
+    (stopped / "checkpoint.pt").write_bytes(b"")
+    proc = _run("summary", str(stopped))
+    assert proc.returncode == 2 and f"hpcgnn train --resume --out {stopped}" in proc.stderr
     for torn, why in ((json.dumps(s)[:40], "is unreadable"), (json.dumps({"ranks": 4}), "lacks epochs")):
         (tmp_path / "summary.json").write_text(torn)
         proc = _run("summary", str(tmp_path))
