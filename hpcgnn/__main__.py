@@ -17,6 +17,9 @@ from hpcgnn.log import get_logger, run_command, say_error, setup_logging
 
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3           # the training loss was not finite (Trainer.run)
+DEVICE_HELP = ("auto (default): cuda when torch sees a GPU, else cpu; on cuda each rank takes the "
+               "GPU numbered its node-local rank modulo the GPU count; cuda without a GPU is "
+               "refused")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,13 +42,13 @@ def _parser() -> argparse.ArgumentParser:
                     "summary and metrics are replaced)")
     tr.add_argument("--stop-after", type=_count, metavar="N",
                     help="checkpoint and stop once N epochs are done (continue with --resume)")
-    tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=DEVICE_HELP)
     pr = sub.add_parser("predict", help="per-node predictions and embeddings of a trained run "
                         "(launch with mpirun -n R, R dividing the shard set's part count)")
     pr.add_argument("--run", required=True, help="run directory of `hpcgnn train` (checkpoint.pt)")
     pr.add_argument("--shards", required=True, help="shard directory of the graph to predict on")
     pr.add_argument("--out", required=True, help="output directory: part-NNNNN.h5 + meta.json")
-    pr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    pr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=DEVICE_HELP)
     pl = sub.add_parser("plot", help="loss, accuracy and ratio of runs against epoch and bytes (PNG)")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     pl.add_argument("--out", required=True, help="the PNG file to write")

@@ -61,6 +61,13 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
         assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_device_has_help():
+    """``--device`` was the one option of train and predict that ``--help`` left unexplained."""
+    for cmd in ("train", "predict"):
+        text = " ".join(_run(cmd, "--help").stdout.split())
+        assert "auto (default): cuda when torch sees a GPU, else cpu" in text, text
+
+
 def test_stop_after_must_not_be_negative():
     proc = _run("train", "--shards", "x", "--stop-after", "-1")
     assert proc.returncode == 2 and "--stop-after: invalid epoch count (an integer >= 0)" in proc.stderr
