@@ -17,6 +17,9 @@ from hpcgnn.log import get_logger, run_command, say_error, setup_logging
 
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3           # the training loss was not finite (Trainer.run)
+DEVICE_HELP = ("auto (default): cuda when torch sees a GPU, else cpu; on cuda each rank takes the "
+               "GPU numbered its node-local rank modulo the GPU count; cuda without a GPU is "
+               "refused")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,13 +42,13 @@ def _parser() -> argparse.ArgumentParser:
                     "summary and metrics are replaced)")
     tr.add_argument("--stop-after", type=_count, metavar="N",
                     help="checkpoint and stop once N epochs are done (continue with --resume)")
-    tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    tr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=DEVICE_HELP)
     pr = sub.add_parser("predict", help="per-node predictions and embeddings of a trained run "
                         "(launch with mpirun -n R, R dividing the shard set's part count)")
     pr.add_argument("--run", required=True, help="run directory of `hpcgnn train` (checkpoint.pt)")
     pr.add_argument("--shards", required=True, help="shard directory of the graph to predict on")
     pr.add_argument("--out", required=True, help="output directory: part-NNNNN.h5 + meta.json")
-    pr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    pr.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=DEVICE_HELP)
     pl = sub.add_parser("plot", help="loss, accuracy and ratio of runs against epoch and bytes (PNG)")
     pl.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     pl.add_argument("--out", required=True, help="the PNG file to write")
@@ -187,11 +190,29 @@ def cmd_info() -> int:
     return 0
 
 
+def _unfinished(run_dir: Path) -> str:
+    """Why ``run_dir`` has no summary.json, and the fix: it is written once a run has done all
+    its epochs, so a stopped or preempted run is continued with --resume."""
+    from hpcgnn.train.preempt import PREEMPTED_NAME
+    from hpcgnn.train.rundir import CHECKPOINT_NAME, describe_run
+    what = describe_run(run_dir)
+    if what is None:
+        return (f"{run_dir} holds no run (no checkpoint.pt, metrics.jsonl or run.json); pass a run "
+                f"directory, the --out of `hpcgnn train`")
+    if not (run_dir / PREEMPTED_NAME).is_file():
+        what += ", or a run still training"
+    done = f"{run_dir} holds {what}; summary.json is written once the run has done all its epochs"
+    if (run_dir / CHECKPOINT_NAME).is_file():
+        return (f"{done}: continue a stopped run with `hpcgnn train --resume --out {run_dir}` and "
+                f"its --shards, --config and --schedule")
+    return (f"{done} (its epochs' records are in {run_dir}/metrics.jsonl); a run stopped without "
+            f"a checkpoint cannot be continued: train anew with --force")
+
+
 def cmd_summary(run_dir: Path) -> int:
     path = run_dir / "summary.json"
     if not path.is_file():
-        print(f"{path}: not found; the run has not finished (see {run_dir}/metrics.jsonl), or "
-              f"train with --out {run_dir}", file=sys.stderr)
+        print(f"{path}: not found; {_unfinished(run_dir)}", file=sys.stderr)
         return EXIT_USER_ERROR
     try:
         s = json.loads(path.read_text())

@@ -7,6 +7,7 @@ the file, the key and the fix; an unknown section or key is an error, not a sile
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -293,7 +294,8 @@ def _build_section(cls: type, section: str, table: dict, where: str):
             raise ConfigError(f"{where}: unknown key {section}.{key}; "
                               f"{_did_you_mean_key(section, key)}valid keys of "
                               f"[{section}] are {sorted(known)}")
-        values[key] = _coerce(value, known[key].type, f"{section}.{key}", where)
+        values[key] = _coerce(value, known[key].type, f"{section}.{key}", where,
+                              known[key].default)
     return replace(cls(), **values)
 
 
@@ -310,9 +312,10 @@ def _did_you_mean_key(section: str, key: str) -> str:
     return hint or (f"did you mean '{elsewhere[0]}.{key}'? " if elsewhere else "")
 
 
-def _coerce(value: Any, type_name: Any, key: str, where: str) -> Any:
+def _coerce(value: Any, type_name: Any, key: str, where: str, default: Any = None) -> Any:
     """Check a TOML value against the field's type (ints are accepted for floats; a ``tuple``
-    field takes an array of numbers)."""
+    field takes an array of numbers); a wrong type is refused with the field's default as the
+    example of a right one."""
     if str(type_name) == "tuple":
         if not isinstance(value, (list, tuple)) or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
@@ -330,8 +333,11 @@ def _coerce(value: Any, type_name: Any, key: str, where: str) -> Any:
                           f"config must be finite (TOML's inf and nan are refused)")
     if isinstance(value, want) and not (want is int and isinstance(value, bool)):
         return value
-    raise ConfigError(f"{where}: {key} = {value!r} has type {type(value).__name__}; "
-                      f"it must be a {want.__name__}")
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    example = (json.dumps(default) if isinstance(default, want) and not (want is int and
+               isinstance(default, bool)) else None)
+    raise ConfigError(f"{where}: {key} = {value!r} has type {type(value).__name__}; it must be "
+                      f"{words[want]}" + (f", e.g. {key} = {example}" if example else ""))
 
 
 def _read_toml(path: str | Path) -> dict:

@@ -26,10 +26,13 @@ log = logging.getLogger("hpcgnn.preprocess")
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m preprocess",
-        description="Partition a graph and write one HDF5 shard per rank (then: "
-                    "`python -m preprocess verify DIR`).")
+        description="Partition a graph and write one HDF5 shard per part (then: "
+                    "`python -m preprocess verify DIR`). Also: `python -m preprocess convert "
+                    "--dataset SPEC --out FILE.h5` writes a dataset as an h5: input file.")
     ap.add_argument("--dataset", required=True, help=f"dataset spec: {SPEC_HELP}")
-    ap.add_argument("--parts", type=int, required=True, help="number of parts (= MPI ranks)")
+    ap.add_argument("--parts", type=int, required=True,
+                    help="number of parts K; the halo exchange trains on R ranks for any R "
+                         "dividing K (CAGNET: docs/cagnet.md)")
     ap.add_argument("--partitioner", choices=PARTITIONERS + ("ptscotch",), default="metis",
                     help="metis: one process; ptscotch: PT-Scotch across the MPI ranks "
                          "(mpirun -n P python -m mpi4py -m preprocess ...); random: either")

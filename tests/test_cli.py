@@ -45,10 +45,27 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
     assert "peak memory of the largest rank: resident 1,536 MiB" in _run("summary", str(tmp_path)).stdout
     missing = _run("summary", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "summary.json: not found" in missing.stderr
+    assert "holds no run" in missing.stderr and "metrics.jsonl)" not in missing.stderr
+    stopped = tmp_path / "stopped"                  # --stop-after: the fix is --resume, named
+    stopped.mkdir()
+    (stopped / "metrics.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n')
+    proc = _run("summary", str(stopped))
+    assert proc.returncode == 2 and "a run stopped after 2 epochs without a checkpoint" in proc.stderr
+    assert "--force" in proc.stderr and "--resume" not in proc.stderr
+    (stopped / "checkpoint.pt").write_bytes(b"")
+    proc = _run("summary", str(stopped))
+    assert proc.returncode == 2 and f"hpcgnn train --resume --out {stopped}" in proc.stderr
     for torn, why in ((json.dumps(s)[:40], "is unreadable"), (json.dumps({"ranks": 4}), "lacks epochs")):
         (tmp_path / "summary.json").write_text(torn)
         proc = _run("summary", str(tmp_path))
         assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_device_has_help():
+    """``--device`` was the one option of train and predict that ``--help`` left unexplained."""
+    for cmd in ("train", "predict"):
+        text = " ".join(_run(cmd, "--help").stdout.split())
+        assert "auto (default): cuda when torch sees a GPU, else cpu" in text, text
 
 
 def test_stop_after_must_not_be_negative():
@@ -97,7 +114,8 @@ def test_config_defaults_file_and_overrides(tmp_path):
     ("[model]\nepochs = 4\n", ["unknown key model.epochs", "did you mean 'train.epochs'?"]),
     ("[optim]\nlr = 1\n", ["unknown section [optim]"]),
     ("[trian]\nlr = 1\n", ["unknown section [trian]", "did you mean 'train'?"]),
-    ("[model]\nhidden = 'big'\n", ["model.hidden", "must be a int"]),
+    ("[model]\nhidden = 'big'\n", ["model.hidden", "must be an integer, e.g. model.hidden = 16"]),
+    ("[model]\narch = 1\n", ["model.arch", 'must be a string, e.g. model.arch = "gcn"']),
     ("[train]\nepochs = 0\n", ["train.epochs = 0", ">= 1"]),
     ("[model\n", ["not valid TOML"]),
     ("[train]\nlr = inf\n", ["train.lr = inf", "must be finite"]),

@@ -107,6 +107,22 @@ def test_meta_json_matches_the_contract(cora, tmp_path):
     assert reconstruct(tmp_path)["edges"].size == meta["num_edges"]
 
 
+def test_a_file_given_as_the_shard_directory_names_its_folder(cora, tmp_path):
+    """``--shards DIR/meta.json`` (or a part file) was refused as 'shard directory not found',
+    which it is not: the error says it is a file and names the directory to pass."""
+    write_shards(cora, partition_graph(cora, 2, "random", seed=0), tmp_path,
+                 partitioner="random", seed=0)
+    for name in ("meta.json", "part-00001.h5"):
+        with pytest.raises(ShardFormatError) as err:
+            read_meta(tmp_path / name)
+        assert (f"is a file, not a shard directory; pass the directory that holds meta.json "
+                f"and the part files ({tmp_path})") in str(err.value)
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "meta.json").unlink()
+    with pytest.raises(ShardFormatError, match="is a file, not a shard directory.*preprocess"):
+        read_meta(tmp_path / "notes.txt")
+
+
 def test_meta_json_counts_training_nodes_and_a_graph_without_is_one_to_predict_on(
         cora, tmp_path, caplog):
     """A graph without a training split (one to predict on) is written with a warning; its

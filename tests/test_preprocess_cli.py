@@ -84,6 +84,15 @@ def test_cora_cli_then_verify_in_real_processes(tmp_path, partitioner):
     assert bad.returncode == 1 and "--force" in error_line(bad)
 
 
+def test_help_names_the_subcommands():
+    """``--help`` is where a user looks: it names ``verify`` and ``convert``, and says that the
+    part count is not the rank count (any R dividing K trains)."""
+    proc = run("--help")
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 0 and "preprocess verify DIR" in text and "preprocess convert" in text
+    assert "= MPI ranks" not in text and "any R dividing K" in text
+
+
 def test_synthetic_and_npz_cli(cli, tmp_path):
     spec = "csbm:nodes=500,classes=3,features=4,seed=2"
     assert cli("--dataset", spec, "--parts", 3, "--out", tmp_path / "c", "-q").returncode == 0

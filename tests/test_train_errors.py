@@ -307,6 +307,11 @@ def test_a_diverged_run_stops_with_its_own_exit_code(shards, tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     log = proc.stdout + proc.stderr
     assert log.count("training diverged") == 1 and "a lower train.lr (now 1e+30)" in log
+    assert "continue from the checkpoint with --resume --force" in log
+    never = train(1, shards("cora", 2), tmp_path / "none", "train.lr=1e30", "train.epochs=20",
+                  config="configs/cora.toml")          # no checkpoint: --resume is no fix
+    assert never.returncode == 3 and "no checkpoint was saved before it" in never.stderr
+    assert "start again with --force" in never.stderr and "--resume" not in never.stderr
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == list(range(len(records))) and len(records) < 20
     assert not np.isfinite(records[-1]["loss"]) and all(np.isfinite(r["loss"]) for r in records[:-1])

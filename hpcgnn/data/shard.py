@@ -269,6 +269,12 @@ def read_meta(directory: str | os.PathLike) -> dict:
     """Read and check ``DIR/meta.json``. Raises ShardFormatError naming the file and the fix."""
     path = Path(directory) / META_NAME
     fix = "run `python -m preprocess --out DIR ...` to write a complete shard set"
+    if Path(directory).is_file():               # e.g. the set's meta.json or a part file itself
+        inside = (Path(directory).parent / META_NAME).is_file()
+        raise ShardFormatError(
+            f"{directory}: is a file, not a shard directory; pass the directory that holds "
+            f"meta.json and the part files" + (f" ({Path(directory).parent})" if inside else
+                                               f", or {fix}"))
     if not Path(directory).is_dir():
         raise ShardFormatError(f"{directory}: shard directory not found; {fix}")
     if not path.is_file():

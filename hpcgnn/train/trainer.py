@@ -344,12 +344,13 @@ class Trainer:
         kept = (f"{path} holds the last saved epoch (run.checkpoint_every = {every}), untouched"
                 if path.is_file() else f"no checkpoint was saved before it (run.checkpoint_every "
                 f"= {every}; 0 saves at the end only)")
+        resume = (", or continue from the checkpoint with --resume --force --set train.lr=..."
+                  if path.is_file() else "")         # nothing to resume: --force alone helps
         log.error("epoch %d: the training loss is %s: training diverged, and its weights are no "
                   "longer finite, so the run stops here (%s; metrics.jsonl has every epoch up to "
                   "this one). Fix: a lower train.lr (now %g), or look for inf/NaN in the "
-                  "features; then start again with --force, or continue from the checkpoint "
-                  "with --resume --force --set train.lr=...", epoch, loss, kept,
-                  self.cfg.train.lr)
+                  "features; then start again with --force%s", epoch, loss, kept,
+                  self.cfg.train.lr, resume)
 
     def run_epoch(self, epoch: int) -> tuple[dict, bool]:
         step = self.train_step(epoch)
