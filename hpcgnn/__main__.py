@@ -224,7 +224,8 @@ def cmd_summary(run_dir: Path) -> int:
         print(f"{path}: {what}, so it is not a finished run's summary (damaged, or written by "
               f"another tool); the epochs' records are in {run_dir}/metrics.jsonl", file=sys.stderr)
         return EXIT_USER_ERROR
-    print(f"run {run_dir}: {s['ranks']} ranks, {s['epochs']} epochs on {s['device']}")
+    print(f"run {run_dir}: {s['ranks']} rank{'s' * (s['ranks'] != 1)}, {s['epochs']} epochs on "
+          f"{s['device']}")
     print(f"  test accuracy {s['test_acc']:.4f} (at best validation {s['best_val_acc']:.4f}); "
           f"final {s['final_test_acc']:.4f}")
     print(f"  {_traffic_name(run_dir)} {s['bytes_sent']:,} (fp32 would be {s['bytes_full']:,}); "

@@ -143,8 +143,8 @@ class Trainer:
             log.warning("train.staleness = %d >= train.epochs = %d: every epoch is one of the "
                         "synchronous warm-up's (it also posts rows for epoch t + s, which no epoch "
                         "reads), so nothing trains stale; lower train.staleness, or use 0", s, epochs)
-        log.info("%d ranks on %s; %s, %d layers, hidden %d; %d training nodes in all",
-                 self.ctx.size, self.ctx.device, self.cfg.model.arch, self.cfg.model.layers,
+        log.info("%d rank%s on %s; %s, %d layers, hidden %d; %d training nodes in all",
+                 self.ctx.size, "s" * (self.ctx.size != 1), self.ctx.device, self.cfg.model.arch, self.cfg.model.layers,
                  self.cfg.model.hidden, int(counts[0]) // self.row_copies)
 
     def _read_resume(self, state: dict) -> None:
