@@ -2,14 +2,18 @@
 ``summary.json``, ``checkpoint.pt``, ``run.json``, the shard set's ``meta.json`` and part files,
 and the predictions, as the page lists them (its tables' first column, its ``run.json`` example,
 its sentences that name attributes and keys), must be the keys the files hold: none written but
-undocumented, none documented but never written. The runs: 2 ranks of Cora, a VARCO schedule
+undocumented, none documented but never written (and ``slurm.jsonl``, from ``jobs/lib/train.sh``'s
+own function, against the page's example). The runs: 2 ranks of Cora, a VARCO schedule
 with evaluation every other epoch, RETEXO, ``kind = "auto"``, then ``predict``, in one MPI job.
 A test on a doctored copy of the page shows that a missing and an invented key are each caught.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -96,6 +100,7 @@ def page_keys(text: str) -> dict[str, object]:
         "pred_h5": set(table(s["Predictions"])),
         "pred_attrs": set(named_after(s["Predictions"], "`PRED_DIR/part-NNNNN.h5` (attributes", ":")),
         "pred_meta": set(named_after(s["Predictions"], "`PRED_DIR/meta.json`:", ". ")),
+        "slurm": set(json_example(s["The run directory"])),
     }
 
 
@@ -136,6 +141,7 @@ def problems(doc: dict, real: dict) -> list[str]:
     compare("prediction datasets", doc["pred_h5"], real["pred_h5"])
     compare("prediction attributes", doc["pred_attrs"], real["pred_attrs"])
     compare("prediction meta.json", doc["pred_meta"], real["pred_meta"])
+    compare("slurm.jsonl", doc["slurm"], real["slurm"])
     return found
 
 
@@ -181,7 +187,18 @@ def written(shards, tmp_path_factory) -> dict:
         "part_h5": part_h5, "part_attrs": part_attrs,
         "pred_h5": pred_h5, "pred_attrs": pred_attrs,
         "pred_meta": set(json.loads((work / "pred" / "meta.json").read_text())),
+        "slurm": set(json.loads(slurm_segment(work / "slurm").splitlines()[0])),
     }
+
+
+def slurm_segment(run_dir: Path) -> str:
+    """``RUN_DIR/slurm.jsonl`` as ``jobs/train.sbatch`` appends it (its own shell function,
+    with this venv's python first on PATH, outside a job: SLURM's variables unset)."""
+    run_dir.mkdir()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    subprocess.run(["bash", "-c", f"source jobs/lib/train.sh && LAUNCH=(srun) && "
+                    f"hpcgnn_record_segment {run_dir} 0"], cwd=REPO, env=env, check=True, timeout=60)
+    return (run_dir / "slurm.jsonl").read_text()
 
 
 def _datasets(f: h5py.File) -> list[str]:
