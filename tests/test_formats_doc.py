@@ -221,3 +221,21 @@ def test_a_doctored_page_is_caught(written):
     found = problems(page_keys(doctored), written)
     assert "metrics.jsonl (plain run): codec_s written, not on the page" in found
     assert "metrics.jsonl (plain run): codec_seconds on the page, never written" in found
+
+
+def test_the_shard_set_examples_are_cora_in_4_parts(shards):
+    """The page's ``meta.json`` example and ``run.json``'s ``meta_sha256`` are those of
+    ``make demo``'s shard set (Cora, 4 METIS parts, seed 0), as preprocessing writes it today:
+    its values, its first part's entry, and the sha256 prefixes."""
+    import hashlib
+    s = sections(PAGE.read_text())
+    meta_path = shards("cora", 4) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    text = "\n".join(s["`meta.json`"])
+    head = text[text.index("```json") + 7:text.index('"parts"')].rstrip().rstrip(",") + "}"
+    assert json.loads(head) == {k: v for k, v in meta.items() if k != "parts"}
+    part = part_example(s["`meta.json`"])
+    assert meta["parts"][0]["sha256"].startswith(part.pop("sha256").rstrip("."))
+    assert part == {k: v for k, v in meta["parts"][0].items() if k != "sha256"}
+    shown = json_example(s["`run.json`"])["shards"]["meta_sha256"].rstrip(".")
+    assert hashlib.sha256(meta_path.read_bytes()).hexdigest().startswith(shown)
