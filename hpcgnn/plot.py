@@ -80,7 +80,8 @@ def _series(records: list[dict]) -> dict[str, np.ndarray]:
             "mb": mb, "ratio": np.array([r["ratio"] for r in records], dtype=float),
             "eval_epoch": np.array([r["epoch"] for r in evals]),
             "eval_mb": np.array([mb[at[r["epoch"]]] for r in evals]),
-            "test": np.array([r["test_acc"] for r in evals]), "val": np.array([r["val_acc"] for r in evals]),
+            "test": np.array([r["test_acc"] for r in evals], dtype=float),     # null: NaN, a gap
+            "val": np.array([r["val_acc"] for r in evals], dtype=float),
             "val_loss": np.array([r.get("val_loss", np.nan) for r in evals], dtype=float)}
 
 
