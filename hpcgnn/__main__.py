@@ -226,8 +226,9 @@ def cmd_summary(run_dir: Path) -> int:
         return EXIT_USER_ERROR
     print(f"run {run_dir}: {s['ranks']} rank{'s' * (s['ranks'] != 1)}, {s['epochs']} epochs on "
           f"{s['device']}")
-    print(f"  test accuracy {s['test_acc']:.4f} (at best validation {s['best_val_acc']:.4f}); "
-          f"final {s['final_test_acc']:.4f}")
+    at = ("no labelled validation node: the last evaluation's" if s["best_val_acc"] is None
+          else f"at best validation {s['best_val_acc']:.4f}")
+    print(f"  test accuracy {_accuracy(s['test_acc'])} ({at}); final {_accuracy(s['final_test_acc'])}")
     print(f"  {_traffic_name(run_dir)} {s['bytes_sent']:,} (fp32 would be {s['bytes_full']:,}); "
           f"gradient allreduce {s['allreduce_bytes']:,}")
     wall = f"; with evaluation {s['wall_time_s']:.2f} s" if "wall_time_s" in s else ""
@@ -241,6 +242,10 @@ def cmd_summary(run_dir: Path) -> int:
 
 SUMMARY_KEYS = ("ranks", "epochs", "device", "test_acc", "best_val_acc", "final_test_acc",
                 "bytes_sent", "bytes_full", "allreduce_bytes", "train_time_s", "epoch_time_s_median")
+
+
+def _accuracy(value: float | None) -> str:
+    return "none (no labelled test node)" if value is None else f"{value:.4f}"
 
 
 def _traffic_name(run_dir: Path) -> str:

@@ -76,11 +76,12 @@ def _series(records: list[dict]) -> dict[str, np.ndarray]:
     evals = [r for r in records if "test_acc" in r]
     mb = np.cumsum([r["bytes_sent"] for r in records]) / 1e6
     at = {r["epoch"]: i for i, r in enumerate(records)}
-    return {"epoch": np.array([r["epoch"] for r in records]), "loss": np.array([r["loss"] for r in records]),
+    return {"epoch": np.array([r["epoch"] for r in records]), "loss": np.array([r["loss"] for r in records], dtype=float),
             "mb": mb, "ratio": np.array([r["ratio"] for r in records], dtype=float),
             "eval_epoch": np.array([r["epoch"] for r in evals]),
             "eval_mb": np.array([mb[at[r["epoch"]]] for r in evals]),
-            "test": np.array([r["test_acc"] for r in evals]), "val": np.array([r["val_acc"] for r in evals]),
+            "test": np.array([r["test_acc"] for r in evals], dtype=float),     # null: NaN, a gap
+            "val": np.array([r["val_acc"] for r in evals], dtype=float),
             "val_loss": np.array([r.get("val_loss", np.nan) for r in evals], dtype=float)}
 
 

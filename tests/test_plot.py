@@ -72,6 +72,10 @@ def test_series_of_a_run_without_val_loss():
     assert s["val_loss"].shape == (3,) and np.isnan(s["val_loss"]).all()
     recs[1]["val_loss"] = 0.7
     assert np.isfinite(_series(recs)["val_loss"]).tolist() == [False, True, False]
+    recs[2]["loss"] = recs[2]["val_loss"] = None        # a diverged epoch: null in metrics.jsonl
+    s = _series(recs)
+    assert s["loss"].dtype == float and np.isnan(s["loss"]).tolist() == [False, False, True]
+    assert np.isfinite(s["val_loss"]).tolist() == [False, True, False]
 
 
 @pytest.mark.mpi

@@ -299,7 +299,9 @@ def _rank_pids(root: int) -> list[int]:
 def test_a_diverged_run_stops_with_its_own_exit_code(shards, tmp_path):
     """A training loss that is not finite ends the run on every rank at that epoch with exit 3
     and one error naming the fix; the checkpoint before it is kept and no summary is written
-    (it trained on to the end with NaN weights and 'done', exit 0)."""
+    (it trained on to the end with NaN weights and 'done', exit 0). metrics.jsonl stays
+    standard JSON: the diverged loss (and a validation loss that is not finite) is null (it was
+    written as NaN, which is not JSON: jq and JavaScript refuse the file)."""
     import torch
     out = tmp_path / "run"
     proc = train(2, shards("cora", 2), out, "train.lr=1e30", "train.epochs=20",
@@ -312,9 +314,14 @@ def test_a_diverged_run_stops_with_its_own_exit_code(shards, tmp_path):
                   config="configs/cora.toml")          # no checkpoint: --resume is no fix
     assert never.returncode == 3 and "no checkpoint was saved before it" in never.stderr
     assert "start again with --force" in never.stderr and "--resume" not in never.stderr
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    def not_json(constant):
+        raise AssertionError(f"metrics.jsonl holds {constant}, which is not JSON")
+
+    records = [json.loads(line, parse_constant=not_json)
+               for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == list(range(len(records))) and len(records) < 20
-    assert not np.isfinite(records[-1]["loss"]) and all(np.isfinite(r["loss"]) for r in records[:-1])
+    assert records[-1]["loss"] is None and all(np.isfinite(r["loss"]) for r in records[:-1])
     assert not (out / "summary.json").exists()
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     assert state["progress"]["epochs_done"] == len(records) - 1       # the last finite epoch's

@@ -5,6 +5,7 @@ over ranks.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from hpcgnn.log import get_logger
@@ -41,7 +42,7 @@ class MetricsSink:
         if not self.enabled:
             return
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(strict_json(record) + "\n")
             f.flush()
 
     def drop_summary(self) -> None:
@@ -52,7 +53,24 @@ class MetricsSink:
 
     def summary(self, summary: dict) -> None:
         if self.enabled:
-            atomic_write_text(self.path.with_name(SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
+            atomic_write_text(self.path.with_name(SUMMARY_NAME), strict_json(summary, indent=2) + "\n")
+
+
+def strict_json(value, indent: int | None = None) -> str:
+    """``value`` as standard JSON: a float that is not finite (a diverged run's loss, its
+    validation loss) is written as ``null``; ``json.dumps`` would write ``NaN`` or
+    ``Infinity``, which are not JSON and which strict readers (``jq``, JavaScript) refuse."""
+    return json.dumps(_finite(value), indent=indent, allow_nan=False)
+
+
+def _finite(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
 
 
 def record_epoch(line: str) -> int | None:

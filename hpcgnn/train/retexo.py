@@ -208,12 +208,12 @@ class RetexoTrainer(Trainer):
             self._finish_stage(stage)
         return {"epoch": epoch, "stage": stage, **record}, stop
 
-    def _track_best(self, epoch: int, accs: dict) -> None:
-        improved = bool(accs) and accs["val_acc"] > self.progress.best_val_acc
-        super()._track_best(epoch, accs)
+    def _track_best(self, epoch: int, accs: dict) -> bool:
+        improved = super()._track_best(epoch, accs)
         if improved:
             self.best_state = {n: p.detach().clone()
                                for n, p in self.model.stage_parameters(self.stage_of(epoch))}
+        return improved
 
     @torch.no_grad()
     def _finish_stage(self, stage: int) -> None:

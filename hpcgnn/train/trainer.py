@@ -59,10 +59,10 @@ class Progress:
     eval_bytes: int = 0          # evaluation's (uncompressed) exchanges, apart from training's
     epoch_times: list = field(default_factory=list)   # the training step of every epoch (s)
     eval_times: list = field(default_factory=list)    # evaluation's time, 0 when not evaluated
-    best_val_acc: float = -1.0
-    test_at_best: float = 0.0
+    best_val_acc: float | None = -1.0     # None: no labelled validation node
+    test_at_best: float | None = 0.0
     best_epoch: int = -1
-    final_test_acc: float = 0.0
+    final_test_acc: float | None = 0.0    # None: no labelled test node
 
 
 @dataclass
@@ -124,9 +124,14 @@ class Trainer:
         """Agree on the global training-node count and the initial (or resumed) state."""
         if hasattr(self.model, "connect"):          # e.g. CAGNET's process grid: after the agreement
             self.model.connect()
-        counts = sum_float64(self.ctx, [float(self.data.train.sum()), float(self.data.val.sum()),
-                                        float(self.data.test.sum())])
+        labelled = self.data.y >= 0
+        counts = sum_float64(self.ctx, [float(self.data.train.sum()),
+                                        float((self.data.val & labelled).sum())])
         self.n_train = max(int(counts[0]), 1)      # each replica's copy counted: the loss's scale
+        if counts[1] == 0 and self.ctx.is_root:
+            log.warning("the shard set has no labelled validation node: val_acc and val_loss are "
+                        "null, and summary.json's test_acc is the last evaluation's, not one at a "
+                        "best validation (give the input a val_idx of labelled nodes to select on)")
         broadcast_params_(self.ctx, [p.data for p in self.params])
         if self.resume:
             self._load_resume_state()
@@ -494,26 +499,32 @@ class Trainer:
         val_loss = F.cross_entropy(logits[val], self.data.y[val], reduction="sum")
         tot = sum_float64(self.ctx, local + [float(val_loss), self.model.stats.bytes_sent - before])
         self.progress.eval_bytes += int(tot[-1])
-        accs = {f"{name}_acc": tot[2 * i] / max(tot[2 * i + 1], 1.0)
-                for i, name in enumerate(("train", "val", "test"))}
-        return {**accs, "val_loss": tot[-2] / max(tot[3], 1.0), "eval_bytes": int(tot[-1])}
+        accs = {f"{name}_acc": tot[2 * i] / tot[2 * i + 1] if tot[2 * i + 1] else None
+                for i, name in enumerate(("train", "val", "test"))}       # None: no labelled node
+        return {**accs, "val_loss": tot[-2] / tot[3] if tot[3] else None, "eval_bytes": int(tot[-1])}
 
     def _eval_due(self, epoch: int) -> bool:
         return (epoch + 1) % self.cfg.train.eval_every == 0 or epoch + 1 == self.cfg.train.epochs
 
-    def _track_best(self, epoch: int, accs: dict) -> None:
+    def _track_best(self, epoch: int, accs: dict) -> bool:
+        """Record an evaluation; True when it is the best so far (the first on ties). Without a
+        labelled validation node (``val_acc`` None) there is nothing to select on: every
+        evaluation is the best so far, so the last one wins (it was epoch 0's, at 0.0 = 0.0)."""
         if not accs:
-            return
+            return False
         p = self.progress
         p.final_test_acc = accs["test_acc"]
-        if accs["val_acc"] > p.best_val_acc:
-            p.best_val_acc, p.test_at_best, p.best_epoch = accs["val_acc"], accs["test_acc"], epoch
+        if accs["val_acc"] is not None and accs["val_acc"] <= p.best_val_acc:
+            return False
+        p.best_val_acc, p.test_at_best, p.best_epoch = accs["val_acc"], accs["test_acc"], epoch
+        return True
 
     def _log_epoch(self, rec: dict) -> None:
         """Rank 0's progress line: every 5 % of the epochs or every 5 s, with the ETA."""
         epoch = rec["epoch"]
         if self.ctx.is_root and self.reporter.due(epoch):
-            accs = " ".join(f"{k} {rec[k]:.4f}" for k in ("train_acc", "val_acc", "test_acc") if k in rec)
+            accs = " ".join(f"{k} {rec[k]:.4f}" for k in ("train_acc", "val_acc", "test_acc")
+                            if rec.get(k) is not None)
             log.info("epoch %d (%d/%d) loss %.5f %s sent %d B (%.1f ms) ETA %s", epoch, epoch + 1,
                      self.cfg.train.epochs,
                      rec["loss"], accs, rec["bytes_sent"], 1e3 * rec["epoch_s"],
