@@ -53,13 +53,19 @@ def dense_stage(arch: str, p: dict, s: int, op: torch.Tensor, x: torch.Tensor):
     return e @ p[f"heads.{s}.weight"].T + p[f"heads.{s}.bias"], e
 
 
-def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4):
+def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4, dropout: float = 0.0):
     """RETEXO written out: per stage a fresh Adam, ROUNDS full-batch steps on the fixed input,
     the best-validation state kept (strictly greater), its embedding the next input.
+    ``dropout``: a fresh mask every round on the whole stage input (every node, the neighbours'
+    rows too), nothing dropped after the convolution, none for evaluation or the embedding; the
+    bits are hpcgnn's counter-based ones (``keep_mask``, keyed by node id, epoch and stage) so
+    the runs can be compared exactly, where they are applied is written here.
     Returns (losses per round, val accuracy per round, final parameters)."""
+    from hpcgnn.nn.dropout import keep_mask
     op, g = operator(arch)
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
     tr, va = torch.from_numpy(g.train_idx), torch.from_numpy(g.val_idx)
+    ids = torch.arange(g.num_nodes)
     params = {k: v.clone() for k, v in init.items()}
     losses, vals = [], []
     for s in range(LAYERS):
@@ -67,8 +73,12 @@ def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4):
                 if k.startswith((f"layers.{s}.", f"norms.{s}.", f"heads.{s}."))}
         opt = torch.optim.Adam(mine.values(), lr=lr, weight_decay=wd)
         best, best_state = -1.0, None
-        for _ in range(ROUNDS):
-            logits, _ = dense_stage(arch, params, s, op, x)
+        for r in range(ROUNDS):
+            x_in = x
+            if dropout:
+                keep = keep_mask(ids, x.shape[1], dropout, 0, s * ROUNDS + r, s)
+                x_in = x * keep / (1.0 - dropout)
+            logits, _ = dense_stage(arch, params, s, op, x_in)
             loss = F.cross_entropy(logits[tr], y[tr])
             opt.zero_grad()
             loss.backward()
@@ -99,10 +109,11 @@ def init_params(shards, tmp_path_factory):
     return out
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
 @pytest.mark.parametrize("arch", ["gcn", "sage"])
-def test_one_rank_equals_dense_stagewise_training(arch, shards, init_params, tmp_path):
-    recs = train_here(shards(CSBM, 1), tmp_path / "run", *retexo_sets(arch, 0.0), config=None)
-    losses, vals, final = dense_retexo(arch, init_params[arch])
+def test_one_rank_equals_dense_stagewise_training(arch, dropout, shards, init_params, tmp_path):
+    recs = train_here(shards(CSBM, 1), tmp_path / "run", *retexo_sets(arch, dropout), config=None)
+    losses, vals, final = dense_retexo(arch, init_params[arch], dropout=dropout)
     assert [r["stage"] for r in recs] == [e // ROUNDS for e in range(LAYERS * ROUNDS)]
     assert [r["loss"] for r in recs] == pytest.approx(losses, rel=2e-5)
     assert [r["val_acc"] for r in recs] == pytest.approx(vals, abs=1.5 / 600)
