@@ -10,7 +10,9 @@ The model (``hpcgnn.nn.retexo.RetexoGNN``) is trained one layer at a time. An ep
    with the schedule's forward codec for ``(epoch l R, layer l)``, so a schedule can compress them.
    By default this is uncompressed, and then the method is exact. Stage 0's input is the raw
    features; stage ``l`` takes stage ``l - 1``'s embedding.
-2. **Aggregate once.** ``A [x; x_halo]`` is computed once, on the owned and halo rows.
+2. **Aggregate once.** ``A [x; x_halo]`` is computed once, on the owned and halo rows, for
+   evaluation and the embedding. With dropout, each training round drops a fresh mask from
+   ``x`` and the halo rows and aggregates those again (local, no exchange).
 3. **Fresh optimiser.** A new Adam is made over the stage's parameters (``train.weight_decay_on``
    groups).
 
@@ -53,18 +55,25 @@ so a resumed run reports the same bytes as an uninterrupted one.
 - *GCN normalisation.* GCN uses ``D^-1/2 (A + I) D^-1/2`` with global degrees + 1, exactly as
   full training does, so R ranks equal 1 rank. Their config instantiates DGL's ``GraphConv``
   (``norm='both'``) on a graph without self loops, applied to the in-subgraph of the train, val
-  or test nodes, so a source's degree counts only its edges into that set.
+  or test nodes of the rank, so a source's degree counts only its edges into that set on that
+  rank (their normalisation changes with the partition).
   ``bench/retexo_reference.py`` trains both normalisations outside this package: theirs is
   1.3-1.7 pt *lower* on Cora, so it does not explain the gap to full training.
 - *SAGE.* SAGE is this package's mean SAGE, ``W_s x + W_n mean(x_j) + b``. Theirs is
-  ``fc(cat[x, mean])``, which is the same function.
+  ``fc(cat[x, mean])``, which is the same function, but their ``CustomSAGEConv`` caches the
+  neighbour mean of the stage's first training round, so that term keeps the first round's
+  dropout mask; here it draws a fresh one every round, as the self term does in both.
 - *Dropout masks.* Dropout is counter-based, keyed by ``(seed, epoch, stage, global id)``, with
-  a fresh mask every round, as theirs (``nn.Dropout`` each round; their ``CustomGraphConv``, which
-  would cache the first round's aggregate, is not used by any of their configs).
+  a fresh mask every round, as their GCN (``nn.Dropout`` each round; their ``CustomGraphConv``,
+  which would cache the first round's aggregate, is not used by any of their configs).
 - *Initialisation.* The heads and LayerNorms are initialised with the model, from the seed.
-  Theirs are made at the stage's start.
+  Theirs are made at the stage's start. SAGE's ``W_s``, ``W_n`` are Glorot-uniform, zero bias;
+  theirs draw ``fc``'s weight and bias uniform in ``+-1/sqrt(2 F_in)`` (GCN: Glorot, as DGL).
 - *Learning rate and rounds.* One ``train.lr`` and one ``rounds_per_layer`` for all stages.
-- *Training nodes.* Every training node is in the loss. Theirs drops nodes without in-edges.
+- *Nodes without in-edges.* Every training node is in the loss, every validation and test node
+  in the accuracies. Theirs leaves such nodes out of both and gives them a zero embedding.
+- *Weight decay.* ``weight_decay_on = "all"`` (the default) is theirs; ``first_layer`` decays
+  stage 0's convolution alone.
 - *Evaluation cadence.* Evaluation follows ``train.eval_every`` (1, the default, is theirs).
 - *Architectures.* GAT is not supported (a config error).
 """
