@@ -290,6 +290,34 @@ def test_quant_is_unbiased_and_error_shrinks_with_samples(dev):
     assert large < 0.1  # one step is ~5 here: a biased rounding would sit near 1
 
 
+@pytest.mark.parametrize("native", (True, False), ids=("c", "torch"))
+def test_quant_is_unbiased_on_rows_far_from_zero(native, monkeypatch, dev):
+    """The mean of many draws (noise keys) is the row, to within the sampling error, at every
+    width, on rows whose minimum is large next to their range. A quantiser that sends the
+    minimum or the scale in bfloat16 (AdaQP's: ``100.3`` arrives as ``100.5``) shifts such a
+    row by thousands of sampling errors. Each draw's error is within one step ``d``, so its
+    standard deviation is at most ``d / 2`` and the mean of ``n`` draws is within
+    ``6 d / (2 sqrt(n))`` of the row."""
+    if not native:
+        monkeypatch.setenv("HPCGNN_NATIVE", "0")
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(6, 40, generator=g, dtype=torch.float64)
+    x = x * torch.tensor([0.1, 0.1, 3.0, 1e-3, 2.0, 1e-30], dtype=torch.float64)[:, None]
+    x += torch.tensor([100.3, -77.7, 0.0, 1.0, -1.0, 3e-29], dtype=torch.float64)[:, None]
+    x = x.to(torch.float32).to(dev)
+    n = 600
+    for bits in (1, 2, 4, 8):
+        codec = WireCodec(bits=bits)
+        total = torch.zeros(x.shape, dtype=torch.float64, device=dev)
+        for i in range(n):
+            total += _roundtrip(codec, x, [2, 4], noise=9000 + 31 * i).double()
+        err = total / n - x.double()
+        d = (x.amax(1) - x.amin(1)).double() / (2 ** bits - 1) * (1 + 2 ** -7)
+        assert (err.abs() <= 6 * d[:, None] / (2 * math.sqrt(n))).all(), bits
+        # the row's mean error: 40 independent values, so a common shift shows even more
+        assert (err.mean(1).abs() <= 6 * d / (2 * math.sqrt(n * x.shape[1]))).all(), bits
+
+
 def test_composite_truncate_quant(dev):
     x = torch.randn(12, 64, device=dev)
     codec = WireCodec(channels="truncate", k=16, bits=4)

@@ -8,10 +8,13 @@ and at least ``2^-126`` (``MIN_STEP_BITS``; 0 for a constant row),
 counter-based noise of ``rng.noise_u16``, ``x^ = lo + q * step``. Since ``lo`` is exact and
 ``step`` only rounds up, every ``x^`` is within one step of ``x`` (``|x^ - x| < step <=
 max((max - min) / (2^b - 1) * (1 + 2^-7), 2^-126)``), and ``E[x^] = x`` up to the noise grid
-(bias below ``2^-17`` of a step). bfloat16 keeps fp32's exponent range, so tiny halo gradients
-neither flush to zero nor overflow; the ``2^-126`` floor (the smallest normal float) keeps
-``1 / step`` finite for a row whose range is a few subnormals. A row's range must itself be
-finite (``max - min`` below about ``3.4e38``).
+(bias below ``2^-17`` of a step) and the fp32 rounding of ``(x - lo) / step``. bfloat16 keeps
+fp32's exponent range, so tiny halo gradients neither flush to zero nor overflow; the
+``2^-126`` floor (the smallest normal float) keeps ``1 / step`` finite for a row whose range is
+a few subnormals. A row's range must itself be finite (``max - min`` below about ``3.4e38``),
+and its values too: the paths differ on a NaN or an infinity (the C kernels, built with
+``-ffinite-math-only``, may send a row holding a NaN as finite values with another minimum;
+the torch path sends it as NaN).
 
 Wire layout of one row: ``lo`` (4 bytes) | ``step`` (2) | ``ceil(F * b / 8)`` bytes of codes,
 ``8 / b`` codes per byte, lowest bits first — ``6 + ceil(F * b / 8)`` bytes a row.
