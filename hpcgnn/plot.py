@@ -2,8 +2,8 @@
 
 Panels (one colour per run, legend = run directory): loss (training solid, validation dashed
 where ``metrics.jsonl`` has ``val_loss``), and accuracy (test solid, validation dashed), against
-the epoch and against the cumulative halo bytes sent (training exchanges, all ranks, forward +
-backward, from ``metrics.jsonl``'s ``bytes_sent``); the compression ratio of
+the epoch and against the cumulative bytes the training exchanged (halo rows, or a CAGNET run's
+blocks; all ranks, forward + backward, from ``metrics.jsonl``'s ``bytes_sent``); the compression ratio of
 every layer against the epoch (one line style per layer); and, for runs with
 ``kind = "auto"``, the bits in force per layer and direction from epoch 0 on (line style per
 layer, circles forward, crosses backward; 32 = fp32) with its budget (dotted, right axis, log),
@@ -140,7 +140,7 @@ def _decorate(axes) -> None:
     titles = (("loss (train solid, val dashed)", "accuracy (test solid, val dashed)",
                "compression ratio per layer"),
               ("loss", "accuracy", ""))
-    for row, xlabel in ((0, "epoch"), (1, "cumulative halo MB sent (all ranks)")):
+    for row, xlabel in ((0, "epoch"), (1, "cumulative MB exchanged in training (all ranks)")):
         for col, ax in enumerate(axes[row]):
             if ax.get_visible():
                 ax.set_title(titles[row][col], fontsize=10)
