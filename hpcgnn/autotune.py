@@ -329,8 +329,7 @@ def verify_steps(steps: dict[str, list[float]], slower: list[str], bits: dict[st
     one was, and ``gain < VERIFY_BELOW``: the next window runs fp32 to time it). Pure."""
     sig = signature(bits)
     mine, ref = _median(steps.get(sig, [])), _median(steps.get("fp32", []))
-    facts = {"setting": sig, "median_s": mine, "fp32_median_s": ref,      # JSON has no inf:
-             "predicted_gain": gain if math.isfinite(gain) else None}     # null, nothing sent
+    facts = {"setting": sig, "median_s": mine, "fp32_median_s": ref, "predicted_gain": gain}
     if sig == "fp32":
         return "keep", facts
     if sig in slower:

@@ -39,11 +39,11 @@ from hpcgnn.train import checkpoint as ckpt
 from hpcgnn.train.autotuning import start_run, tune, with_probes
 from hpcgnn.train.inputs import PartInputs
 from hpcgnn.train.eta import EpochReporter, format_eta
-from hpcgnn.train.metrics import MetricsSink
+from hpcgnn.train.metrics import SUMMARY_NAME, MetricsSink
 from hpcgnn.train.optim import decays, make_optimizer
 from hpcgnn.train.preempt import clear_marker, process_flag, write_marker
-from hpcgnn.train.writes import fatal_if_unwritable
 from hpcgnn.train.records import RunRecord, check_resume
+from hpcgnn.train.writes import fatal_if_unwritable
 
 log = get_logger()
 
@@ -149,8 +149,8 @@ class Trainer:
                         "synchronous warm-up's (it also posts rows for epoch t + s, which no epoch "
                         "reads), so nothing trains stale; lower train.staleness, or use 0", s, epochs)
         log.info("%d rank%s on %s; %s, %d layers, hidden %d; %d training nodes in all",
-                 self.ctx.size, "s" * (self.ctx.size != 1), self.ctx.device, self.cfg.model.arch, self.cfg.model.layers,
-                 self.cfg.model.hidden, int(counts[0]) // self.row_copies)
+                 self.ctx.size, "s" * (self.ctx.size != 1), self.ctx.device, self.cfg.model.arch,
+                 self.cfg.model.layers, self.cfg.model.hidden, int(counts[0]) // self.row_copies)
 
     def _read_resume(self, state: dict) -> None:
         """The decoded checkpoint, checked (config, schedule, shards), and a stale run's own
@@ -337,7 +337,7 @@ class Trainer:
                      self.progress.epochs_done)
             return "stopped"
         summary = self.summary()
-        with fatal_if_unwritable(self.ctx, self.run_dir / "summary.json", self._kept()):
+        with fatal_if_unwritable(self.ctx, self.run_dir / SUMMARY_NAME, self._kept()):
             self.sink.summary(summary)
         return "done"
 
