@@ -25,7 +25,6 @@ and fp32 values, ``s (rows + 1) + (s + 4) nnz`` bytes for ``s``-byte indices.
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
 from contextlib import contextmanager

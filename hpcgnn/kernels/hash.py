@@ -1,7 +1,6 @@
 """The hashes of ``hpcgnn.hashing`` as Triton device functions, on uint32 tensors (uint32
 products wrap modulo 2^32, as the masks of the torch versions do)."""
 import triton
-import triton.language as tl
 
 
 @triton.jit
