@@ -5,8 +5,8 @@ receiver, halo gradients reach their owners s epochs later, the first s epochs a
 synchronous, and smoothing averages both; Sylvie (quantised stale rows and gradients) is the
 same PipeGCN fed what the numpy quantiser of ``test_codecs`` gives; resume with staleness on
 equals the uninterrupted run, and a stale 1-bit run still learns. Compression: a sampled,
-random-channel schedule trains exactly as the whole-graph model whose halo rows are what the
-documented selection delivers, and VARCO's learned codec as the whole-graph model whose halo
+random-channel schedule (and ``sample`` alone on a one-way directed graph) trains exactly as the
+whole-graph model whose halo rows are what the documented selection delivers, and VARCO's learned codec as the whole-graph model whose halo
 rows pass a trained encoder, the first k channels and a trained decoder while k < F."""
 from __future__ import annotations
 
@@ -184,11 +184,11 @@ def _block_keys(seed: int, layer: int, src: int, dst: int, epoch: int) -> tuple[
     return key(mix(seed, src, dst)), key(mix(seed, layer, src, dst))
 
 
-def _split_operator(shard_dir, ranks: int):
+def _split_operator(shard_dir, ranks: int, spec: str = CSBM):
     """The whole graph and its GCN operator split into the part-local entries (``a_loc``) and,
     per receiving part ``q``, the entries whose column is another part's node (``a_halo[q]``)."""
     from hpcgnn.data.datasets import load_dataset
-    g = load_dataset(CSBM)
+    g = load_dataset(spec)
     part_of = _parts(shard_dir, ranks)
     a = sp.coo_matrix(_gcn_operator(g))
     same = part_of[a.row] == part_of[a.col]
@@ -215,13 +215,15 @@ def _train_gcn(g, p: dict, opt, propagate) -> list[float]:
     return losses
 
 
-def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
+def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
+                         channels: bool = True) -> list[float]:
     """The same GCN on the whole graph, each part's halo rows of every layer replaced by what
     the documented selection of ``sample+random`` (keep 1/2 of each block's rows, the same rows
     in both layers of an epoch, half the channels, drawn per layer, scaled by rows/kept)
-    delivers; autograd gives the gradient of that forward."""
+    delivers, or of ``sample`` alone (every channel) without ``channels``; autograd gives the
+    gradient of that forward."""
     from hpcgnn.data.shard import read_shard
-    g, a_loc, a_halo = _split_operator(shard_dir, ranks)
+    g, a_loc, a_halo = _split_operator(shard_dir, ranks, spec)
     shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
@@ -234,7 +236,7 @@ def compressed_reference(shard_dir, ranks: int, init: dict) -> list[float]:
                 gid = sq.halo_global_id[start:start + rows]
                 row_key, chan_key = _block_keys(0, layer, src, q, epoch)
                 kept = ref_kept_rows(row_key, rows, 0.5)
-                chans = ref_channels(chan_key, width, width // 2)
+                chans = ref_channels(chan_key, width, width // 2) if channels else list(range(width))
                 if kept:
                     m[np.ix_(gid[kept], chans)] = rows / len(kept)
                 start += rows
@@ -258,6 +260,32 @@ def test_compressed_training_equals_single_process_computation(ranks, shards, in
                    extra=("--schedule", str(tmp_path / "s.toml")), timeout=180))
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
     assert got == pytest.approx(compressed_reference(shard_dir, ranks, init_params), rel=2e-5)
+
+
+@pytest.fixture(scope="module")
+def lattice_spec(tmp_path_factory) -> str:
+    """``test_directed``'s one-way lattice (messages flow i -> i+1..i+3) as an npz spec."""
+    from test_directed import lattice_arrays
+    path = tmp_path_factory.mktemp("lattice") / "lattice.npz"
+    np.savez(path, **lattice_arrays())
+    return f"npz:{path}"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_boundary_sampling_on_a_directed_graph_equals_single_process_computation(
+        ranks, shards, init_of, lattice_spec, tmp_path):
+    """BNS-GCN's ``sample`` where parts receive from their predecessors only: the backward's
+    peers are not the forward's, and a block's sample must still be the same rows both ways."""
+    shard_dir = shards(lattice_spec, ranks, "metis")
+    (tmp_path / "s.toml").write_text('codec = "sample"\nkind = "constant"\nratio = 2.0\n'
+                                     'compress_last_layer = true\n')
+    check_ok(train(ranks, shard_dir, tmp_path / "run", *SETS,
+                   extra=("--schedule", str(tmp_path / "s.toml")), timeout=180))
+    got = [r["loss"] for r in read_metrics(tmp_path / "run")]
+    init = init_of(lattice_spec, SETS[:4])
+    assert got == pytest.approx(compressed_reference(shard_dir, ranks, init, lattice_spec,
+                                                     channels=False), rel=2e-5)
 
 
 # -- Sylvie: bounded staleness with quantised rows, against PipeGCN fed the quantiser's output --
