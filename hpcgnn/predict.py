@@ -2,7 +2,7 @@
 
 ``mpirun -n R python -m mpi4py -m hpcgnn predict --run RUN_DIR --shards DIR --out PRED_DIR``
 (R = the shard set's part count). Reads ``RUN_DIR/config.toml``, ``RUN_DIR/schedule.toml`` (the
-learned codec's modules are part of the checkpoint) and ``RUN_DIR/checkpoint.pt`` and runs the
+learned codec's modules are part of the checkpoint; ``recorded_schedule``) and ``RUN_DIR/checkpoint.pt`` and runs the
 trainer's evaluation forward: uncompressed, no dropout, one exchange per layer.
 
 ``PRED_DIR/part-NNNNN.h5`` (attributes ``format_version``, ``part_id``, ``num_parts``,
@@ -124,14 +124,29 @@ def build_predictor(ctx: CommContext, args) -> Predictor:
     cfg = run_config(run_dir)
     policy = FULL_PRECISION
     if (run_dir / SCHEDULE_NAME).is_file():
-        from hpcgnn.schedule import load_schedule
-        policy = load_schedule(run_dir / SCHEDULE_NAME)
+        policy = recorded_schedule(run_dir / SCHEDULE_NAME)
     trainer = prepare_trainer(ctx, cfg, args.shards, run_dir, policy, training=False,
                               source=str(run_dir / CONFIG_NAME))
     data = _checked_checkpoint(trainer) if ctx.is_root else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return Predictor(trainer, out, data)
+
+
+def recorded_schedule(path: Path):
+    """The run's schedule. Predict runs uncompressed and needs it only for the learned codec's
+    modules (they are in the checkpoint), so a schedule this version refuses that names no
+    ``learned`` codec (a run of an earlier version, from before a check was added) is set aside
+    with a warning."""
+    from hpcgnn.schedule import ScheduleError, load_schedule
+    try:
+        return load_schedule(path)
+    except ScheduleError as err:
+        if "learned" in path.read_text(errors="replace"):
+            raise
+        log.warning("%s. Predict runs uncompressed and needs the schedule only for a learned "
+                    "codec, so it goes on without it", err)
+        return FULL_PRECISION
 
 
 def run_config(run_dir: Path):

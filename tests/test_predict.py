@@ -212,3 +212,25 @@ def test_damaged_prediction_parts_are_predict_errors(tmp_path):
             assert str(tmp_path) in str(exc), exc         # the part, or the directory
             refused += 1
     assert refused > 20
+
+
+def test_a_recorded_schedule_this_version_refuses_is_set_aside_unless_learned(shards, tmp_path):
+    """A run of an earlier version may hold a ``schedule.toml`` that today's checks refuse (a key
+    its codec does not use, an empty file). Predict runs uncompressed and needs the schedule only
+    for a learned codec's modules, so it predicts such a run with a warning; a refused schedule
+    that names ``learned`` still ends the job, since the model would not fit the checkpoint."""
+    from hpcgnn.predict import read_predictions
+    run, d = tmp_path / "run", shards("cora", 2)
+    check_ok(train(2, d, run, "train.epochs=2", config="configs/cora.toml",
+                   extra=("--schedule", "configs/schedules/quant2-all.toml")))
+    check_ok(predict(2, run, d, tmp_path / "p0"))
+    (run / "schedule.toml").write_text((run / "schedule.toml").read_text() + "keep = 0.5\n")
+    proc = predict(2, run, d, tmp_path / "p1")
+    check_ok(proc)
+    assert "key 'keep'" in proc.stderr and "goes on without it" in proc.stderr
+    assert np.array_equal(read_predictions(tmp_path / "p1")["logits"],
+                          read_predictions(tmp_path / "p0")["logits"])
+    (run / "schedule.toml").write_text('codec = "learned"\nkind = "constant"\nratio = 2.0\n'
+                                       'keep = 0.5\n')
+    proc = predict(2, run, d, tmp_path / "p2")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "key 'keep'" in proc.stderr
