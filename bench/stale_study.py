@@ -114,6 +114,11 @@ def jobs_for(args, name: str, part: str, done: set[str]) -> list[dict]:
     return jobs
 
 
+def _rounded(value, digits: int):
+    """A metrics value rounded; null (a non-finite loss, as the metrics sink writes it) kept."""
+    return None if value is None else round(value, digits)
+
+
 def record(job: dict, runs: Path, rev: str) -> dict:
     """One finished run -> one line of ``runs``."""
     out = Path(job["out"])
@@ -123,8 +128,8 @@ def record(job: dict, runs: Path, rev: str) -> dict:
            "final_test_acc": summary["final_test_acc"], "best_val_acc": summary["best_val_acc"],
            "best_epoch": summary.get("best_epoch"),
            "bytes_ratio": summary["bytes_sent"] / max(summary["bytes_full"], 1),
-           "val_curve": [round(r["val_acc"], 4) for r in rows if "val_acc" in r],
-           "loss_curve": [round(r["loss"], 5) for r in rows]}
+           "val_curve": [_rounded(r.get("val_acc"), 4) for r in rows if "val_acc" in r],
+           "loss_curve": [_rounded(r["loss"], 5) for r in rows]}
     with open(runs, "a") as f:
         f.write(json.dumps(rec) + "\n")
     return rec
