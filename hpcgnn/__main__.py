@@ -258,9 +258,11 @@ def _traffic_name(run_dir: Path) -> str:
     return TRAFFIC.get(algorithm, "halo bytes exchanged")
 
 
-TRAFFIC = {"1.5d": "1.5D bytes exchanged (block broadcasts, row all-reduces)",
-           "2d": "2D bytes exchanged (SUMMA block broadcasts, row all-gathers)",
-           "3d": "3D bytes exchanged (SUMMA block broadcasts, all-gathers, layer reduce-scatters)"}
+TRAFFIC = {"1.5d": "1.5D bytes exchanged (column broadcasts and reduces, row all-reduces)",
+           "2d": "2D bytes exchanged (SUMMA broadcasts, column reduces, row all-gathers and "
+                 "reduce-scatters)",
+           "3d": "3D bytes exchanged (SUMMA broadcasts, column reduces, all-gathers and "
+                 "reduce-scatters along rows and layers)"}
 
 
 if __name__ == "__main__":

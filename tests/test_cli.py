@@ -32,12 +32,16 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
     assert "halo bytes" not in proc.stdout                      # no config.toml: algorithm unknown
     (tmp_path / "config.toml").write_text('[parallel]\nalgorithm = "1.5d"\nreplication = 2\n')
     cagnet = _run("summary", str(tmp_path))
-    assert "1.5D bytes exchanged (block broadcasts, row all-reduces) 1,234,567" in cagnet.stdout
+    # the label names the backward's collectives too (bytes_sent counts both directions)
+    assert ("1.5D bytes exchanged (column broadcasts and reduces, row all-reduces) 1,234,567"
+            in cagnet.stdout)
     assert "halo" not in cagnet.stdout
-    for alg in ("2d", "3d"):                                    # docs/cagnet.md says what they print
+    for alg, rest in (("2d", "row all-gathers and reduce-scatters)"),
+                      ("3d", "all-gathers and reduce-scatters along rows and layers)")):
         (tmp_path / "config.toml").write_text(f'[parallel]\nalgorithm = "{alg}"\n')
-        out = _run("summary", str(tmp_path)).stdout
-        assert f"{alg.upper()} bytes exchanged (SUMMA block broadcasts" in out and "halo" not in out
+        out = _run("summary", str(tmp_path)).stdout             # docs/usage.md says what they print
+        assert (f"{alg.upper()} bytes exchanged (SUMMA broadcasts, column reduces, {rest} 1,234,567"
+                in out and "halo" not in out)
     (tmp_path / "config.toml").write_text('[parallel]\nalgorithm = "halo"\n')
     assert "halo bytes exchanged 1,234,567" in _run("summary", str(tmp_path)).stdout
     assert "peak memory" not in cagnet.stdout                  # a run from before it was recorded
