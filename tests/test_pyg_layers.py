@@ -28,7 +28,7 @@ pyg = pytest.importorskip("torch_geometric.nn")
 
 from conftest import check_ok, read_metrics, run_mpi, train_here  # noqa: E402
 
-N, FEATURES, CLASSES = 47, 7, 3
+N, FEATURES, CLASSES = 47, 20, 3
 LOOPS = (2, 5, 9, 30)            # self-loops in the input
 ISOLATED = (43, 44, 45, 46)      # no edge in or out (43 and 45 are training nodes)
 SOURCES = (0, 1)                 # send only: in-degree 0
@@ -59,7 +59,9 @@ def graph_arrays() -> dict:
     return {"num_nodes": np.int64(N),
             "adj_indptr": np.r_[0, np.cumsum(np.bincount(dst, minlength=N))].astype(np.int64),
             "adj_indices": src.astype(np.int64),
-            "features": rng.standard_normal((N, FEATURES)).astype(np.float32),
+            # 30 % non-zero: the first layer's dropout runs on the non-zeros (other inputs: below)
+            "features": (rng.standard_normal((N, FEATURES))
+                         * (rng.random((N, FEATURES)) < 0.3)).astype(np.float32),
             "labels": labels, "train_idx": train.astype(np.int64),
             "val_idx": np.sort(np.r_[rest[:10], 20]).astype(np.int64),
             "test_idx": np.sort(np.r_[rest[10:], 33]).astype(np.int64)}
@@ -223,10 +225,14 @@ def build(shard_dir: Path, run_dir: Path, *sets: str):
 
 @pytest.mark.parametrize("arch", ["gcn", "sage", "gat"])
 @pytest.mark.parametrize("dropout", [0.0, 0.4])
-def test_model_equals_pyg_forward_and_gradients(arch, dropout, graph, tmp_path):
+@pytest.mark.parametrize("features", ["sparse", "sparser", "dense"])
+def test_model_equals_pyg_forward_and_gradients(arch, dropout, features, graph, tmp_path):
     """Evaluation logits (no dropout) and, in training (dropout on every layer's input, and on
     GAT's attention), the logits and every parameter's gradient of the mean cross-entropy over
-    the training nodes."""
+    the training nodes. The input's features (30 % non-zero: the dropout runs on the
+    non-zeros), a sparser copy (at most ``SPARSE_PRODUCT_DENSITY``: the first layer's CSR
+    product) and a dense one (the dense or the fused C product)."""
+    from hpcgnn.nn.dropout import SPARSE_PRODUCT_DENSITY
     from hpcgnn.nn.step import Step
     arrays, _, one, _ = graph
     attn = ("model.attn_dropout=0.3",) if arch == "gat" and dropout else ()
@@ -238,12 +244,19 @@ def test_model_equals_pyg_forward_and_gradients(arch, dropout, graph, tmp_path):
     convs = pyg_layers(arch, state, 2)
     ei = edge_index(arrays, loops=arch != "sage")      # SAGE: the documented difference, below
     x = torch.from_numpy(arrays["features"])
+    if features == "dense":
+        x = x + 0.25
+    elif features == "sparser":
+        x = x * (torch.arange(N)[:, None] * FEATURES + torch.arange(FEATURES) < 400) * (x.abs() > 1)
+    density = float(torch.count_nonzero(x)) / x.numel()
+    assert {"sparse": 0.1 < density < 0.5, "dense": density == 1,
+            "sparser": 0 < density <= SPARSE_PRODUCT_DENSITY}[features]
     # evaluation
     model.eval()
     for c in convs:
         c.eval()
     with torch.no_grad():
-        torch.testing.assert_close(model(data.x, Step(4, False, 3)), pyg_forward(arch, convs, x, ei),
+        torch.testing.assert_close(model(x, Step(4, False, 3)), pyg_forward(arch, convs, x, ei),
                                    rtol=1e-5, atol=1e-5)
     # training: logits and gradients
     model.train()
@@ -251,7 +264,7 @@ def test_model_equals_pyg_forward_and_gradients(arch, dropout, graph, tmp_path):
         c.train()
     train = torch.from_numpy(arrays["train_idx"])
     y = torch.from_numpy(arrays["labels"])
-    got = model(data.x, Step(4, True, 3))
+    got = model(x, Step(4, True, 3))
     want = pyg_forward(arch, convs, x, ei, dropout, 3, 4, 0.3 if attn else 0.0)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     params = dict(model.named_parameters())
@@ -292,6 +305,10 @@ RUNS = {   # name -> (arch, --set list, input dropout, attention dropout)
     "gcn": ("gcn", (*SETS["gcn"], "model.dropout=0.3"), 0.3, 0.0),
     "sage": ("sage", (*SETS["sage"], "model.dropout=0.3"), 0.3, 0.0),
     "gat": ("gat", (*SETS["gat"], "model.dropout=0.3", "model.attn_dropout=0.4"), 0.3, 0.4),
+    # three layers; the features' halo rows fetched once and kept (receiver-side dropout)
+    "gcn-kept": ("gcn", (*SETS["gcn"], "model.layers=3", "model.dropout=0.3",
+                         "train.keep_features=true"), 0.3, 0.0),
+    "sage-overlap": ("sage", (*SETS["sage"], "model.dropout=0.3", "train.overlap=true"), 0.3, 0.0),
 }
 
 
@@ -299,7 +316,7 @@ def pyg_training(arch: str, init: dict, arrays: dict, p: float, attn_p: float) -
     """Per epoch: the loss (mean cross-entropy over the training nodes, before the step) and,
     after the Adam step (weight decay on every parameter), the accuracies over the labelled
     nodes of each split."""
-    convs = pyg_layers(arch, init, 2)
+    convs = pyg_layers(arch, init, sum(k.endswith(".bias") for k in init))
     flat = [t for layer in pyg_params(arch, convs) for t in layer]
     opt = torch.optim.Adam(flat, lr=0.05, weight_decay=0.01)
     x, ei = torch.from_numpy(arrays["features"]), edge_index(arrays, loops=arch != "sage")
@@ -328,8 +345,9 @@ def pyg_training(arch: str, init: dict, arrays: dict, p: float, attn_p: float) -
 
 @pytest.mark.mpi
 def test_training_on_ranks_equals_pyg(graph, tmp_path):
-    """1 rank and 3 real ranks (METIS parts of the directed graph: halo rows one way) train the
-    PyG model's losses and accuracies, epoch by epoch, for GCN, SAGE and GAT with dropout."""
+    """1 rank and 3 real ranks (METIS parts of the directed graph) train the
+    PyG model's losses and accuracies, epoch by epoch, for GCN, SAGE and GAT with dropout; GCN
+    with three layers and the features' halo rows kept, SAGE with the exchange overlapped."""
     from hpcgnn.train.checkpoint import CHECKPOINT_NAME
     arrays, _, one, three = graph
     check_ok(run_mpi(3, [__file__, str(three), str(tmp_path), *RUNS], timeout=300))
