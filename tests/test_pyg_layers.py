@@ -119,12 +119,18 @@ def pyg_layers(arch: str, state: dict, layers: int, heads: int = 1) -> list:
             h, c = state[f"layers.{i}.att_src"].shape
             conv = pyg.GATConv(w.shape[0], c, heads=h, concat=not last, negative_slope=0.2,
                                add_self_loops=True)
-            conv.lin.weight.data.copy_(w.T)
+            gat_lin(conv).weight.data.copy_(w.T)
             conv.att_src.data.copy_(state[f"layers.{i}.att_src"][None])
             conv.att_dst.data.copy_(state[f"layers.{i}.att_dst"][None])
         conv.bias.data.copy_(b)
         convs.append(conv)
     return convs
+
+
+def gat_lin(conv):
+    """``GATConv``'s one linear map: ``lin``; older PyG releases call it ``lin_src`` (the same
+    module as ``lin_dst`` for one input)."""
+    return conv.lin if hasattr(conv, "lin") else conv.lin_src
 
 
 def pyg_params(arch: str, convs: list) -> list[list[torch.Tensor]]:
@@ -133,7 +139,7 @@ def pyg_params(arch: str, convs: list) -> list[list[torch.Tensor]]:
         return [[c.lin.weight, c.bias] for c in convs]
     if arch == "sage":
         return [[c.lin_r.weight, c.lin_l.weight, c.lin_l.bias] for c in convs]
-    return [[c.lin.weight, c.att_src, c.att_dst, c.bias] for c in convs]
+    return [[gat_lin(c).weight, c.att_src, c.att_dst, c.bias] for c in convs]
 
 
 def as_hpcgnn(arch: str, grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -309,6 +315,8 @@ RUNS = {   # name -> (arch, --set list, input dropout, attention dropout)
     "gcn-kept": ("gcn", (*SETS["gcn"], "model.layers=3", "model.dropout=0.3",
                          "train.keep_features=true"), 0.3, 0.0),
     "sage-overlap": ("sage", (*SETS["sage"], "model.dropout=0.3", "train.overlap=true"), 0.3, 0.0),
+    "gat-kept": ("gat", (*SETS["gat"], "model.dropout=0.3", "model.attn_dropout=0.4",
+                         "train.keep_features=true"), 0.3, 0.4),
 }
 
 
