@@ -46,7 +46,7 @@ def graph_arrays() -> dict:
         for j in rng.choice(cand, size=k, replace=False):
             dst.append(i)
             src.append(int(j))
-    dst += list(LOOPS) + [7, 7]               # the loops, and 7 <- 8 twice more (duplicates)
+    dst += list(LOOPS) + [7, 7]               # the loops, and 8 -> 7 twice at least: a duplicate
     src += list(LOOPS) + [8, 8]
     dst, src = np.array(dst), np.array(src)
     order = np.lexsort((src, dst))
