@@ -54,6 +54,9 @@ class ModelConfig:
         for key, default in (("heads", 1), ("out_heads", 1), ("attn_dropout", 0.0)):
             _need(self.arch == "gat" or getattr(self, key) == default, where, f"model.{key}",
                   getattr(self, key), "it applies to model.arch = 'gat' only; remove it")
+        _need(self.layers > 1 or self.heads == 1, where, "model.heads", self.heads,
+              "it sets the heads of the hidden layers, and with model.layers = 1 there is none "
+              "(the one layer is the last); set model.out_heads instead")
 
 
 @dataclass(frozen=True)

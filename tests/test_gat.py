@@ -238,6 +238,10 @@ def test_config_checks():
         load_config("configs/cora-gat.toml", ["parallel.algorithm=1.5d", "parallel.replication=2"])
     with pytest.raises(ConfigError, match=r"model.attn_dropout = 1.0"):
         load_config(None, ["model.arch=gat", "model.attn_dropout=1.0"])
+    # one layer is the last: its heads are out_heads, and model.heads would change nothing
+    with pytest.raises(ConfigError, match=r"model.heads = 8 .*model.layers = 1.*model.out_heads"):
+        load_config(None, ["model.arch=gat", "model.layers=1", "model.heads=8"])
+    assert load_config(None, ["model.arch=gat", "model.layers=1", "model.out_heads=8"]).model.out_heads == 8
 
 
 # -- real ranks against 1 rank and against whole-graph computations ---------------------------

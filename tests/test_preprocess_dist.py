@@ -256,7 +256,8 @@ def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(tmp_pat
 def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
     """The npz reader's checks run on each rank's slice of an h5 input: a NaN feature is
     reported with the input file and its dataset (not the part file it would have gone to),
-    an unlabelled training node likewise, on both ranks, and nothing is written."""
+    an unlabelled training node and a 2-D (multi-label) label array likewise, on both ranks,
+    and nothing is written."""
     from _graphs import save_h5
     feats = np.arange(10, dtype=np.float32).reshape(5, 2)
     feats[3, 1] = np.nan
@@ -264,7 +265,10 @@ def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
                      "nan.h5 (dataset 'features'): features hold NaN or inf (in 1 rows, first row 3)"),
              "unlabelled": (save_h5(tmp_path / "unl.h5", labels=np.array([0, 1, 0, 1, -1]),
                                     train_idx=np.array([0, 4])),
-                            "unl.h5: train_idx holds an unlabelled node (4) (label -1)")}
+                            "unl.h5: train_idx holds an unlabelled node (4) (label -1)"),
+             # multi-label targets (one row of 0/1 per node): not one class per node
+             "multilabel": (save_h5(tmp_path / "ml.h5", labels=np.array([[0, 1]] * 5)),
+                            "ml.h5: labels have shape (5, 2), expected (5,)")}
     for case, (path, want) in cases.items():
         out = tmp_path / case
         proc = run_mpi(2, ["-m", "preprocess", "--dataset", f"h5:{path}", "--parts", "2",
