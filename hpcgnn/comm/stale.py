@@ -14,8 +14,9 @@ epoch ``t`` of a layer
             (through the adjoint of the codec those rows were sent with) once the step's
             gradient Allreduce is done (``post_late_gradients``).
 So the weight gradients are computed at epoch ``t`` from the current weights and the current
-loss: never stale. Only the gradient flowing into the previous layers through the boundary rows
-is ``s`` epochs late. Epochs ``t < s`` exchange synchronously (exact; PipeGCN starts from zeros
+loss; the gradient flowing into the previous layers through the boundary rows is ``s`` epochs
+late, so the weight gradients of the layers below a stale layer hold that late term (as in
+PipeGCN). Epochs ``t < s`` exchange synchronously (exact; PipeGCN starts from zeros
 instead, which makes the first steps' halo terms zero) and also post their rows for ``t + s``;
 a halo gradient of an epoch below ``s`` went back synchronously, so nothing late is added then.
 
