@@ -157,6 +157,19 @@ BAD = [
      "compress_backward = true"),
     ('compress_backward = false\n[layers.0.backward]\nratio = 2.0\n', "layers.0.backward",
      "has no effect"),
+    # A forward that selects rows or channels takes only a value stage from [backward]: these
+    # ran the forward's adjoint (its k channels, its rows) and ignored the table's codec and rate.
+    ('codec = "truncate"\n[backward]\nkind = "constant"\nratio = 128.0\n', "'backward'",
+     "has no effect while the forward"),
+    ('codec = "truncate"\n[backward]\ncodec = "random"\n', "'backward'", "codec = 'quant'"),
+    ('codec = "sample"\nkind = "constant"\nratio = 2.0\n[backward]\nratio = 4.0\n',
+     "'backward'", "has no effect while the forward"),
+    ('kind = "constant"\nratio = 4.0\n[layers.0.backward]\ncodec = "sample+truncate"\n'
+     'keep = 0.5\n', "'layers.0.backward'", "has no effect while the forward"),
+    # 'learned' names an encoder/decoder pair around the forward exchange; as a backward codec of
+    # its own it truncated the gradients with no pair at all.
+    ('codec = "quant"\nbits = 4\n[backward]\ncodec = "learned"\nkind = "constant"\n'
+     'ratio = 4.0\n', "'backward.codec'", "learned encoder and decoder"),
 ]
 
 
@@ -174,8 +187,9 @@ def test_keys_for_the_top_curve_stay_allowed_beside_an_override_of_another_kind(
     """``[backward] slope`` tunes the top-level linear curve; layer 0's constant override does
     not read it, and that is no mistake of the file (only the keys a table sets are checked
     against its own kind)."""
-    p = _policy('kind = "linear"\nmax_ratio = 8.0\nslope = 1.0\n[backward]\nslope = 2.0\n'
-                '[layers.0]\nkind = "constant"\nratio = 4.0\n', tmp_path, epochs=12, layers=3)
+    p = _policy('codec = "quant"\nkind = "linear"\nmax_ratio = 8.0\nslope = 1.0\n[backward]\n'
+                'slope = 2.0\n[layers.0]\nkind = "constant"\nratio = 4.0\n', tmp_path, epochs=12,
+                layers=3)
     assert p.ratio(5, 0, 3) == 4.0 and p.ratio(5, 1, 3) == pytest.approx(8.0 - 5 * 7 / 10)
     assert p._ratio(p._rules(1).backward, 5) == pytest.approx(max(1.0, 8.0 - 10 * 7 / 10))
 
