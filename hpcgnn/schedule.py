@@ -468,6 +468,13 @@ class SchedulePolicy(CompressionPolicy):
             raise where.error(f"layers.{num_layers - 1}", "has no effect: it is the model's last "
                               "layer, which compress_last_layer = false keeps fp32",
                               "set compress_last_layer = true, or remove the override")
+        if not self.compress_last_layer and self._names_codec(num_layers - 1) and not any(
+                self._names_codec(layer) for layer in range(num_layers - 1)):
+            raise where.error("compress_last_layer", f"has no effect on a {num_layers}-layer "
+                              "model: the file compresses only its last layer, which "
+                              "compress_last_layer = false keeps fp32, so the run would be full "
+                              "communication", "set compress_last_layer = true (as "
+                              "varco-all.toml does), or leave out --schedule")
         bound = copy.copy(self)
         bound.epochs = self.epochs if self.epochs is not None else int(epochs)
         bound.num_layers, bound.silent = int(num_layers), frozenset(silent)
@@ -476,6 +483,13 @@ class SchedulePolicy(CompressionPolicy):
 
     def _rules(self, layer: int) -> LayerRules:
         return self.layers.get(layer, self.default)
+
+    def _names_codec(self, layer: int) -> bool:
+        """Whether ``layer``'s rules name a codec other than ``none`` (in a direction that is
+        compressed at all), whatever ``compress_last_layer`` says."""
+        rules = self._rules(layer)
+        codecs = [rules.forward.codec] + [rules.backward.codec] * self.compress_backward
+        return any(c.sample or c.channels or c.quant for c in codecs)
 
     def _compressed(self, layer: int, num_layers: int | None) -> bool:
         last = num_layers is not None and layer == num_layers - 1
@@ -490,10 +504,7 @@ class SchedulePolicy(CompressionPolicy):
 
     def compresses_layer(self, layer: int, num_layers: int) -> bool:
         """As the base's: the layer's rules reach it and name a codec other than ``none``."""
-        rules = self._rules(layer)
-        codecs = [rules.forward.codec] + [rules.backward.codec] * self.compress_backward
-        return self._compressed(layer, num_layers) and any(
-            c.sample or c.channels or c.quant for c in codecs)
+        return self._compressed(layer, num_layers) and self._names_codec(layer)
 
     def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
         """As the base's; 1.0 for a layer whose training steps exchange nothing (``silent``)."""

@@ -215,6 +215,27 @@ def test_an_override_of_the_uncompressed_last_layer_is_rejected_at_bind(tmp_path
     assert load_schedule(path).bind(100, 2).ratio(0, 1, 2) == 4.0
 
 
+def test_a_schedule_that_compresses_no_layer_of_the_model_is_rejected_at_bind(tmp_path):
+    """varco.toml on a 1-layer model: its one layer is the last, which compress_last_layer =
+    false keeps fp32, so the run was full communication under a VARCO schedule (ratio 1.0 in
+    every record). Likewise where the only other layers' overrides say codec = 'none'."""
+    varco = Path(__file__).parents[1] / "configs" / "schedules" / "varco.toml"
+    with pytest.raises(ScheduleError, match=rf"schedule {varco}: key 'compress_last_layer': has "
+                                            r"no effect.*1-layer.*fix: set compress_last_layer "
+                                            r"= true"):
+        load_schedule(varco).bind(100, 1)
+    assert load_schedule(varco).bind(100, 2).ratio(0, 0, 2) == 128.0
+    path = tmp_path / "s.toml"
+    path.write_text('kind = "constant"\nratio = 8.0\n[layers.0]\ncodec = "none"\n')
+    with pytest.raises(ScheduleError, match="'compress_last_layer': has no effect.*2-layer"):
+        load_schedule(path).bind(100, 2)
+    assert load_schedule(path).bind(100, 3).ratio(0, 1, 3) == 8.0
+    path.write_text('codec = "none"\n')                    # full.toml: fp32 on purpose
+    assert load_schedule(path).bind(100, 1).ratio(0, 0, 1) == 1.0
+    path.write_text('kind = "constant"\nratio = 8.0\ncompress_last_layer = true\n')
+    assert load_schedule(path).bind(100, 1).ratio(0, 0, 1) == 8.0
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ScheduleError, match="not found"):
         load_schedule(tmp_path / "nope.toml")
