@@ -381,7 +381,41 @@ def _layer_rules(top: dict, layer: dict, prefix: str, where: _Where) -> LayerRul
                  _sub_table(layer, "backward", prefix, where))
     _unread_keys(layer if prefix else top, fwd, prefix, where)
     _unread_keys(own_bwd, bwd, prefix + "backward.", where)
-    return LayerRules(_rule(fwd, prefix, where), _rule(bwd, prefix + "backward.", where))
+    rules = LayerRules(_rule(fwd, prefix, where), _rule(bwd, prefix + "backward.", where))
+    _backward_in_effect(rules, prefix, where)
+    return rules
+
+
+def _curve_reads(curve: RateCurve) -> tuple:
+    """The curve as its kind reads it (a constant curve carries an unread default slope)."""
+    return (curve.kind, *(curve.phases if curve.kind == "table" else
+                          [getattr(curve, key) for key in KIND_KEYS[curve.kind] if key != "ratio"]))
+
+
+def _backward_in_effect(rules: LayerRules, prefix: str, where: _Where) -> None:
+    """Refuse a backward rule the exchange would not follow. While the forward selects rows or
+    channels the backward is its adjoint (``codecs.base.backward_codec``): the gradients of
+    exactly what the forward sent, with the backward rule's value stage alone. A backward with
+    selecting stages or a rate of its own there had no effect (until the forward's ratio reached
+    1, where it started to select gradients on its own); and ``learned`` names the pair around
+    the forward exchange, so as a backward codec of its own it truncated gradients, pairless."""
+    fwd, bwd = rules.forward.codec, rules.backward.codec
+    if bwd.learned and not fwd.learned:
+        raise where.error(prefix + "backward.codec", "'learned' has no learned encoder and decoder "
+                          "in a backward exchange: the pair wraps the forward exchange, whose "
+                          "backward is the gradient through it", "set codec = 'learned' for the "
+                          "forward (the backward follows it), or use 'truncate' here")
+    if not (fwd.sample or fwd.channels) or not (bwd.sample or bwd.channels):
+        return
+    same = ((bwd.sample, bwd.channels, bwd.keep) == (fwd.sample, fwd.channels, fwd.keep)
+            and _curve_reads(rules.backward.curve) == _curve_reads(rules.forward.curve))
+    if not same:
+        raise where.error(prefix + "backward", "has no effect while the forward exchange selects "
+                          "rows or channels: its backward sends the gradients of exactly the rows "
+                          "and channels the forward sent, and takes only the value stage (quant "
+                          "bits) from this table, not its rows, channels or ratio",
+                          "give the backward a value stage only (codec = 'quant' with bits = b, "
+                          "or codec = 'none'), or remove its codec and rate keys")
 
 
 def _layers(top: dict, where: _Where) -> dict[int, LayerRules]:
@@ -434,6 +468,13 @@ class SchedulePolicy(CompressionPolicy):
             raise where.error(f"layers.{num_layers - 1}", "has no effect: it is the model's last "
                               "layer, which compress_last_layer = false keeps fp32",
                               "set compress_last_layer = true, or remove the override")
+        if not self.compress_last_layer and self._names_codec(num_layers - 1) and not any(
+                self._names_codec(layer) for layer in range(num_layers - 1)):
+            raise where.error("compress_last_layer", f"has no effect on a {num_layers}-layer "
+                              "model: the file compresses only its last layer, which "
+                              "compress_last_layer = false keeps fp32, so the run would be full "
+                              "communication", "set compress_last_layer = true (as "
+                              "varco-all.toml does), or leave out --schedule")
         bound = copy.copy(self)
         bound.epochs = self.epochs if self.epochs is not None else int(epochs)
         bound.num_layers, bound.silent = int(num_layers), frozenset(silent)
@@ -442,6 +483,13 @@ class SchedulePolicy(CompressionPolicy):
 
     def _rules(self, layer: int) -> LayerRules:
         return self.layers.get(layer, self.default)
+
+    def _names_codec(self, layer: int) -> bool:
+        """Whether ``layer``'s rules name a codec other than ``none`` (in a direction that is
+        compressed at all), whatever ``compress_last_layer`` says."""
+        rules = self._rules(layer)
+        codecs = [rules.forward.codec] + [rules.backward.codec] * self.compress_backward
+        return any(c.sample or c.channels or c.quant for c in codecs)
 
     def _compressed(self, layer: int, num_layers: int | None) -> bool:
         last = num_layers is not None and layer == num_layers - 1
@@ -456,10 +504,7 @@ class SchedulePolicy(CompressionPolicy):
 
     def compresses_layer(self, layer: int, num_layers: int) -> bool:
         """As the base's: the layer's rules reach it and name a codec other than ``none``."""
-        rules = self._rules(layer)
-        codecs = [rules.forward.codec] + [rules.backward.codec] * self.compress_backward
-        return self._compressed(layer, num_layers) and any(
-            c.sample or c.channels or c.quant for c in codecs)
+        return self._compressed(layer, num_layers) and self._names_codec(layer)
 
     def ratio(self, epoch: int, layer: int, num_layers: int) -> float:
         """As the base's; 1.0 for a layer whose training steps exchange nothing (``silent``)."""

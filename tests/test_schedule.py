@@ -157,6 +157,19 @@ BAD = [
      "compress_backward = true"),
     ('compress_backward = false\n[layers.0.backward]\nratio = 2.0\n', "layers.0.backward",
      "has no effect"),
+    # A forward that selects rows or channels takes only a value stage from [backward]: these
+    # ran the forward's adjoint (its k channels, its rows) and ignored the table's codec and rate.
+    ('codec = "truncate"\n[backward]\nkind = "constant"\nratio = 128.0\n', "'backward'",
+     "has no effect while the forward"),
+    ('codec = "truncate"\n[backward]\ncodec = "random"\n', "'backward'", "codec = 'quant'"),
+    ('codec = "sample"\nkind = "constant"\nratio = 2.0\n[backward]\nratio = 4.0\n',
+     "'backward'", "has no effect while the forward"),
+    ('kind = "constant"\nratio = 4.0\n[layers.0.backward]\ncodec = "sample+truncate"\n'
+     'keep = 0.5\n', "'layers.0.backward'", "has no effect while the forward"),
+    # 'learned' names an encoder/decoder pair around the forward exchange; as a backward codec of
+    # its own it truncated the gradients with no pair at all.
+    ('codec = "quant"\nbits = 4\n[backward]\ncodec = "learned"\nkind = "constant"\n'
+     'ratio = 4.0\n', "'backward.codec'", "learned encoder and decoder"),
 ]
 
 
@@ -174,8 +187,9 @@ def test_keys_for_the_top_curve_stay_allowed_beside_an_override_of_another_kind(
     """``[backward] slope`` tunes the top-level linear curve; layer 0's constant override does
     not read it, and that is no mistake of the file (only the keys a table sets are checked
     against its own kind)."""
-    p = _policy('kind = "linear"\nmax_ratio = 8.0\nslope = 1.0\n[backward]\nslope = 2.0\n'
-                '[layers.0]\nkind = "constant"\nratio = 4.0\n', tmp_path, epochs=12, layers=3)
+    p = _policy('codec = "quant"\nkind = "linear"\nmax_ratio = 8.0\nslope = 1.0\n[backward]\n'
+                'slope = 2.0\n[layers.0]\nkind = "constant"\nratio = 4.0\n', tmp_path, epochs=12,
+                layers=3)
     assert p.ratio(5, 0, 3) == 4.0 and p.ratio(5, 1, 3) == pytest.approx(8.0 - 5 * 7 / 10)
     assert p._ratio(p._rules(1).backward, 5) == pytest.approx(max(1.0, 8.0 - 10 * 7 / 10))
 
@@ -199,6 +213,27 @@ def test_an_override_of_the_uncompressed_last_layer_is_rejected_at_bind(tmp_path
     path.write_text('kind = "constant"\nratio = 8.0\ncompress_last_layer = true\n'
                     '[layers.1]\nratio = 4.0\n')
     assert load_schedule(path).bind(100, 2).ratio(0, 1, 2) == 4.0
+
+
+def test_a_schedule_that_compresses_no_layer_of_the_model_is_rejected_at_bind(tmp_path):
+    """varco.toml on a 1-layer model: its one layer is the last, which compress_last_layer =
+    false keeps fp32, so the run was full communication under a VARCO schedule (ratio 1.0 in
+    every record). Likewise where the only other layers' overrides say codec = 'none'."""
+    varco = Path(__file__).parents[1] / "configs" / "schedules" / "varco.toml"
+    with pytest.raises(ScheduleError, match=rf"schedule {varco}: key 'compress_last_layer': has "
+                                            r"no effect.*1-layer.*fix: set compress_last_layer "
+                                            r"= true"):
+        load_schedule(varco).bind(100, 1)
+    assert load_schedule(varco).bind(100, 2).ratio(0, 0, 2) == 128.0
+    path = tmp_path / "s.toml"
+    path.write_text('kind = "constant"\nratio = 8.0\n[layers.0]\ncodec = "none"\n')
+    with pytest.raises(ScheduleError, match="'compress_last_layer': has no effect.*2-layer"):
+        load_schedule(path).bind(100, 2)
+    assert load_schedule(path).bind(100, 3).ratio(0, 1, 3) == 8.0
+    path.write_text('codec = "none"\n')                    # full.toml: fp32 on purpose
+    assert load_schedule(path).bind(100, 1).ratio(0, 0, 1) == 1.0
+    path.write_text('kind = "constant"\nratio = 8.0\ncompress_last_layer = true\n')
+    assert load_schedule(path).bind(100, 1).ratio(0, 0, 1) == 8.0
 
 
 def test_missing_file(tmp_path):

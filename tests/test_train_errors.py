@@ -351,3 +351,19 @@ def test_an_empty_schedule_or_swapped_files_end_the_job_on_every_rank(shards, tm
         assert len(errors) == 1 and errors[0].startswith("[rank 0/2] ERROR ranks 0-1: "), errors
         assert want in errors[0] and fix in errors[0], errors
         assert not (out / "checkpoint.pt").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_varco_on_a_one_layer_model_ends_the_job_on_every_rank(shards, tmp_path):
+    """varco.toml keeps the last layer fp32; on a 1-layer model that is every exchange, and the
+    run trained with full communication under the VARCO schedule (ratio 1.0 in every record).
+    Both ranks end, one error naming the file, the key and the fix, before any exchange."""
+    out = tmp_path / "run"
+    proc = train(2, shards("cora", 2), out, "train.epochs=2", "model.layers=1",
+                 config="configs/cora.toml",
+                 extra=("--schedule", "configs/schedules/varco.toml"), timeout=90)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1 and errors[0].startswith("[rank 0/2] ERROR ranks 0-1: "), errors
+    assert ("schedule configs/schedules/varco.toml: key 'compress_last_layer': has no effect on "
+            "a 1-layer model") in errors[0] and "fix: set compress_last_layer = true" in errors[0]
+    assert not (out / "checkpoint.pt").exists() and not (out / "metrics.jsonl").exists()

@@ -9,7 +9,8 @@ so their gradients are all-reduced and stepped with the model's.
 The pair is applied only around an exchange that compresses with it (``k < F``: the first ``k``
 encoder outputs are a VARCO ``Linear(F, k)`` encoder, the decoder's first ``k`` columns its
 ``Linear(k, F)`` decoder), to the rows sent to peers only; at ratio 1 and in evaluation the halo
-rows travel as they are (``hpcgnn.nn.propagation``, as the authors' code applies it).
+rows travel as they are (``hpcgnn.nn.propagation``; how this differs from SAR's pair, a
+``Linear(F, k)`` + ``ReLU`` encoder at a fixed ``k``: ``docs/compression.md``).
 """
 from __future__ import annotations
 
