@@ -12,6 +12,7 @@ from preprocess.dist_halo import build_shards
 from preprocess.distributed import add_reverse, collective, csr_of_keys, local_keys, \
     move_to_writers, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
+from preprocess.halo import check_key_range
 from preprocess.write import check_classes, check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
     shard_files, write_failed
 
@@ -24,6 +25,7 @@ def _check_request(comm, n: int, num_parts: int) -> None:
     if num_parts > n:
         raise PreprocessError(f"--parts {num_parts} is more than the {n:,} nodes; choose "
                               f"--parts <= {n}")
+    check_key_range(n, num_parts)          # before the partitioning, not after it
 
 
 def _partition(comm, partitioner: str, sym_indptr, sym_cols, lo: int, hi: int, n: int,

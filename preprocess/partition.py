@@ -10,6 +10,7 @@ import numpy as np
 from hpcgnn.data.clean import csr_from_keys, edge_rows, is_symmetric_simple, unique_sorted
 from hpcgnn.data.graph import Graph
 from preprocess.errors import PreprocessError
+from preprocess.halo import check_key_range
 from preprocess.metis import idx_dtype, part_kway
 
 log = logging.getLogger("hpcgnn.preprocess")
@@ -23,6 +24,7 @@ def check_parts(graph: Graph, num_parts: int) -> None:
     if num_parts > graph.num_nodes:
         raise PreprocessError(f"--parts {num_parts} is more than the {graph.num_nodes:,} nodes of "
                               f"{graph.name}; choose --parts <= {graph.num_nodes}")
+    check_key_range(graph.num_nodes, num_parts)      # before METIS, not after it
 
 
 def random_parts(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:

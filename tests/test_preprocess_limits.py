@@ -61,3 +61,42 @@ def test_node_limit_reads_the_override(monkeypatch):
     monkeypatch.delenv("HPCGNN_MAX_NODES")
     with pytest.raises(PreprocessError, match=r"3,000,000,001 nodes .* \(3,000,000,000\)"):
         check_node_count(MAX_NODES + 1, "big.h5")
+
+
+# K parts of N nodes overflow the halo keys (q * K + p) * N + v when K^2 N >= 2^63: with N >= K,
+# first at K = N = 2^21 (a 2M-node graph of 1M edges per rank: about 0.3 GiB a rank, 2 s)
+KEY_NODES = 2 ** 21
+KEY_GEN = "rmat-sliced:scale=21,edge_factor=1,features=1"
+
+
+def test_parts_that_overflow_the_halo_keys_are_refused_before_partitioning(tmp_path):
+    """The refusal names the bound and the fix on every rank, before the partitioner runs (a
+    PT-Scotch run of hours was refused only after it, when the halo maps were built)."""
+    assert KEY_NODES ** 3 >= 2 ** 63 > (KEY_NODES - 1) ** 3
+    out = tmp_path / "over"
+    proc = run_mpi(2, ["-m", "preprocess", "--dataset", KEY_GEN, "--parts", str(KEY_NODES),
+                       "--partitioner", "random", "--out", str(out)], timeout=180)
+    assert proc.returncode != 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2, proc.stderr                                    # both ranks
+    for ln in lines:
+        assert f"{KEY_NODES} parts x {KEY_NODES:,} nodes overflow the int64 halo keys" in ln
+        assert "2^63" in ln and "use fewer parts" in ln
+    assert "partitioned" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (out / "meta.json").exists() and not list(out.glob("part-*.h5"))
+
+
+def test_one_process_request_is_checked_against_the_halo_keys():
+    """The one-process path checks the same bound with the part count, before METIS runs."""
+    import numpy as np
+    from hpcgnn.data.graph import Graph
+    from preprocess.errors import PreprocessError
+    from preprocess.partition import check_parts
+    n = KEY_NODES
+    empty = np.zeros(0, dtype=np.int64)
+    graph = Graph(name="g", num_nodes=n, indptr=np.zeros(n + 1, dtype=np.int64), indices=empty,
+                  features=np.zeros((n, 1), dtype=np.float32), labels=np.zeros(n, dtype=np.int64),
+                  train_idx=empty, val_idx=empty, test_idx=empty)
+    check_parts(graph, n - 1)                  # (n - 1)^2 n < 2^63
+    with pytest.raises(PreprocessError, match=r"overflow the int64 halo keys \(parts\^2"):
+        check_parts(graph, n)
