@@ -4,7 +4,8 @@ Edges travel and sort as keys ``row * N + col``; a graph with more nodes than
 ``preprocess.distributed.node_limit()`` is refused on every rank before any key is built, with
 the limit and the fix named, and nothing is written. ``HPCGNN_MAX_NODES`` lowers the bound so
 the refusal is exercised on a small graph; exactly at the bound the set is written and holds
-the input.
+the input. Also the halo keys' bound on the part count, and the MPI count limit of the
+distributed ``Alltoallv`` rounds.
 """
 from __future__ import annotations
 
@@ -100,3 +101,41 @@ def test_one_process_request_is_checked_against_the_halo_keys():
     check_parts(graph, n - 1)                  # (n - 1)^2 n < 2^63
     with pytest.raises(PreprocessError, match=r"overflow the int64 halo keys \(parts\^2"):
         check_parts(graph, n)
+
+
+def test_alltoallv_rounds_stay_below_the_mpi_count_limit():
+    """A round of R moves rows ``c (i + 1) // R - c i // R`` of every block of ``c`` rows: up to
+    one row per peer more than ``total / R``. At the largest accepted round size (2^31 - 1
+    bytes), 4096 peers with odd blocks of 4 KiB rows and a total just under two rounds' worth
+    overflowed a C int in one of the 2 rounds the old count gave; every round stays below it."""
+    from preprocess.exchange import INT_MAX, round_count
+    peers, row_bytes = 4096, 4096
+    counts = [255] * (peers - 1) + [1048574 - 255 * (peers - 1)]     # odd blocks
+    assert all(c % 2 for c in counts) and sum(counts) == 1048574
+    need = sum(counts) * row_bytes
+    assert INT_MAX < need <= 2 * INT_MAX
+    rounds = round_count(need, peers, row_bytes, INT_MAX)
+    worst = max(sum(c * (i + 1) // rounds - c * i // rounds for c in counts) * row_bytes
+                for i in range(rounds))
+    assert worst <= INT_MAX, (rounds, worst)
+    assert round_count(10 ** 6, 4, 100, 1 << 30) == 1            # a small exchange: one round
+
+
+def test_a_bad_round_size_is_refused_on_every_rank_before_any_exchange(tmp_path, monkeypatch):
+    from preprocess.errors import PreprocessError
+    from preprocess.exchange import round_bytes
+    for bad in ("abc", "0", str(2 ** 31)):
+        monkeypatch.setenv("HPCGNN_A2A_ROUND_BYTES", bad)
+        with pytest.raises(PreprocessError, match=r"HPCGNN_A2A_ROUND_BYTES=.*\[1, 2147483647\]"):
+            round_bytes()
+    monkeypatch.setenv("HPCGNN_A2A_ROUND_BYTES", "4096")
+    assert round_bytes() == 4096
+    out = tmp_path / "bad"
+    proc = run_mpi(2, ["-m", "preprocess", "--dataset", GEN, "--parts", "3", "--partitioner",
+                       "random", "--out", str(out), "-q"], timeout=120,
+                   env={"HPCGNN_A2A_ROUND_BYTES": str(2 ** 32)})
+    assert proc.returncode != 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2 and all("HPCGNN_A2A_ROUND_BYTES='4294967296'" in ln for ln in lines), \
+        proc.stderr
+    assert "Traceback" not in proc.stderr and not list(out.glob("part-*.h5"))
