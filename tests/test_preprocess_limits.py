@@ -139,3 +139,22 @@ def test_a_bad_round_size_is_refused_on_every_rank_before_any_exchange(tmp_path,
     assert len(lines) == 2 and all("HPCGNN_A2A_ROUND_BYTES='4294967296'" in ln for ln in lines), \
         proc.stderr
     assert "Traceback" not in proc.stderr and not list(out.glob("part-*.h5"))
+
+
+def test_a_32_bit_metis_refuses_node_ids_it_cannot_hold(monkeypatch):
+    """With a METIS of 32-bit ``idx_t`` (a property of the pymetis build: simulated here, this
+    one is 64-bit), a graph of 2^31 - 1 nodes or more is refused before its ids are cast (the
+    cast wrapped them silently when the graph had fewer adjacency entries than that). The
+    graph's arrays stay tiny: the check reads ``num_nodes`` first."""
+    import numpy as np
+    from hpcgnn.data.graph import Graph
+    from preprocess import partition
+    from preprocess.errors import PreprocessError
+    monkeypatch.setattr(partition, "idx_dtype", lambda: np.int32)
+    one = np.zeros(1, dtype=np.int64)
+    graph = Graph(name="wide", num_nodes=2 ** 31, indptr=np.zeros(2, dtype=np.int64),
+                  indices=one[:0], features=np.zeros((1, 1), dtype=np.float32), labels=one,
+                  train_idx=one[:0], val_idx=one[:0], test_idx=one[:0])
+    with pytest.raises(PreprocessError, match=r"wide: 2,147,483,648 nodes exceed this METIS "
+                                              r"build's 32-bit index; use --partitioner random"):
+        partition.metis_adjacency(graph)
