@@ -184,8 +184,9 @@ class CommConfig:
     picks neighbor at >= 8 ranks when every rank exchanges with at most half of them.
     HPCGNN_EXCHANGE overrides it"""
     max_message: int = 2147483647
-    """bytes one MPI call may move (an exchange's P blocks share it, max_message / P each); a
-    larger exchange goes in rounds (HPCGNN_MAX_MESSAGE)"""
+    """bytes one MPI call may move (what a rank sends, and what it receives, in one call); an
+    exchange past it on any rank goes in rounds of max_message / P bytes a block
+    (HPCGNN_MAX_MESSAGE)"""
     progress: str = "test"
     """how a non-blocking (stale) exchange advances: test (MPI_Test at layer boundaries) |
     fine (also between the products inside each layer, forward and backward) | thread (a

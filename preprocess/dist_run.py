@@ -12,6 +12,8 @@ from preprocess.dist_halo import build_shards
 from preprocess.distributed import add_reverse, collective, csr_of_keys, local_keys, \
     move_to_writers, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
+from preprocess.exchange import round_bytes
+from preprocess.halo import check_key_range
 from preprocess.write import check_classes, check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
     shard_files, write_failed
 
@@ -24,6 +26,7 @@ def _check_request(comm, n: int, num_parts: int) -> None:
     if num_parts > n:
         raise PreprocessError(f"--parts {num_parts} is more than the {n:,} nodes; choose "
                               f"--parts <= {n}")
+    check_key_range(n, num_parts)          # before the partitioning, not after it
 
 
 def _partition(comm, partitioner: str, sym_indptr, sym_cols, lo: int, hi: int, n: int,
@@ -93,6 +96,7 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     shard set to ``out``; every rank returns the meta (rank 0 wrote it). Collective."""
     t0, out = time.perf_counter(), Path(out)
     collective(comm, lambda: check_out_dir(out, force) if comm.rank == 0 else None)
+    collective(comm, round_bytes)                 # a bad HPCGNN_A2A_ROUND_BYTES, before any move
     sl = collective(comm, read_slice, spec, comm, symmetrize)
     n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
     collective(comm, _check_request, comm, n, num_parts)

@@ -3,7 +3,10 @@
 MPI counts and displacements are C ``int``: one ``Alltoallv`` of ``MPI.BYTE`` cannot move 2 GiB
 or more per rank. :func:`alltoallv_rows` splits every peer's block into the same number of
 rounds (agreed with one ``allreduce``) so that each round moves at most about ``limit`` bytes
-per rank; a round's buffers are packed from and unpacked into the whole arrays.
+per rank (``HPCGNN_A2A_ROUND_BYTES``, 1 GiB by default), and never 2^31 bytes or more: a round
+of ``R`` takes ``ceil(c / R)`` rows or fewer of a block of ``c``, so up to one row per peer more
+than ``limit`` (``round_count``). A round's buffers are packed from and unpacked into the whole
+arrays.
 """
 from __future__ import annotations
 
@@ -11,7 +14,33 @@ import os
 
 import numpy as np
 
-ROUND_BYTES = int(os.environ.get("HPCGNN_A2A_ROUND_BYTES", 1 << 30))   # < 2 GiB by design
+from preprocess.errors import PreprocessError
+
+ROUND_ENV = "HPCGNN_A2A_ROUND_BYTES"
+DEFAULT_ROUND_BYTES = 1 << 30
+INT_MAX = 2**31 - 1          # the largest MPI count or displacement
+
+
+def round_bytes() -> int:
+    """Bytes per rank per round: ``HPCGNN_A2A_ROUND_BYTES``, or 1 GiB where it is unset; a
+    ``PreprocessError`` naming the variable where it is not an integer in [1, 2^31 - 1]."""
+    raw = os.environ.get(ROUND_ENV, "").strip()
+    if not raw:
+        return DEFAULT_ROUND_BYTES
+    if not raw.isdigit() or not 1 <= int(raw) <= INT_MAX:
+        raise PreprocessError(f"{ROUND_ENV}={raw!r}: expected the bytes per rank of one Alltoallv "
+                              f"round, an integer in [1, {INT_MAX}] (MPI counts are C ints); "
+                              f"unset it for {DEFAULT_ROUND_BYTES:,}")
+    return int(raw)
+
+
+def round_count(need: int, peers: int, row_bytes: int, limit: int) -> int:
+    """This rank's rounds for ``need`` bytes (its larger total, sent or received) to or from
+    ``peers`` ranks in rows of ``row_bytes``: about ``need / limit``, and enough that a round,
+    which may take one row per peer beyond ``need / rounds``, stays below 2^31 bytes."""
+    rounds = max(1, -(-int(need) // limit))
+    room = max(row_bytes, INT_MAX - peers * row_bytes)    # a round's bytes besides that row
+    return max(rounds, -(-int(need) // room))
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:
@@ -30,15 +59,15 @@ def alltoallv_rows(comm, data: np.ndarray, counts: np.ndarray,
     """Send ``data`` (``[n, ...]``, rows grouped by destination: ``counts[r]`` rows to rank
     ``r``); return the rows received (grouped by source rank) and the per-source counts.
 
-    Collective. Moves the rows' bytes once, in ``ceil(max bytes per rank / limit)`` rounds."""
+    Collective. Moves the rows' bytes once, in ``round_count`` rounds (the most of any rank)."""
     from mpi4py import MPI
-    limit = ROUND_BYTES if limit is None else limit
+    limit = round_bytes() if limit is None else limit
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     recv_counts = np.empty_like(counts)
     comm.Alltoall(counts, recv_counts)
     row_bytes = max(1, data.itemsize * int(np.prod(data.shape[1:], dtype=np.int64)))
     need = max(counts.sum(), recv_counts.sum()) * row_bytes
-    rounds = comm.allreduce(max(1, -(-int(need) // limit)), op=MPI.MAX)
+    rounds = comm.allreduce(round_count(need, comm.size, row_bytes, limit), op=MPI.MAX)
     out = np.empty((int(recv_counts.sum()),) + data.shape[1:], dtype=data.dtype)
     sdisp, rdisp = _offsets(counts)[:-1], _offsets(recv_counts)[:-1]
     src = np.ascontiguousarray(data)

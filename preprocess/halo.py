@@ -92,7 +92,7 @@ def check_key_range(num_nodes: int, num_parts: int) -> None:
     """Keys ``(part * P + part) * N + node`` must fit int64."""
     if num_parts * num_parts * num_nodes >= np.iinfo(np.int64).max:
         raise PreprocessError(f"{num_parts} parts x {num_nodes:,} nodes overflow the int64 halo "
-                              f"keys; use fewer parts")
+                              f"keys (parts^2 x nodes must stay below 2^63); use fewer parts")
 
 
 def gather_rows(indptr: np.ndarray, indices: np.ndarray,

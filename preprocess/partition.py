@@ -10,6 +10,7 @@ import numpy as np
 from hpcgnn.data.clean import csr_from_keys, edge_rows, is_symmetric_simple, unique_sorted
 from hpcgnn.data.graph import Graph
 from preprocess.errors import PreprocessError
+from preprocess.halo import check_key_range
 from preprocess.metis import idx_dtype, part_kway
 
 log = logging.getLogger("hpcgnn.preprocess")
@@ -23,6 +24,7 @@ def check_parts(graph: Graph, num_parts: int) -> None:
     if num_parts > graph.num_nodes:
         raise PreprocessError(f"--parts {num_parts} is more than the {graph.num_nodes:,} nodes of "
                               f"{graph.name}; choose --parts <= {graph.num_nodes}")
+    check_key_range(graph.num_nodes, num_parts)      # before METIS, not after it
 
 
 def random_parts(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
@@ -44,19 +46,26 @@ def _symmetric_keys_csr(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return csr_from_keys(keys, graph.num_nodes)
 
 
+def _check_metis_width(graph: Graph, count: int, what: str) -> None:
+    """``count`` (the node ids' or the adjacency entries' range) fits METIS's index type."""
+    if idx_dtype() == np.int32 and count >= np.iinfo(np.int32).max:
+        raise PreprocessError(f"{graph.name}: {count:,} {what} exceed this METIS build's 32-bit "
+                              f"index; use --partitioner random, or a pymetis whose METIS has "
+                              f"64-bit indices (pymetis 2025.2.2's PyPI wheel)")
+
+
 def metis_adjacency(graph: Graph):
     """The undirected simple graph METIS needs (both directions, no self-loops), as a
     ``pymetis.CSRAdjacency`` in METIS's index type; the graph's own arrays when it already is."""
     import pymetis
 
+    _check_metis_width(graph, graph.num_nodes, "nodes")           # node ids would wrap
     if is_symmetric_simple(graph.indptr, graph.indices):
         indptr, indices = graph.indptr, graph.indices
     else:
         indptr, indices = _symmetric_keys_csr(graph)
+    _check_metis_width(graph, len(indices), "adjacency entries")
     dt = idx_dtype()
-    if dt == np.int32 and len(indices) >= np.iinfo(np.int32).max:
-        raise PreprocessError(f"{graph.name}: {len(indices):,} adjacency entries exceed this "
-                              f"METIS build's 32-bit index; use --partitioner random")
     return pymetis.CSRAdjacency(indptr.astype(dt, copy=False), indices.astype(dt, copy=False))
 
 

@@ -40,3 +40,15 @@ def test_lower_modules_use_this_one():
     from hpcgnn.comm import keys
     assert keys.mix is hashing.mix and keys.splitmix64 is hashing.splitmix64
     assert rng.hash32 is hashing.hash32 and rng.col_seeds is hashing.col_seeds
+
+
+def test_the_node_bound_keeps_ids_within_the_dropout_node_key():
+    """The dropout masks key on a node's global id modulo 2^32 (``nn.dropout``: a bijection of
+    the ids below 2^32, so no two nodes share a mask); ids 2^32 apart share one. Preprocessing,
+    the only writer of shard sets, refuses more than ``MAX_NODES`` nodes (ids ``0 .. N - 1``):
+    the bound must stay at or below 2^32 for the masks to stay distinct."""
+    from hpcgnn.data.clean import MAX_NODES
+    from hpcgnn.nn.dropout import keep_mask
+    mask = keep_mask(torch.tensor([5, 5 + 2**32, 6]), 256, 0.5, 1, 2, 3)
+    assert torch.equal(mask[0], mask[1]) and not torch.equal(mask[0], mask[2])   # the wrap
+    assert MAX_NODES <= 2**32

@@ -19,12 +19,14 @@
   ``layout``: both run after the ranks agreed that nobody failed, at the same point of the
   same exchange on every rank.
 - **Rounds**: MPI counts and displacements are C ints, so a buffer past 2^31 bytes cannot go
-  in one call (``MPI_ERR_ARG``). When some block of an exchange exceeds ``limit / P`` bytes
-  (``limit`` = ``[comm] max_message``, 2^31 - 1 by default, or ``HPCGNN_MAX_MESSAGE``), the exchange is split into rounds: round
-  ``r`` carries bytes ``[r L, (r + 1) L)`` of every block, ``L = limit // P``, so every count and
-  displacement stays below ``limit``. The round count is agreed once per (codec, width,
-  direction) with one small ``Allreduce(MAX)``; rounds are blocking and run on the direction's
-  own topology.
+  in one call (``MPI_ERR_ARG``). A call is within the limit (``limit`` = ``[comm]
+  max_message``, 2^31 - 1 by default, or ``HPCGNN_MAX_MESSAGE``) when the bytes a rank sends
+  and the bytes it receives each total at most ``limit`` (the last displacement plus its count
+  is the total): then the exchange is one call, however large one block is. When some rank's
+  total exceeds it, the exchange is split into rounds on every rank: round ``r`` carries bytes
+  ``[r L, (r + 1) L)`` of every block, ``L = limit // P``, so every count and displacement
+  stays below ``limit``. The round count is agreed once per (codec, width, direction) with one
+  small ``Allreduce(MAX)``; rounds are blocking and run on the direction's own topology.
 Counts, displacements and neighbour lists are computed once per (codec, width, direction)
 and cached: an exchange does no per-peer Python work after its first use.
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hpcgnn.comm import gpu
@@ -120,15 +123,19 @@ class Transport:
         self._connect()
         if self._neighbors:
             self._graph(forward)
-        rounds = math.ceil(max([1, *send, *recv]) / self.chunk)
+        # [any rank's total past the limit, the rounds of L-byte slices its largest block needs]
+        need = np.array([sum(send) > self.limit or sum(recv) > self.limit,
+                         math.ceil(max([1, *send, *recv]) / self.chunk)], dtype=np.int64)
         if self.ctx.size > 1:
             from mpi4py import MPI
-            rounds = self.ctx.comm.allreduce(rounds, op=MPI.MAX)
+            self.ctx.comm.Allreduce(MPI.IN_PLACE, need, op=MPI.MAX)
+        rounds = int(need[1]) if need[0] else 1
         return Layout(tuple(send), tuple(recv), *self._counts(send, recv, forward), rounds, forward)
 
     @property
     def chunk(self) -> int:
-        """Bytes of one block per round: every count and displacement stays below the limit."""
+        """Bytes of one block per round (when the exchange goes in rounds): every count and
+        displacement stays below the limit."""
         return max(1, self.limit // max(1, self.ctx.size))
 
     # -- moving bytes -----------------------------------------------------------------------

@@ -16,7 +16,8 @@ from hpcgnn.data.graph import Graph
 
 log = logging.getLogger("hpcgnn.data")
 
-MAX_NODES = 3_000_000_000   # keys row * N + col must fit int64
+MAX_NODES = 3_000_000_000   # keys row * N + col must fit int64; it also keeps every node id
+                            # below 2^32, the width of the dropout masks' node key
 
 
 @dataclass(frozen=True)
