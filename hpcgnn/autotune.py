@@ -513,6 +513,14 @@ class AutoPolicy(CompressionPolicy):
         self.state = AutoState()
 
     def bind(self, epochs: int, num_layers: int, silent: frozenset = frozenset()) -> "AutoPolicy":
+        if int(num_layers) == 1 and not self.settings.compress_last_layer:
+            from hpcgnn.schedule import ScheduleError
+            raise ScheduleError(
+                f"schedule {self.path}: key 'compress_last_layer': has no effect on a 1-layer "
+                "model: its only layer is the last, which compress_last_layer = false keeps "
+                "fp32, so kind = 'auto' would decide nothing and the run would be full "
+                "communication; fix: set compress_last_layer = true (auto's default), or leave "
+                "out --schedule")
         bound = copy.copy(self)
         bound.num_layers, bound.state = int(num_layers), AutoState()
         bound.silent = frozenset(silent)

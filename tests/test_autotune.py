@@ -518,3 +518,17 @@ def test_a_codec_is_timed_by_its_work_not_by_a_wait():
     while time.process_time() - c0 < 0.05:
         pass
     assert 0.05 <= busy_seconds(t0, c0, cpu) <= time.perf_counter() - t0
+
+
+def test_auto_with_nothing_it_may_compress_is_refused_at_bind(tmp_path):
+    """``compress_last_layer = false`` on a 1-layer model leaves ``auto`` nothing to decide: the
+    run would be full communication under an ``auto`` schedule, so binding refuses it (as a
+    curve schedule's bind does); a 2-layer model binds."""
+    path = tmp_path / "auto.toml"
+    path.write_text('kind = "auto"\ncompress_last_layer = false\n')
+    policy = load_schedule(path)
+    with pytest.raises(ScheduleError) as err:
+        policy.bind(10, 1)
+    got = str(err.value)
+    assert str(path) in got and "'compress_last_layer'" in got and "fix: set compress_last_layer = true" in got
+    assert policy.bind(10, 2).compresses(0, 2, "forward")
