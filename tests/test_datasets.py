@@ -225,6 +225,19 @@ CHECKED = [
     ({"test_idx": np.array([-1, 3])}, "test_idx holds node id -1"),
     ({"val_idx": np.array([2, 4, 2])}, "val_idx lists a node (.*)?twice; list each node"),
     ({"labels": np.array([-1, 1, 0, 0, 1])}, "train_idx holds an unlabelled node"),
+    # a per-node array of another length or rank: a slice reads only its own rows, so an h5
+    # input's longer labels or features (a 2-D label column) were taken without a word
+    ({"labels": np.array([0, 1, 0, 0, 1, 2])}, r"labels have shape \(6,\), expected \(5,\)"),
+    ({"labels": np.array([[0], [1], [0], [0], [1]])},
+     r"labels have shape \(5, 1\), expected \(5,\)"),
+    ({"features": np.zeros((6, 2), np.float32)}, r"features have shape \(6, 2\), expected \(5, F\)"),
+    ({"features": np.zeros((5, 2, 1), np.float32)},
+     r"features have shape \(5, 2, 1\), expected \(5, F\)"),
+    ({**SPARSE, "feat_indptr": np.arange(7), "feat_indices": np.zeros(6, np.int64),
+      "feat_data": np.ones(6, np.float32), "feat_shape": np.array([6, 2])},
+     r"features have shape \(6, 2\), expected \(5, F\)"),
+    ({"num_nodes": np.array([5, 7])}, r"num_nodes has shape \(2,\), expected a scalar"),
+    ({"num_nodes": np.zeros(0, np.int64)}, r"num_nodes has shape \(0,\), expected a scalar"),
 ]
 
 

@@ -33,11 +33,29 @@ def check_csr(source: str, num_nodes: int, indptr: np.ndarray, indices: np.ndarr
               "every neighbour id must be a node of the graph; fix the file or num_nodes")
 
 
+def num_nodes_value(source: str, value: np.ndarray) -> int:
+    """The ``num_nodes`` key's one value (a scalar, or an array of one element)."""
+    if value.size != 1:
+        _fail(source, f"num_nodes has shape {value.shape}, expected a scalar",
+              f"store the node count alone (numpy.int64(N)); {FORMAT_HINT}")
+    return int(value.reshape(-1)[0])
+
+
+def check_features_shape(source: str, num_nodes: int, shape: tuple) -> None:
+    if len(shape) != 2 or shape[0] != num_nodes:
+        _fail(source, f"features have shape {tuple(shape)}, expected ({num_nodes}, F)",
+              "one feature row per node")
+
+
+def check_labels_shape(source: str, num_nodes: int, shape: tuple) -> None:
+    if tuple(shape) != (num_nodes,):
+        _fail(source, f"labels have shape {tuple(shape)}, expected ({num_nodes},)",
+              "one label per node, -1 for unlabelled")
+
+
 def check_features(source: str, num_nodes: int, features: np.ndarray | sp.csr_matrix) -> None:
     """Features are ``[num_nodes, F]`` and finite."""
-    if features.ndim != 2 or features.shape[0] != num_nodes:
-        _fail(source, f"features have shape {features.shape}, expected ({num_nodes}, F)",
-              "one feature row per node")
+    check_features_shape(source, num_nodes, features.shape)
     rows = nonfinite_rows(features)
     if rows.size:
         fail_nonfinite(source, rows.size, int(rows[0]))
@@ -62,9 +80,7 @@ def fail_nonfinite(source: str, count: int, first: int) -> None:
 def check_labels(source: str, num_nodes: int, labels: np.ndarray,
                  num_classes: int | None = None) -> None:
     """Labels are ``[num_nodes]``, -1 (unlabelled) or a class id in range."""
-    if labels.shape != (num_nodes,):
-        _fail(source, f"labels have shape {labels.shape}, expected ({num_nodes},)",
-              "one label per node, -1 for unlabelled")
+    check_labels_shape(source, num_nodes, labels.shape)
     check_label_values(source, labels, num_nodes if num_classes is None else num_classes,
                        num_classes is not None)
 
