@@ -23,6 +23,17 @@ from preprocess.write import check_out_dir, check_writable, write_shards
 log = logging.getLogger("hpcgnn.preprocess")
 
 
+def _seed(text: str) -> int:
+    """``--seed``: an integer >= 0 (numpy's generators refuse a negative one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not an integer >= 0; pass e.g. --seed 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m preprocess",
@@ -37,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="metis: one process; ptscotch: PT-Scotch across the MPI ranks "
                          "(mpirun -n P python -m mpi4py -m preprocess ...); random: either")
     ap.add_argument("--out", required=True, help="output directory for meta.json + part-*.h5")
-    ap.add_argument("--seed", type=int, default=0,
+    ap.add_argument("--seed", type=_seed, default=0,
                     help="partitioner seed (a generator takes its own: csbm:...,seed=S)")
     ap.add_argument("--force", action="store_true", help="overwrite a shard set already in --out")
     ap.add_argument("--symmetrize", action="store_true",

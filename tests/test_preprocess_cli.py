@@ -152,6 +152,18 @@ def test_bad_requests(cli, tmp_path, args, expect):
     assert not out.exists() or not any(out.iterdir())
 
 
+@pytest.mark.parametrize("partitioner", ["random", "metis"])
+def test_negative_seed_is_a_usage_error_not_a_traceback(tmp_path, partitioner):
+    """``--seed -1`` crashed the random partitioner with numpy's ValueError traceback (and
+    under mpirun, MPI_ABORT); it is refused by the parser, naming the option and the range."""
+    out = tmp_path / "s"
+    proc = run("--dataset", "cora", "--parts", 2, "--partitioner", partitioner, "--seed", -1,
+               "--out", out)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--seed: -1 is not an integer >= 0" in proc.stderr.splitlines()[-1]
+    assert not out.exists()
+
+
 def test_bad_npz_through_the_cli(cli, tmp_path):
     path = save_npz(tmp_path / "nan.npz", features=np.full((5, 2), np.nan, np.float32))
     line = error_line(cli("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))
