@@ -12,6 +12,7 @@ from preprocess.dist_halo import build_shards
 from preprocess.distributed import add_reverse, collective, csr_of_keys, local_keys, \
     move_to_writers, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
+from preprocess.exchange import round_bytes
 from preprocess.write import check_classes, check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
     shard_files, write_failed
 
@@ -93,6 +94,7 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     shard set to ``out``; every rank returns the meta (rank 0 wrote it). Collective."""
     t0, out = time.perf_counter(), Path(out)
     collective(comm, lambda: check_out_dir(out, force) if comm.rank == 0 else None)
+    collective(comm, round_bytes)                 # a bad value fails here, not hours later
     sl = collective(comm, read_slice, spec, comm, symmetrize)
     n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
     collective(comm, _check_request, comm, n, num_parts)

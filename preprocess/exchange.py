@@ -11,7 +11,25 @@ import os
 
 import numpy as np
 
-ROUND_BYTES = int(os.environ.get("HPCGNN_A2A_ROUND_BYTES", 1 << 30))   # < 2 GiB by design
+from preprocess.errors import PreprocessError
+
+ROUND_ENV = "HPCGNN_A2A_ROUND_BYTES"
+MAX_ROUND_BYTES = (1 << 31) - 1          # MPI counts and displacements are C int
+
+
+def round_bytes() -> int:
+    """Bytes per rank per ``Alltoallv`` round: ``HPCGNN_A2A_ROUND_BYTES``, default 1 GiB."""
+    raw = os.environ.get(ROUND_ENV)
+    if raw is None:
+        return 1 << 30
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_ROUND_BYTES:
+        raise PreprocessError(f"{ROUND_ENV}={raw}: need a byte count in 1..{MAX_ROUND_BYTES:,} "
+                              f"(MPI counts are C int); unset it for 1 GiB")
+    return value
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:
@@ -32,7 +50,7 @@ def alltoallv_rows(comm, data: np.ndarray, counts: np.ndarray,
 
     Collective. Moves the rows' bytes once, in ``ceil(max bytes per rank / limit)`` rounds."""
     from mpi4py import MPI
-    limit = ROUND_BYTES if limit is None else limit
+    limit = round_bytes() if limit is None else limit
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     recv_counts = np.empty_like(counts)
     comm.Alltoall(counts, recv_counts)

@@ -211,7 +211,10 @@ def test_bad_requests_fail_on_every_rank(ptscotch, inputs, tmp_path):
             "parts0": "--parts 0: need at least 1 part",
             "toomany": "is more than the 3,000 nodes",
             "nolib": "HPCGNN_PTSCOTCH_LIB=/nonexistent/libptscotch.so: no such file",
-            "mpich": "is linked against libmpi.so.12, but mpi4py runs on"}
+            "mpich": "is linked against libmpi.so.12, but mpi4py runs on",
+            # a traceback (int('1GiB')), and a round past MPI's C int counts
+            "round1g": "HPCGNN_A2A_ROUND_BYTES=1GiB: need a byte count in 1..2,147,483,647",
+            "round3g": "HPCGNN_A2A_ROUND_BYTES=3000000000: need a byte count in 1.."}
     if lib is None:
         del want["mpich"]
     for case, text in want.items():
@@ -369,7 +372,10 @@ def _worker_errors(root: str, out: str, fake: str) -> None:
              "parts0": ([f"h5:{root / 'csbm.h5'}", "0"], {}),
              "toomany": ([f"h5:{root / 'csbm.h5'}", "5000"], {}),
              "nolib": ([f"h5:{root / 'csbm.h5'}", "2"],
-                       {"HPCGNN_PTSCOTCH_LIB": "/nonexistent/libptscotch.so"})}
+                       {"HPCGNN_PTSCOTCH_LIB": "/nonexistent/libptscotch.so"}),
+             "round1g": ([f"h5:{root / 'csbm.h5'}", "2"], {"HPCGNN_A2A_ROUND_BYTES": "1GiB"}),
+             "round3g": ([f"h5:{root / 'csbm.h5'}", "2"],
+                         {"HPCGNN_A2A_ROUND_BYTES": "3000000000"})}
     if fake:
         cases["mpich"] = ([f"h5:{root / 'csbm.h5'}", "2"], {"HPCGNN_PTSCOTCH_LIB": fake})
     for case, ((spec, k), env) in cases.items():
