@@ -238,6 +238,12 @@ CHECKED = [
      r"features have shape \(6, 2\), expected \(5, F\)"),
     ({"num_nodes": np.array([5, 7])}, r"num_nodes has shape \(2,\), expected a scalar"),
     ({"num_nodes": np.zeros(0, np.int64)}, r"num_nodes has shape \(0,\), expected a scalar"),
+    # num_classes of two values was a TypeError traceback; 0 or below was reported as
+    # "no num_classes" or as a label outside 0..-4
+    ({"num_classes": np.array([3, 4])}, r"num_classes has shape \(2,\), expected a scalar"),
+    ({"num_classes": np.int64(0), "labels": np.full(5, -1), "train_idx": np.zeros(0, np.int64)},
+     r"num_classes is 0; it must be the class count, >= 1"),
+    ({"num_classes": np.int64(-3)}, r"num_classes is -3; it must be the class count, >= 1"),
 ]
 
 

@@ -33,7 +33,7 @@ from hpcgnn.data.shard import fsync_file
 from hpcgnn.data.validate import (FORMAT_HINT, check_features_shape, check_label_values,
                                    check_labels_shape, check_split_ids, fail_nonfinite,
                                    fail_repeat, fail_unlabelled_train, nonfinite_rows,
-                                   num_nodes_value, warn_unlabelled)
+                                   num_classes_value, scalar_value, warn_unlabelled)
 
 SPLITS = ("train_idx", "val_idx", "test_idx")
 READ_CHUNK = 1 << 22          # split-array entries read at once
@@ -113,7 +113,7 @@ def h5_num_nodes(path: str | os.PathLike) -> int:
         if "features" not in f and not all(k in f for k in SPARSE_FEATURES):
             raise DatasetError(f"{path}: no features: add 'features' (float32 N x F) or "
                                f"{list(SPARSE_FEATURES)}; {H5_HINT}")
-        n = num_nodes_value(str(path), np.asarray(f["num_nodes"][()]))
+        n = scalar_value(str(path), "num_nodes", np.asarray(f["num_nodes"][()]))
         if n >= 1:
             _check_row_counts(f, path, n)
     if n < 1:
@@ -206,7 +206,7 @@ def _slice_masks(f, path: Path, n: int, lo: int, hi: int, labels: np.ndarray) ->
 def _num_classes(f, path: Path) -> int | None:
     if "num_classes" not in f:
         return None
-    return int(np.asarray(_dataset(f, path, "num_classes")[()]).reshape(-1)[0])
+    return num_classes_value(str(path), np.asarray(_dataset(f, path, "num_classes")[()]))
 
 
 def _slice_labels(f, path: Path, n: int, lo: int, hi: int) -> np.ndarray:

@@ -33,12 +33,22 @@ def check_csr(source: str, num_nodes: int, indptr: np.ndarray, indices: np.ndarr
               "every neighbour id must be a node of the graph; fix the file or num_nodes")
 
 
-def num_nodes_value(source: str, value: np.ndarray) -> int:
-    """The ``num_nodes`` key's one value (a scalar, or an array of one element)."""
+def scalar_value(source: str, key: str, value: np.ndarray) -> int:
+    """The one value of a count key (``num_nodes``, ``num_classes``: a scalar, or an array of
+    one element)."""
     if value.size != 1:
-        _fail(source, f"num_nodes has shape {value.shape}, expected a scalar",
-              f"store the node count alone (numpy.int64(N)); {FORMAT_HINT}")
+        _fail(source, f"{key} has shape {value.shape}, expected a scalar",
+              f"store the count alone (numpy.int64(...)); {FORMAT_HINT}")
     return int(value.reshape(-1)[0])
+
+
+def num_classes_value(source: str, value: np.ndarray) -> int:
+    """The optional ``num_classes`` key: one integer >= 1."""
+    classes = scalar_value(source, "num_classes", value)
+    if classes < 1:
+        _fail(source, f"num_classes is {classes}",
+              "it must be the class count, >= 1 (or leave the key out: the largest label + 1)")
+    return classes
 
 
 def check_features_shape(source: str, num_nodes: int, shape: tuple) -> None:
