@@ -230,12 +230,20 @@ CHECKED = [
     ({"labels": np.array([0, 1, 0, 0, 1, 2])}, r"labels have shape \(6,\), expected \(5,\)"),
     ({"labels": np.array([[0], [1], [0], [0], [1]])},
      r"labels have shape \(5, 1\), expected \(5,\)"),
-    ({"features": np.zeros((6, 2), np.float32)}, r"features have shape \(6, 2\), expected \(5, F\)"),
+    ({"features": np.zeros((6, 2), np.float32)},
+     r"features have shape \(6, 2\), expected \(5, F\)"),
     ({"features": np.zeros((5, 2, 1), np.float32)},
      r"features have shape \(5, 2, 1\), expected \(5, F\)"),
     ({**SPARSE, "feat_indptr": np.arange(7), "feat_indices": np.zeros(6, np.int64),
       "feat_data": np.ones(6, np.float32), "feat_shape": np.array([6, 2])},
      r"features have shape \(6, 2\), expected \(5, F\)"),
+    # no feature column: the set was written, then refused by verify and training, whose fix
+    # (re-run preprocess) wrote the same set again
+    ({"features": np.zeros((5, 0), np.float32)},
+     r"features have shape \(5, 0\), no feature column; give every node at least one"),
+    ({**SPARSE, "feat_data": np.ones(0, np.float32), "feat_indices": np.zeros(0, np.int64),
+      "feat_indptr": np.zeros(6, np.int64), "feat_shape": np.array([5, 0])},
+     r"features have shape \(5, 0\), no feature column"),
     ({"num_nodes": np.array([5, 7])}, r"num_nodes has shape \(2,\), expected a scalar"),
     ({"num_nodes": np.zeros(0, np.int64)}, r"num_nodes has shape \(0,\), expected a scalar"),
     # num_classes of two values was a TypeError traceback; 0 or below was reported as

@@ -55,6 +55,9 @@ def check_features_shape(source: str, num_nodes: int, shape: tuple) -> None:
     if len(shape) != 2 or shape[0] != num_nodes:
         _fail(source, f"features have shape {tuple(shape)}, expected ({num_nodes}, F)",
               "one feature row per node")
+    if shape[1] < 1:          # meta.json's feature_dim would be 0, which no reader takes
+        _fail(source, f"features have shape {tuple(shape)}, no feature column",
+              "give every node at least one feature (a constant 1 if there is none)")
 
 
 def check_labels_shape(source: str, num_nodes: int, shape: tuple) -> None:
