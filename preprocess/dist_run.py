@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -25,6 +26,39 @@ def _check_request(comm, n: int, num_parts: int) -> None:
     if num_parts > n:
         raise PreprocessError(f"--parts {num_parts} is more than the {n:,} nodes; choose "
                               f"--parts <= {n}")
+
+
+def check_shared_out(comm, out: Path) -> None:
+    """Every rank sees the folder rank 0 writes ``out`` into: rank 0 puts an empty probe file
+    in the nearest folder of ``out`` that exists, and the others look for it. A node-local
+    ``--out`` (``/tmp``, ``$TMPDIR``) on a multi-node job is refused here, before the input is
+    read, not at the write hours later. Collective; the same outcome on every rank."""
+    probe = None
+    if comm.rank == 0:
+        base = out
+        while not base.is_dir() and base != base.parent:
+            base = base.parent
+        probe = base / f".hpcgnn-shared-test-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError:              # check_out_dir found it writable: a race; skip the check
+            probe = None
+    probe = comm.bcast(None if probe is None else str(probe), root=0)
+    seen = probe is None or comm.rank == 0
+    for _ in range(50):              # a shared file system may show a new file a little late
+        if seen or Path(probe).exists():
+            seen = True
+            break
+        time.sleep(0.1)
+    blind = [r for r, ok in enumerate(comm.allgather(seen)) if not ok]
+    if comm.rank == 0 and probe is not None:
+        Path(probe).unlink(missing_ok=True)
+    if blind:
+        raise PreprocessError(
+            f"{out}: rank(s) {', '.join(map(str, blind))} of {comm.size} do not see the folder "
+            f"rank 0 writes to ({Path(probe).parent}): every rank writes its own parts there; "
+            f"choose an --out on a file system all the job's nodes share (not node-local "
+            f"storage such as /tmp or $TMPDIR)")
 
 
 def _partition(comm, partitioner: str, sym_indptr, sym_cols, lo: int, hi: int, n: int,
@@ -94,6 +128,7 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     shard set to ``out``; every rank returns the meta (rank 0 wrote it). Collective."""
     t0, out = time.perf_counter(), Path(out)
     collective(comm, lambda: check_out_dir(out, force) if comm.rank == 0 else None)
+    check_shared_out(comm, out)
     collective(comm, round_bytes)                 # a bad value fails here, not hours later
     sl = collective(comm, read_slice, spec, comm, symmetrize)
     n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)

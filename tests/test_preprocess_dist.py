@@ -29,7 +29,7 @@ import pytest
 import scipy.sparse as sp
 
 from conftest import CSBM, check_ok, read_metrics, run_mpi, train, train_here
-from _graphs import assert_reconstructs, reconstruct
+from _graphs import assert_reconstructs, can_mount_tmpfs, reconstruct
 from hpcgnn.data.datasets import load_dataset
 
 N_MESSY = 500
@@ -237,6 +237,36 @@ def test_unwritable_out_is_refused_on_every_rank_before_reading(tmp_path):
     assert all(f"{out.parent}: cannot write there" in ln and "choose another --out" in ln
                for ln in lines), lines
     assert "rank 0: rows" not in proc.stderr and "edges in" not in proc.stderr    # nothing read
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root and unshare -m to mount a tmpfs")
+def test_an_out_one_rank_cannot_see_is_refused_on_every_rank_before_reading(tmp_path):
+    """A multi-node job with a node-local --out, imitated: rank 1 runs in its own mount
+    namespace with an empty tmpfs over the folder of --out. Each rank writes its own parts, so
+    rank 1's write failed after the partitioning ('write failed (No such file or directory);
+    check that the directory is writable'); now every rank stops first, naming the rank that
+    cannot see the folder and the fix, and nothing is left on rank 0's side."""
+    import shlex
+    from _mpi import FAMILY_FLAGS, MPIEXEC, mpi_env, mpi_family
+    local = tmp_path / "local"
+    local.mkdir()
+    out = local / "out"
+    run = shlex.join([sys.executable, "-m", "mpi4py", "-m", "preprocess", "--dataset", "cora",
+                      "--parts", "4", "--partitioner", "random", "--out", str(out)])
+    hidden = f"mount -t tmpfs -o size=1m tmpfs {shlex.quote(str(local))} && exec {run}"
+    script = (f'if [ "${{OMPI_COMM_WORLD_RANK:-$PMI_RANK}}" = 1 ]; then '
+              f'exec unshare -m sh -c {shlex.quote(hidden)}; fi; exec {run}')
+    launch = [str(MPIEXEC), "-n", "2", *FAMILY_FLAGS[mpi_family()], "sh", "-c", script]
+    proc = subprocess.run(launch, capture_output=True, text=True, timeout=120, env=mpi_env(),
+                          stdin=subprocess.DEVNULL, cwd=str(Path(__file__).parent.parent))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2, proc.stderr                                           # both ranks
+    assert all(f"{out}: rank(s) 1 of 2 do not see the folder rank 0 writes to ({local})" in ln
+               and "a file system all the job's nodes share" in ln for ln in lines), lines
+    assert "rank 0: rows" not in proc.stderr                                      # nothing read
+    assert list(local.iterdir()) == []                                            # probe removed
 
 
 @pytest.mark.mpi
