@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -75,16 +73,21 @@ def check_node_count(n: int, source: str) -> None:
 
 def collective(comm, fn, *args, **kwargs):
     """Run ``fn`` on every rank; if it raised a user error on any rank, raise it on all
-    (the failing rank's message), so no rank waits in a later collective."""
+    (the first failing rank's message), so no rank waits in a later collective. When only
+    some ranks failed, the message says which (``on rank 2 only: ...``): an input file that
+    one node does not see is then not reported as missing by the ranks that read it."""
     err, out = None, None
     try:
         out = fn(*args, **kwargs)
     except USER_ERRORS as exc:
         err = exc
     msgs = comm.allgather(None if err is None else str(err))
-    bad = [m for m in msgs if m is not None]
+    bad = [r for r, m in enumerate(msgs) if m is not None]
+    if len(bad) == comm.size:
+        raise err
     if bad:
-        raise err if err is not None else PreprocessError(bad[0])
+        who = f"rank {bad[0]}" if len(bad) == 1 else f"ranks {', '.join(map(str, bad))}"
+        raise PreprocessError(f"on {who} only: {msgs[bad[0]]}") from err
     return out
 
 

@@ -289,7 +289,9 @@ def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(tmp_pat
 def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
     """The npz reader's checks run on each rank's slice of an h5 input: a NaN feature is
     reported with the input file and its dataset (not the part file it would have gone to),
-    an unlabelled training node likewise, on both ranks, and nothing is written."""
+    an unlabelled training node likewise, on both ranks, with the rank whose rows hold it
+    (rank 0 printed the same words without it, as if its own rows were at fault), and
+    nothing is written."""
     from _graphs import save_h5
     feats = np.arange(10, dtype=np.float32).reshape(5, 2)
     feats[3, 1] = np.nan
@@ -305,6 +307,7 @@ def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
         assert len(lines) == 2 and all(want in ln for ln in lines), proc.stderr   # both ranks
+        assert all(f"on rank 1 only: {path}" in ln for ln in lines), lines       # node 3, 4
         assert "part-" not in proc.stderr
         assert not (out / "meta.json").exists() and not list(out.glob("part-*.h5"))
 
