@@ -221,6 +221,10 @@ CHECKED = [
     ({"labels": np.array([0, 1, -3, 0, 1])}, "labels hold -3"),
     ({"labels": np.array([0, 1, 7, 0, 1]), "num_classes": np.int64(3)},
      r"class 7, outside 0..2 \(num_classes\)"),
+    # without num_classes the bound is the node count, which the message did not say
+    ({"labels": np.array([0, 1, 7, 0, 1])},
+     r"class 7, outside 0..4 \(the node count, without a num_classes key\); .*add the "
+     r"num_classes key if the graph has more classes than nodes"),
     ({"train_idx": np.array([0, 5])}, "train_idx holds node id 5"),
     ({"test_idx": np.array([-1, 3])}, "test_idx holds node id -1"),
     ({"val_idx": np.array([2, 4, 2])}, "val_idx lists a node (.*)?twice; list each node"),

@@ -106,8 +106,11 @@ def check_label_values(source: str, labels: np.ndarray, top: int, is_num_classes
               "use -1 for unlabelled, 0..C-1 for classes")
     if labels.size and labels.max() >= top:
         _fail(source, f"labels hold class {int(labels.max())}, outside 0..{top - 1}"
-              + (" (num_classes)" if is_num_classes else ""),
-              "class ids must be 0..C-1 with C classes")
+              + (" (num_classes)" if is_num_classes
+                 else " (the node count, without a num_classes key)"),
+              "class ids must be 0..C-1 with C classes" + (
+                  "" if is_num_classes else "; add the num_classes key if the graph has more "
+                                            "classes than nodes"))
 
 
 def check_split_ids(source: str, num_nodes: int, name: str, idx: np.ndarray) -> None:
