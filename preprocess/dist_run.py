@@ -14,6 +14,7 @@ from preprocess.distributed import add_reverse, collective, csr_of_keys, local_k
     move_to_writers, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
 from preprocess.exchange import round_bytes
+from preprocess.partition import warn_empty_parts
 from preprocess.write import check_classes, check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
     shard_files, write_failed
 
@@ -70,7 +71,11 @@ def _partition(comm, partitioner: str, sym_indptr, sym_cols, lo: int, hi: int, n
     scotch = collective(comm, PtScotch, comm)
     if num_parts == 1:
         return np.zeros(hi - lo, dtype=np.int64)
-    return scotch.part(sym_indptr, sym_cols, num_parts, seed)
+    parts = scotch.part(sym_indptr, sym_cols, num_parts, seed)
+    sizes = comm.allreduce(np.bincount(parts, minlength=num_parts))
+    if comm.rank == 0:
+        warn_empty_parts("PT-Scotch", sizes)
+    return parts
 
 
 def _write_own(shards: list, out: Path) -> list[dict]:

@@ -86,6 +86,16 @@ def metis_parts(graph: Graph, num_parts: int, seed: int) -> tuple[np.ndarray, fl
     return parts, seconds
 
 
+def warn_empty_parts(who: str, sizes: np.ndarray) -> None:
+    """Warn of the parts of ``sizes`` (owned nodes per part) that ``who`` left empty."""
+    empty = np.flatnonzero(sizes == 0)
+    if empty.size:
+        log.warning("%s left part(s) %s of %d empty (a graph this small, or with many isolated "
+                    "nodes); the set still has %d part files, and the empty ones train as ranks "
+                    "without rows; --partitioner random fills every part", who, empty.tolist(),
+                    len(sizes), len(sizes))
+
+
 def partition_graph(graph: Graph, parts: int, partitioner: str = "metis",
                     seed: int = 0) -> np.ndarray:
     """int64 [N]: the part of every node."""
@@ -94,11 +104,6 @@ def partition_graph(graph: Graph, parts: int, partitioner: str = "metis",
         return random_parts(graph.num_nodes, parts, seed)
     if partitioner == "metis":
         assignment = metis_parts(graph, parts, seed)[0]
-        empty = np.flatnonzero(np.bincount(assignment, minlength=parts) == 0)
-        if empty.size:
-            log.warning("METIS left part(s) %s of %d empty (a graph this small, or with many "
-                        "isolated nodes); the set still has %d part files, and the empty ones "
-                        "train as ranks without rows; --partitioner random fills every part",
-                        empty.tolist(), parts, parts)
+        warn_empty_parts("METIS", np.bincount(assignment, minlength=parts))
         return assignment
     raise PreprocessError(f"--partitioner {partitioner!r}: unknown; choose one of {PARTITIONERS}")

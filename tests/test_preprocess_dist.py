@@ -85,11 +85,14 @@ def messy_h5(path: Path) -> dict:
     return raw
 
 
-def tiny_h5(path: Path) -> dict:
+def tiny_h5(path: Path, pair: bool = False) -> dict:
     """An h5 input of 3 nodes, fewer than the 4 ranks of the widest launch (rank 0's slice
-    ``0*3/4 .. 1*3/4`` holds no row): a duplicated edge, a self-loop, a one-way edge."""
-    raw = {"num_nodes": np.int64(3), "adj_indices": np.array([1, 1, 1, 0], dtype=np.int64),
-           "adj_indptr": np.array([0, 2, 3, 4], dtype=np.int64),
+    ``0*3/4 .. 1*3/4`` holds no row): a duplicated edge, a self-loop, a one-way edge; with
+    ``pair``, one edge 0 <- 1 and node 2 isolated (PT-Scotch 7.0.3 leaves one of 3 parts empty
+    on 2 and 4 ranks)."""
+    edges = ([1], [0, 1, 1, 1]) if pair else ([1, 1, 1, 0], [0, 2, 3, 4])
+    raw = {"num_nodes": np.int64(3), "adj_indices": np.array(edges[0], dtype=np.int64),
+           "adj_indptr": np.array(edges[1], dtype=np.int64),
            "features": np.arange(15, dtype=np.float32).reshape(3, 5) - 7,
            "labels": np.array([0, 1, 0]), "train_idx": np.array([0]), "val_idx": np.array([1]),
            "test_idx": np.array([2])}
@@ -138,6 +141,7 @@ def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist-in")
     raw = messy_h5(root / "messy.h5")
     tiny_h5(root / "tiny.h5")
+    tiny_h5(root / "pair.h5", pair=True)
     res = subprocess.run([sys.executable, "-m", "preprocess", "convert", "--dataset", CSBM,
                           "--out", str(root / "csbm.h5")], capture_output=True, text=True,
                          timeout=120)
@@ -169,13 +173,19 @@ def test_distributed_sets_verify_and_reconstruct(ranks, k_scotch, k_random, ptsc
     assert_reconstructs(tmp_path / "gen", load_dataset(GEN))
     # 3 nodes: on 4 ranks rank 0 reads no row
     tiny = tiny_h5(tmp_path / "tiny-raw.h5")
+    pair = tiny_h5(tmp_path / "pair-raw.h5", pair=True)
+    empty_sets = 0
     for name, symmetrize, k in (("tiny-scotch", True, 2), ("tiny-random", False, 2),
-                                ("tiny-scotch3", False, 3), ("tiny-random3", False, 3)):
-        meta = check_set(tmp_path / name, tiny, symmetrize)
+                                ("tiny-scotch3", False, 3), ("tiny-random3", False, 3),
+                                ("pair-scotch3", False, 3)):
+        meta = check_set(tmp_path / name, pair if name.startswith("pair") else tiny, symmetrize)
         sizes = sorted(p["num_owned"] for p in meta["parts"])
         assert meta["num_parts"] == k and sum(sizes) == 3, (name, sizes)
         if name.startswith("tiny-random"):                # balanced; PT-Scotch may leave a part empty
             assert sizes == ([1, 2] if k == 2 else [1, 1, 1]), (name, sizes)
+        empty_sets += 0 in sizes
+    # an empty part is warned of, as METIS's are (PT-Scotch's were written without a word)
+    assert proc.stderr.count("PT-Scotch left part(s) [") == empty_sets, proc.stderr
 
 
 @pytest.mark.mpi
@@ -384,7 +394,8 @@ def _worker_run(root: str, out: str, k_scotch: str, k_random: str) -> None:
             ("tiny-scotch", "tiny.h5", "2", "ptscotch", ["--symmetrize"]),
             ("tiny-random", "tiny.h5", "2", "random", []),
             ("tiny-random3", "tiny.h5", "3", "random", []),
-            ("tiny-scotch3", "tiny.h5", "3", "ptscotch", [])]
+            ("tiny-scotch3", "tiny.h5", "3", "ptscotch", []),
+            ("pair-scotch3", "pair.h5", "3", "ptscotch", [])]
     for name, src, k, partitioner, extra in jobs:
         argv = ["--dataset", f"h5:{root / src}" if src else GEN, "--parts", k, "--partitioner", partitioner,
                 "--out", str(out / name), "--seed", "1", "-q", *extra]
