@@ -16,7 +16,7 @@ from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.shard import ShardFormatError
 from hpcgnn.log import run_command, say_error
 from preprocess.errors import PreprocessError
-from preprocess.partition import PARTITIONERS, partition_graph
+from preprocess.partition import PARTITIONERS, check_parts, partition_graph
 from preprocess.verify import verify_shards
 from preprocess.write import check_out_dir, check_writable, write_shards
 
@@ -125,6 +125,7 @@ def _run_distributed(args: argparse.Namespace, comm) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    check_parts(args.parts)                      # --parts 0: before the input is read
     comm = _world()
     size = comm.size if comm is not None else 1
     if args.partitioner == "ptscotch" or (args.partitioner == "random" and size > 1):

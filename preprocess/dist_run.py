@@ -10,23 +10,15 @@ import numpy as np
 
 from hpcgnn.data.shard import META_NAME, part_entry, part_name, write_meta, write_shard
 from preprocess.dist_halo import build_shards
-from preprocess.distributed import add_reverse, collective, csr_of_keys, local_keys, \
-    move_to_writers, random_parts_slice, read_slice, row_bounds
+from preprocess.distributed import add_reverse, collective, csr_of_keys, known_nodes, \
+    local_keys, move_to_writers, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
 from preprocess.exchange import round_bytes
-from preprocess.partition import warn_empty_parts
+from preprocess.partition import check_parts, warn_empty_parts
 from preprocess.write import check_classes, check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
     shard_files, write_failed
 
 log = logging.getLogger("hpcgnn.preprocess")
-
-
-def _check_request(comm, n: int, num_parts: int) -> None:
-    if num_parts < 1:
-        raise PreprocessError(f"--parts {num_parts}: need at least 1 part")
-    if num_parts > n:
-        raise PreprocessError(f"--parts {num_parts} is more than the {n:,} nodes; choose "
-                              f"--parts <= {n}")
 
 
 def check_shared_out(comm, out: Path) -> None:
@@ -135,9 +127,10 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     collective(comm, lambda: check_out_dir(out, force) if comm.rank == 0 else None)
     check_shared_out(comm, out)
     collective(comm, round_bytes)                 # a bad value fails here, not hours later
+    collective(comm, lambda: check_parts(num_parts, known_nodes(spec, symmetrize)))
     sl = collective(comm, read_slice, spec, comm, symmetrize)
     n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
-    collective(comm, _check_request, comm, n, num_parts)
+    collective(comm, check_parts, num_parts, n)
     warn_untrainable(sl.name, comm.allreduce(  # the same count, so the same outcome, on every rank
         int(np.count_nonzero(sl.masks["train_mask"] & (sl.labels >= 0)))))
     num_classes = comm.allreduce(int(sl.labels.max()) + 1 if sl.labels.size else 0, op=_max()) \

@@ -101,6 +101,15 @@ def row_owner(bounds: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.searchsorted(bounds, ids, side="right").astype(np.int64) - 1
 
 
+def known_nodes(spec: str, symmetrize: bool) -> int | None:
+    """The node count of ``spec`` where it is known before the input is read (an h5 file's
+    ``num_nodes``, a sliced generator's option), else None."""
+    name, opts = parse_spec(spec)
+    if name in SLICED:
+        return sliced_spec(spec, name, opts, symmetrize).nodes
+    return h5_num_nodes(opts["path"]) if name == "h5" else None
+
+
 def read_slice(spec: str, comm, symmetrize: bool) -> GraphSlice:
     """This rank's row slice of ``spec``: ``h5:PATH`` reads only the slice; any other spec is
     loaded whole (a graph that fits one process) and sliced."""

@@ -16,13 +16,14 @@ log = logging.getLogger("hpcgnn.preprocess")
 PARTITIONERS = ("metis", "random")
 
 
-def check_parts(graph: Graph, num_parts: int) -> None:
-    """A request for ``num_parts`` parts of ``graph`` is possible."""
+def check_parts(num_parts: int, num_nodes: int | None = None, name: str | None = None) -> None:
+    """A request for ``num_parts`` parts of a graph of ``num_nodes`` nodes (None: not known
+    yet, only ``num_parts >= 1`` is checked) is possible."""
     if num_parts < 1:
         raise PreprocessError(f"--parts {num_parts}: need at least 1 part")
-    if num_parts > graph.num_nodes:
-        raise PreprocessError(f"--parts {num_parts} is more than the {graph.num_nodes:,} nodes of "
-                              f"{graph.name}; choose --parts <= {graph.num_nodes}")
+    if num_nodes is not None and num_parts > num_nodes:
+        raise PreprocessError(f"--parts {num_parts} is more than the {num_nodes:,} nodes"
+                              f"{f' of {name}' if name else ''}; choose --parts <= {num_nodes}")
 
 
 def random_parts(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
@@ -99,7 +100,7 @@ def warn_empty_parts(who: str, sizes: np.ndarray) -> None:
 def partition_graph(graph: Graph, parts: int, partitioner: str = "metis",
                     seed: int = 0) -> np.ndarray:
     """int64 [N]: the part of every node."""
-    check_parts(graph, parts)
+    check_parts(parts, graph.num_nodes, graph.name)
     if partitioner == "random":
         return random_parts(graph.num_nodes, parts, seed)
     if partitioner == "metis":

@@ -296,6 +296,30 @@ def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(tmp_pat
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("spec, parts, want", [
+    ("rmat-sliced:scale=10", "2000", "--parts 2000 is more than the 1,024 nodes; choose --parts"),
+    ("h5:{h5}", "6", "--parts 6 is more than the 5 nodes; choose --parts <= 5"),
+    ("rmat-sliced:scale=10", "0", "--parts 0: need at least 1 part")])
+def test_parts_are_checked_before_the_input_is_read(tmp_path, spec, parts, want):
+    """A --parts the graph cannot take is refused as soon as the node count is known (an h5
+    file's num_nodes, a generator's options), before any rank reads or generates its slice and
+    exchanges edges: reading is made to fail here, and the refusal comes first."""
+    from _graphs import save_h5
+    from _mpi import run_injected
+    spec = spec.format(h5=save_h5(tmp_path / "g.h5"))
+    fault = ("import preprocess.dist_run as d\n"
+             "def read_slice(*a):\n"
+             "    raise ZeroDivisionError('the input was read')\n"
+             "d.read_slice = read_slice\n")
+    proc = run_injected(2, "preprocess", fault, ["--dataset", spec, "--parts", parts,
+                                                 "--partitioner", "ptscotch", "--out",
+                                                 tmp_path / "out"], timeout=120)
+    assert proc.returncode != 0 and "the input was read" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2 and all(want in ln for ln in lines), proc.stderr     # both ranks
+
+
+@pytest.mark.mpi
 def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
     """The npz reader's checks run on each rank's slice of an h5 input: a NaN feature is
     reported with the input file and its dataset (not the part file it would have gone to),
