@@ -28,11 +28,11 @@ def check_shared_out(comm, out: Path) -> None:
     read, not at the write hours later. Collective; the same outcome on every rank."""
     probe = None
     if comm.rank == 0:
-        base = out
-        while not base.is_dir() and base != base.parent:
-            base = base.parent
-        probe = base / f".hpcgnn-shared-test-{os.getpid()}"
         try:
+            base = out
+            while not base.is_dir() and base != base.parent:
+                base = base.parent
+            probe = base / f".hpcgnn-shared-test-{os.getpid()}"
             probe.write_bytes(b"")
         except OSError:              # check_out_dir found it writable: a race; skip the check
             probe = None
