@@ -11,7 +11,7 @@ import numpy as np
 from hpcgnn.data.shard import META_NAME, part_entry, part_name, write_meta, write_shard
 from preprocess.dist_halo import build_shards
 from preprocess.distributed import add_reverse, collective, csr_of_keys, known_nodes, \
-    local_keys, move_to_writers, random_parts_slice, read_slice, row_bounds
+    local_keys, move_to_writers, on_root, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
 from preprocess.exchange import round_bytes
 from preprocess.partition import check_parts, warn_empty_parts
@@ -109,10 +109,10 @@ def _clean_slice(comm, sl, symmetrize: bool, bounds: np.ndarray) -> tuple:
 def _write_set(comm, out: Path, force: bool, shards: list, meta: dict) -> dict:
     """Every writer writes its parts, then rank 0 ``meta.json``; on any failure rank 0
     removes the set."""
-    collective(comm, lambda: prepare_out_dir(out, force) if comm.rank == 0 else None)
+    on_root(comm, prepare_out_dir, out, force)
     try:
         entries = collective(comm, _write_own, shards, out)
-        return collective(comm, _finish, comm, out, entries, meta)
+        return collective(comm, _finish, comm, out, entries, meta, name_ranks=False)
     except BaseException:
         for f in shard_files(out) if comm.rank == 0 else []:
             f.unlink(missing_ok=True)
@@ -124,7 +124,7 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     """Partition ``spec`` into ``num_parts`` parts across the ranks of ``comm`` and write the
     shard set to ``out``; every rank returns the meta (rank 0 wrote it). Collective."""
     t0, out = time.perf_counter(), Path(out)
-    collective(comm, lambda: check_out_dir(out, force) if comm.rank == 0 else None)
+    on_root(comm, check_out_dir, out, force)
     check_shared_out(comm, out)
     collective(comm, round_bytes)                 # a bad value fails here, not hours later
     collective(comm, lambda: check_parts(num_parts, known_nodes(spec, symmetrize)))

@@ -71,11 +71,12 @@ def check_node_count(n: int, source: str) -> None:
             f"{limit:,} nodes" + (f", or unset {MAX_NODES_ENV}" if limit < MAX_NODES else ""))
 
 
-def collective(comm, fn, *args, **kwargs):
+def collective(comm, fn, *args, name_ranks: bool = True, **kwargs):
     """Run ``fn`` on every rank; if it raised a user error on any rank, raise it on all
     (the first failing rank's message), so no rank waits in a later collective. When only
     some ranks failed, the message says which (``on rank 2 only: ...``): an input file that
-    one node does not see is then not reported as missing by the ranks that read it."""
+    one node does not see is then not reported as missing by the ranks that read it.
+    ``name_ranks=False`` for a step that only rank 0 runs (its words alone)."""
     err, out = None, None
     try:
         out = fn(*args, **kwargs)
@@ -85,10 +86,17 @@ def collective(comm, fn, *args, **kwargs):
     bad = [r for r, m in enumerate(msgs) if m is not None]
     if len(bad) == comm.size:
         raise err
+    if bad and not name_ranks:
+        raise err if err is not None else PreprocessError(msgs[bad[0]])
     if bad:
         who = f"rank {bad[0]}" if len(bad) == 1 else f"ranks {', '.join(map(str, bad))}"
         raise PreprocessError(f"on {who} only: {msgs[bad[0]]}") from err
     return out
+
+
+def on_root(comm, fn, *args):
+    """``fn(*args)`` on rank 0 alone; its user error is raised on every rank, in its words."""
+    return collective(comm, lambda: fn(*args) if comm.rank == 0 else None, name_ranks=False)
 
 
 def row_bounds(num_nodes: int, size: int) -> np.ndarray:

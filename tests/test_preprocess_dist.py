@@ -344,6 +344,15 @@ def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
         assert all(f"on rank 1 only: {path}" in ln for ln in lines), lines       # node 3, 4
         assert "part-" not in proc.stderr
         assert not (out / "meta.json").exists() and not list(out.glob("part-*.h5"))
+    # a step only rank 0 runs (the --out check) is not said to have failed "on rank 0 only"
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "meta.json").write_text("{}")
+    proc = run_mpi(2, ["-m", "preprocess", "--dataset", f"h5:{path}", "--parts", "2",
+                       "--partitioner", "random", "--out", str(held)], timeout=90)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2 and all(f"): {held}: already holds shard files" in ln
+                                   for ln in lines), proc.stderr
 
 
 @pytest.mark.mpi
