@@ -16,11 +16,22 @@ from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.shard import ShardFormatError
 from hpcgnn.log import run_command, say_error
 from preprocess.errors import PreprocessError
-from preprocess.partition import PARTITIONERS, partition_graph
+from preprocess.partition import PARTITIONERS, check_parts, partition_graph
 from preprocess.verify import verify_shards
 from preprocess.write import check_out_dir, check_writable, write_shards
 
 log = logging.getLogger("hpcgnn.preprocess")
+
+
+def _seed(text: str) -> int:
+    """``--seed``: an integer >= 0 (numpy's generators refuse a negative one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not an integer >= 0; pass e.g. --seed 0")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="metis: one process; ptscotch: PT-Scotch across the MPI ranks "
                          "(mpirun -n P python -m mpi4py -m preprocess ...); random: either")
     ap.add_argument("--out", required=True, help="output directory for meta.json + part-*.h5")
-    ap.add_argument("--seed", type=int, default=0,
+    ap.add_argument("--seed", type=_seed, default=0,
                     help="partitioner seed (a generator takes its own: csbm:...,seed=S)")
     ap.add_argument("--force", action="store_true", help="overwrite a shard set already in --out")
     ap.add_argument("--symmetrize", action="store_true",
@@ -114,6 +125,7 @@ def _run_distributed(args: argparse.Namespace, comm) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    check_parts(args.parts)                      # --parts 0: before the input is read
     comm = _world()
     size = comm.size if comm is not None else 1
     if args.partitioner == "ptscotch" or (args.partitioner == "random" and size > 1):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -9,24 +10,48 @@ import numpy as np
 
 from hpcgnn.data.shard import META_NAME, part_entry, part_name, write_meta, write_shard
 from preprocess.dist_halo import build_shards
-from preprocess.distributed import add_reverse, collective, csr_of_keys, local_keys, \
-    move_to_writers, random_parts_slice, read_slice, row_bounds
+from preprocess.distributed import add_reverse, collective, csr_of_keys, known_nodes, \
+    local_keys, move_to_writers, on_root, random_parts_slice, read_slice, row_bounds
 from preprocess.errors import PreprocessError
 from preprocess.exchange import round_bytes
-from preprocess.halo import check_key_range
+from preprocess.partition import check_parts, warn_empty_parts
 from preprocess.write import check_classes, check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
     shard_files, write_failed
 
 log = logging.getLogger("hpcgnn.preprocess")
 
 
-def _check_request(comm, n: int, num_parts: int) -> None:
-    if num_parts < 1:
-        raise PreprocessError(f"--parts {num_parts}: need at least 1 part")
-    if num_parts > n:
-        raise PreprocessError(f"--parts {num_parts} is more than the {n:,} nodes; choose "
-                              f"--parts <= {n}")
-    check_key_range(n, num_parts)          # before the partitioning, not after it
+def check_shared_out(comm, out: Path) -> None:
+    """Every rank sees the folder rank 0 writes ``out`` into: rank 0 puts an empty probe file
+    in the nearest folder of ``out`` that exists, and the others look for it. A node-local
+    ``--out`` (``/tmp``, ``$TMPDIR``) on a multi-node job is refused here, before the input is
+    read, not at the write hours later. Collective; the same outcome on every rank."""
+    probe = None
+    if comm.rank == 0:
+        try:
+            base = out
+            while not base.is_dir() and base != base.parent:
+                base = base.parent
+            probe = base / f".hpcgnn-shared-test-{os.getpid()}"
+            probe.write_bytes(b"")
+        except OSError:              # check_out_dir found it writable: a race; skip the check
+            probe = None
+    probe = comm.bcast(None if probe is None else str(probe), root=0)
+    seen = probe is None or comm.rank == 0
+    for _ in range(50):              # a shared file system may show a new file a little late
+        if seen or Path(probe).exists():
+            seen = True
+            break
+        time.sleep(0.1)
+    blind = [r for r, ok in enumerate(comm.allgather(seen)) if not ok]
+    if comm.rank == 0 and probe is not None:
+        Path(probe).unlink(missing_ok=True)
+    if blind:
+        raise PreprocessError(
+            f"{out}: rank(s) {', '.join(map(str, blind))} of {comm.size} do not see the folder "
+            f"rank 0 writes to ({Path(probe).parent}): every rank writes its own parts there; "
+            f"choose an --out on a file system all the job's nodes share (not node-local "
+            f"storage such as /tmp or $TMPDIR)")
 
 
 def _partition(comm, partitioner: str, sym_indptr, sym_cols, lo: int, hi: int, n: int,
@@ -38,7 +63,11 @@ def _partition(comm, partitioner: str, sym_indptr, sym_cols, lo: int, hi: int, n
     scotch = collective(comm, PtScotch, comm)
     if num_parts == 1:
         return np.zeros(hi - lo, dtype=np.int64)
-    return scotch.part(sym_indptr, sym_cols, num_parts, seed)
+    parts = scotch.part(sym_indptr, sym_cols, num_parts, seed)
+    sizes = comm.allreduce(np.bincount(parts, minlength=num_parts))
+    if comm.rank == 0:
+        warn_empty_parts("PT-Scotch", sizes)
+    return parts
 
 
 def _write_own(shards: list, out: Path) -> list[dict]:
@@ -80,10 +109,10 @@ def _clean_slice(comm, sl, symmetrize: bool, bounds: np.ndarray) -> tuple:
 def _write_set(comm, out: Path, force: bool, shards: list, meta: dict) -> dict:
     """Every writer writes its parts, then rank 0 ``meta.json``; on any failure rank 0
     removes the set."""
-    collective(comm, lambda: prepare_out_dir(out, force) if comm.rank == 0 else None)
+    on_root(comm, prepare_out_dir, out, force)
     try:
         entries = collective(comm, _write_own, shards, out)
-        return collective(comm, _finish, comm, out, entries, meta)
+        return collective(comm, _finish, comm, out, entries, meta, name_ranks=False)
     except BaseException:
         for f in shard_files(out) if comm.rank == 0 else []:
             f.unlink(missing_ok=True)
@@ -95,11 +124,13 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     """Partition ``spec`` into ``num_parts`` parts across the ranks of ``comm`` and write the
     shard set to ``out``; every rank returns the meta (rank 0 wrote it). Collective."""
     t0, out = time.perf_counter(), Path(out)
-    collective(comm, lambda: check_out_dir(out, force) if comm.rank == 0 else None)
-    collective(comm, round_bytes)                 # a bad HPCGNN_A2A_ROUND_BYTES, before any move
+    on_root(comm, check_out_dir, out, force)
+    check_shared_out(comm, out)
+    collective(comm, round_bytes)                 # a bad value fails here, not hours later
+    collective(comm, lambda: check_parts(num_parts, known_nodes(spec, symmetrize)))
     sl = collective(comm, read_slice, spec, comm, symmetrize)
     n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
-    collective(comm, _check_request, comm, n, num_parts)
+    collective(comm, check_parts, num_parts, n)
     warn_untrainable(sl.name, comm.allreduce(  # the same count, so the same outcome, on every rank
         int(np.count_nonzero(sl.masks["train_mask"] & (sl.labels >= 0)))))
     num_classes = comm.allreduce(int(sl.labels.max()) + 1 if sl.labels.size else 0, op=_max()) \

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -73,19 +71,32 @@ def check_node_count(n: int, source: str) -> None:
             f"{limit:,} nodes" + (f", or unset {MAX_NODES_ENV}" if limit < MAX_NODES else ""))
 
 
-def collective(comm, fn, *args, **kwargs):
+def collective(comm, fn, *args, name_ranks: bool = True, **kwargs):
     """Run ``fn`` on every rank; if it raised a user error on any rank, raise it on all
-    (the failing rank's message), so no rank waits in a later collective."""
+    (the first failing rank's message), so no rank waits in a later collective. When only
+    some ranks failed, the message says which (``on rank 2 only: ...``): an input file that
+    one node does not see is then not reported as missing by the ranks that read it.
+    ``name_ranks=False`` for a step that only rank 0 runs (its words alone)."""
     err, out = None, None
     try:
         out = fn(*args, **kwargs)
     except USER_ERRORS as exc:
         err = exc
     msgs = comm.allgather(None if err is None else str(err))
-    bad = [m for m in msgs if m is not None]
+    bad = [r for r, m in enumerate(msgs) if m is not None]
+    if len(bad) == comm.size:
+        raise err
+    if bad and not name_ranks:
+        raise err if err is not None else PreprocessError(msgs[bad[0]])
     if bad:
-        raise err if err is not None else PreprocessError(bad[0])
+        who = f"rank {bad[0]}" if len(bad) == 1 else f"ranks {', '.join(map(str, bad))}"
+        raise PreprocessError(f"on {who} only: {msgs[bad[0]]}") from err
     return out
+
+
+def on_root(comm, fn, *args):
+    """``fn(*args)`` on rank 0 alone; its user error is raised on every rank, in its words."""
+    return collective(comm, lambda: fn(*args) if comm.rank == 0 else None, name_ranks=False)
 
 
 def row_bounds(num_nodes: int, size: int) -> np.ndarray:
@@ -96,6 +107,15 @@ def row_bounds(num_nodes: int, size: int) -> np.ndarray:
 def row_owner(bounds: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The rank holding each row of ``ids``."""
     return np.searchsorted(bounds, ids, side="right").astype(np.int64) - 1
+
+
+def known_nodes(spec: str, symmetrize: bool) -> int | None:
+    """The node count of ``spec`` where it is known before the input is read (an h5 file's
+    ``num_nodes``, a sliced generator's option), else None."""
+    name, opts = parse_spec(spec)
+    if name in SLICED:
+        return sliced_spec(spec, name, opts, symmetrize).nodes
+    return h5_num_nodes(opts["path"]) if name == "h5" else None
 
 
 def read_slice(spec: str, comm, symmetrize: bool) -> GraphSlice:

@@ -17,14 +17,16 @@ log = logging.getLogger("hpcgnn.preprocess")
 PARTITIONERS = ("metis", "random")
 
 
-def check_parts(graph: Graph, num_parts: int) -> None:
-    """A request for ``num_parts`` parts of ``graph`` is possible."""
+def check_parts(num_parts: int, num_nodes: int | None = None, name: str | None = None) -> None:
+    """A request for ``num_parts`` parts of a graph of ``num_nodes`` nodes (None: not known
+    yet, only ``num_parts >= 1`` is checked) is possible."""
     if num_parts < 1:
         raise PreprocessError(f"--parts {num_parts}: need at least 1 part")
-    if num_parts > graph.num_nodes:
-        raise PreprocessError(f"--parts {num_parts} is more than the {graph.num_nodes:,} nodes of "
-                              f"{graph.name}; choose --parts <= {graph.num_nodes}")
-    check_key_range(graph.num_nodes, num_parts)      # before METIS, not after it
+    if num_nodes is not None and num_parts > num_nodes:
+        raise PreprocessError(f"--parts {num_parts} is more than the {num_nodes:,} nodes"
+                              f"{f' of {name}' if name else ''}; choose --parts <= {num_nodes}")
+    if num_nodes is not None:
+        check_key_range(num_nodes, num_parts)      # before the partitioning, not after it
 
 
 def random_parts(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
@@ -95,19 +97,24 @@ def metis_parts(graph: Graph, num_parts: int, seed: int) -> tuple[np.ndarray, fl
     return parts, seconds
 
 
+def warn_empty_parts(who: str, sizes: np.ndarray) -> None:
+    """Warn of the parts of ``sizes`` (owned nodes per part) that ``who`` left empty."""
+    empty = np.flatnonzero(sizes == 0)
+    if empty.size:
+        log.warning("%s left part(s) %s of %d empty (a graph this small, or with many isolated "
+                    "nodes); the set still has %d part files, and the empty ones train as ranks "
+                    "without rows; --partitioner random fills every part", who, empty.tolist(),
+                    len(sizes), len(sizes))
+
+
 def partition_graph(graph: Graph, parts: int, partitioner: str = "metis",
                     seed: int = 0) -> np.ndarray:
     """int64 [N]: the part of every node."""
-    check_parts(graph, parts)
+    check_parts(parts, graph.num_nodes, graph.name)
     if partitioner == "random":
         return random_parts(graph.num_nodes, parts, seed)
     if partitioner == "metis":
         assignment = metis_parts(graph, parts, seed)[0]
-        empty = np.flatnonzero(np.bincount(assignment, minlength=parts) == 0)
-        if empty.size:
-            log.warning("METIS left part(s) %s of %d empty (a graph this small, or with many "
-                        "isolated nodes); the set still has %d part files, and the empty ones "
-                        "train as ranks without rows; --partitioner random fills every part",
-                        empty.tolist(), parts, parts)
+        warn_empty_parts("METIS", np.bincount(assignment, minlength=parts))
         return assignment
     raise PreprocessError(f"--partitioner {partitioner!r}: unknown; choose one of {PARTITIONERS}")

@@ -167,6 +167,17 @@ def tamper(directory, part, h5path, change, **entry):
     write_meta(directory, meta)
 
 
+def can_mount_tmpfs() -> bool:
+    """A private mount namespace with a tmpfs in it (root, util-linux unshare)."""
+    import shutil
+    import subprocess
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
 def unwritable_dir(tmp_path: Path) -> Path:
     """A folder below which nothing can be made: read-only to this user, or (as root, whom
     permissions do not stop) in sysfs; skips the test where there is none."""

@@ -221,10 +221,41 @@ CHECKED = [
     ({"labels": np.array([0, 1, -3, 0, 1])}, "labels hold -3"),
     ({"labels": np.array([0, 1, 7, 0, 1]), "num_classes": np.int64(3)},
      r"class 7, outside 0..2 \(num_classes\)"),
+    # without num_classes the bound is the node count, which the message did not say
+    ({"labels": np.array([0, 1, 7, 0, 1])},
+     r"class 7, outside 0..4 \(the node count, without a num_classes key\); .*add the "
+     r"num_classes key if the graph has more classes than nodes"),
     ({"train_idx": np.array([0, 5])}, "train_idx holds node id 5"),
     ({"test_idx": np.array([-1, 3])}, "test_idx holds node id -1"),
     ({"val_idx": np.array([2, 4, 2])}, "val_idx lists a node (.*)?twice; list each node"),
     ({"labels": np.array([-1, 1, 0, 0, 1])}, "train_idx holds an unlabelled node"),
+    # a per-node array of another length or rank: a slice reads only its own rows, so an h5
+    # input's longer labels or features (a 2-D label column) were taken without a word
+    ({"labels": np.array([0, 1, 0, 0, 1, 2])}, r"labels have shape \(6,\), expected \(5,\)"),
+    ({"labels": np.array([[0], [1], [0], [0], [1]])},
+     r"labels have shape \(5, 1\), expected \(5,\)"),
+    ({"features": np.zeros((6, 2), np.float32)},
+     r"features have shape \(6, 2\), expected \(5, F\)"),
+    ({"features": np.zeros((5, 2, 1), np.float32)},
+     r"features have shape \(5, 2, 1\), expected \(5, F\)"),
+    ({**SPARSE, "feat_indptr": np.arange(7), "feat_indices": np.zeros(6, np.int64),
+      "feat_data": np.ones(6, np.float32), "feat_shape": np.array([6, 2])},
+     r"features have shape \(6, 2\), expected \(5, F\)"),
+    # no feature column: the set was written, then refused by verify and training, whose fix
+    # (re-run preprocess) wrote the same set again
+    ({"features": np.zeros((5, 0), np.float32)},
+     r"features have shape \(5, 0\), no feature column; give every node at least one"),
+    ({**SPARSE, "feat_data": np.ones(0, np.float32), "feat_indices": np.zeros(0, np.int64),
+      "feat_indptr": np.zeros(6, np.int64), "feat_shape": np.array([5, 0])},
+     r"features have shape \(5, 0\), no feature column"),
+    ({"num_nodes": np.array([5, 7])}, r"num_nodes has shape \(2,\), expected a scalar"),
+    ({"num_nodes": np.zeros(0, np.int64)}, r"num_nodes has shape \(0,\), expected a scalar"),
+    # num_classes of two values was a TypeError traceback; 0 or below was reported as
+    # "no num_classes" or as a label outside 0..-4
+    ({"num_classes": np.array([3, 4])}, r"num_classes has shape \(2,\), expected a scalar"),
+    ({"num_classes": np.int64(0), "labels": np.full(5, -1), "train_idx": np.zeros(0, np.int64)},
+     r"num_classes is 0; it must be the class count, >= 1"),
+    ({"num_classes": np.int64(-3)}, r"num_classes is -3; it must be the class count, >= 1"),
 ]
 
 

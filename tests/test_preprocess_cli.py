@@ -152,6 +152,27 @@ def test_bad_requests(cli, tmp_path, args, expect):
     assert not out.exists() or not any(out.iterdir())
 
 
+def test_parts_below_one_is_refused_before_the_input_is_read(tmp_path):
+    """``--parts 0`` was refused only after the whole graph was read (its 'reading' line)."""
+    path = save_npz(tmp_path / "g.npz")
+    proc = run("--dataset", f"npz:{path}", "--parts", 0, "--out", tmp_path / "s")
+    assert error_line(proc) == "preprocess: error: --parts 0: need at least 1 part"
+    assert "reading" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("partitioner", ["random", "metis"])
+def test_negative_seed_is_a_usage_error_not_a_traceback(tmp_path, partitioner):
+    """``--seed -1`` crashed the random partitioner with numpy's ValueError traceback (and
+    under mpirun, MPI_ABORT); it is refused by the parser, naming the option and the range."""
+    out = tmp_path / "s"
+    proc = run("--dataset", "cora", "--parts", 2, "--partitioner", partitioner, "--seed", -1,
+               "--out", out)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--seed: -1 is not an integer >= 0" in proc.stderr.splitlines()[-1]
+    assert not out.exists()
+
+
 def test_bad_npz_through_the_cli(cli, tmp_path):
     path = save_npz(tmp_path / "nan.npz", features=np.full((5, 2), np.nan, np.float32))
     line = error_line(cli("--dataset", f"npz:{path}", "--parts", 2, "--out", tmp_path / "s"))

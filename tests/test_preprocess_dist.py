@@ -29,7 +29,7 @@ import pytest
 import scipy.sparse as sp
 
 from conftest import CSBM, check_ok, read_metrics, run_mpi, train, train_here
-from _graphs import assert_reconstructs, reconstruct
+from _graphs import assert_reconstructs, can_mount_tmpfs, reconstruct
 from hpcgnn.data.datasets import load_dataset
 
 N_MESSY = 500
@@ -85,11 +85,14 @@ def messy_h5(path: Path) -> dict:
     return raw
 
 
-def tiny_h5(path: Path) -> dict:
+def tiny_h5(path: Path, pair: bool = False) -> dict:
     """An h5 input of 3 nodes, fewer than the 4 ranks of the widest launch (rank 0's slice
-    ``0*3/4 .. 1*3/4`` holds no row): a duplicated edge, a self-loop, a one-way edge."""
-    raw = {"num_nodes": np.int64(3), "adj_indices": np.array([1, 1, 1, 0], dtype=np.int64),
-           "adj_indptr": np.array([0, 2, 3, 4], dtype=np.int64),
+    ``0*3/4 .. 1*3/4`` holds no row): a duplicated edge, a self-loop, a one-way edge; with
+    ``pair``, one edge 0 <- 1 and node 2 isolated (PT-Scotch 7.0.3 leaves one of 3 parts empty
+    on 2 and 4 ranks)."""
+    edges = ([1], [0, 1, 1, 1]) if pair else ([1, 1, 1, 0], [0, 2, 3, 4])
+    raw = {"num_nodes": np.int64(3), "adj_indices": np.array(edges[0], dtype=np.int64),
+           "adj_indptr": np.array(edges[1], dtype=np.int64),
            "features": np.arange(15, dtype=np.float32).reshape(3, 5) - 7,
            "labels": np.array([0, 1, 0]), "train_idx": np.array([0]), "val_idx": np.array([1]),
            "test_idx": np.array([2])}
@@ -138,6 +141,7 @@ def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist-in")
     raw = messy_h5(root / "messy.h5")
     tiny_h5(root / "tiny.h5")
+    tiny_h5(root / "pair.h5", pair=True)
     res = subprocess.run([sys.executable, "-m", "preprocess", "convert", "--dataset", CSBM,
                           "--out", str(root / "csbm.h5")], capture_output=True, text=True,
                          timeout=120)
@@ -169,13 +173,19 @@ def test_distributed_sets_verify_and_reconstruct(ranks, k_scotch, k_random, ptsc
     assert_reconstructs(tmp_path / "gen", load_dataset(GEN))
     # 3 nodes: on 4 ranks rank 0 reads no row
     tiny = tiny_h5(tmp_path / "tiny-raw.h5")
+    pair = tiny_h5(tmp_path / "pair-raw.h5", pair=True)
+    empty_sets = 0
     for name, symmetrize, k in (("tiny-scotch", True, 2), ("tiny-random", False, 2),
-                                ("tiny-scotch3", False, 3), ("tiny-random3", False, 3)):
-        meta = check_set(tmp_path / name, tiny, symmetrize)
+                                ("tiny-scotch3", False, 3), ("tiny-random3", False, 3),
+                                ("pair-scotch3", False, 3)):
+        meta = check_set(tmp_path / name, pair if name.startswith("pair") else tiny, symmetrize)
         sizes = sorted(p["num_owned"] for p in meta["parts"])
         assert meta["num_parts"] == k and sum(sizes) == 3, (name, sizes)
         if name.startswith("tiny-random"):                # balanced; PT-Scotch may leave a part empty
             assert sizes == ([1, 2] if k == 2 else [1, 1, 1]), (name, sizes)
+        empty_sets += 0 in sizes
+    # an empty part is warned of, as METIS's are (PT-Scotch's were written without a word)
+    assert proc.stderr.count("PT-Scotch left part(s) [") == empty_sets, proc.stderr
 
 
 @pytest.mark.mpi
@@ -211,7 +221,11 @@ def test_bad_requests_fail_on_every_rank(ptscotch, inputs, tmp_path):
             "parts0": "--parts 0: need at least 1 part",
             "toomany": "is more than the 3,000 nodes",
             "nolib": "HPCGNN_PTSCOTCH_LIB=/nonexistent/libptscotch.so: no such file",
-            "mpich": "is linked against libmpi.so.12, but mpi4py runs on"}
+            "mpich": "is linked against libmpi.so.12, but mpi4py runs on",
+            # a traceback (int('1GiB')), and a round past MPI's C int counts
+            "round1g": "HPCGNN_A2A_ROUND_BYTES='1GiB': expected the bytes per rank of one "
+                       "Alltoallv round, an integer in [1, 2147483647]",
+            "round3g": "HPCGNN_A2A_ROUND_BYTES='3000000000': expected the bytes per rank"}
     if lib is None:
         del want["mpich"]
     for case, text in want.items():
@@ -237,6 +251,36 @@ def test_unwritable_out_is_refused_on_every_rank_before_reading(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root and unshare -m to mount a tmpfs")
+def test_an_out_one_rank_cannot_see_is_refused_on_every_rank_before_reading(tmp_path):
+    """A multi-node job with a node-local --out, imitated: rank 1 runs in its own mount
+    namespace with an empty tmpfs over the folder of --out. Each rank writes its own parts, so
+    rank 1's write failed after the partitioning ('write failed (No such file or directory);
+    check that the directory is writable'); now every rank stops first, naming the rank that
+    cannot see the folder and the fix, and nothing is left on rank 0's side."""
+    import shlex
+    from _mpi import FAMILY_FLAGS, MPIEXEC, mpi_env, mpi_family
+    local = tmp_path / "local"
+    local.mkdir()
+    out = local / "out"
+    run = shlex.join([sys.executable, "-m", "mpi4py", "-m", "preprocess", "--dataset", "cora",
+                      "--parts", "4", "--partitioner", "random", "--out", str(out)])
+    hidden = f"mount -t tmpfs -o size=1m tmpfs {shlex.quote(str(local))} && exec {run}"
+    script = (f'if [ "${{OMPI_COMM_WORLD_RANK:-$PMI_RANK}}" = 1 ]; then '
+              f'exec unshare -m sh -c {shlex.quote(hidden)}; fi; exec {run}')
+    launch = [str(MPIEXEC), "-n", "2", *FAMILY_FLAGS[mpi_family()], "sh", "-c", script]
+    proc = subprocess.run(launch, capture_output=True, text=True, timeout=120, env=mpi_env(),
+                          stdin=subprocess.DEVNULL, cwd=str(Path(__file__).parent.parent))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2, proc.stderr                                           # both ranks
+    assert all(f"{out}: rank(s) 1 of 2 do not see the folder rank 0 writes to ({local})" in ln
+               and "a file system all the job's nodes share" in ln for ln in lines), lines
+    assert "rank 0: rows" not in proc.stderr                                      # nothing read
+    assert list(local.iterdir()) == []                                            # probe removed
+
+
+@pytest.mark.mpi
 def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(tmp_path):
     """``mpiexec python -m preprocess`` (no ``-m mpi4py``): a bug on rank 1 as it writes its
     parts (injected) aborts the job with its traceback instead of leaving rank 0 waiting."""
@@ -253,11 +297,36 @@ def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(tmp_pat
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("spec, parts, want", [
+    ("rmat-sliced:scale=10", "2000", "--parts 2000 is more than the 1,024 nodes; choose --parts"),
+    ("h5:{h5}", "6", "--parts 6 is more than the 5 nodes; choose --parts <= 5"),
+    ("rmat-sliced:scale=10", "0", "--parts 0: need at least 1 part")])
+def test_parts_are_checked_before_the_input_is_read(tmp_path, spec, parts, want):
+    """A --parts the graph cannot take is refused as soon as the node count is known (an h5
+    file's num_nodes, a generator's options), before any rank reads or generates its slice and
+    exchanges edges: reading is made to fail here, and the refusal comes first."""
+    from _graphs import save_h5
+    from _mpi import run_injected
+    spec = spec.format(h5=save_h5(tmp_path / "g.h5"))
+    fault = ("import preprocess.dist_run as d\n"
+             "def read_slice(*a):\n"
+             "    raise ZeroDivisionError('the input was read')\n"
+             "d.read_slice = read_slice\n")
+    proc = run_injected(2, "preprocess", fault, ["--dataset", spec, "--parts", parts,
+                                                 "--partitioner", "ptscotch", "--out",
+                                                 tmp_path / "out"], timeout=120)
+    assert proc.returncode != 0 and "the input was read" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2 and all(want in ln for ln in lines), proc.stderr     # both ranks
+
+
+@pytest.mark.mpi
 def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
     """The npz reader's checks run on each rank's slice of an h5 input: a NaN feature is
     reported with the input file and its dataset (not the part file it would have gone to),
     an unlabelled training node and a 2-D (multi-label) label array likewise, on both ranks,
-    and nothing is written."""
+    with the rank whose rows hold a bad row (rank 0 printed the same words without it, as if its
+    own rows were at fault), and nothing is written."""
     from _graphs import save_h5
     feats = np.arange(10, dtype=np.float32).reshape(5, 2)
     feats[3, 1] = np.nan
@@ -276,8 +345,19 @@ def test_bad_h5_input_is_refused_on_every_rank_naming_the_input(tmp_path):
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
         assert len(lines) == 2 and all(want in ln for ln in lines), proc.stderr   # both ranks
+        if case != "multilabel":               # the labels' shape is wrong on every rank
+            assert all(f"on rank 1 only: {path}" in ln for ln in lines), lines   # node 3, 4
         assert "part-" not in proc.stderr
         assert not (out / "meta.json").exists() and not list(out.glob("part-*.h5"))
+    # a step only rank 0 runs (the --out check) is not said to have failed "on rank 0 only"
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "meta.json").write_text("{}")
+    proc = run_mpi(2, ["-m", "preprocess", "--dataset", f"h5:{path}", "--parts", "2",
+                       "--partitioner", "random", "--out", str(held)], timeout=90)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
+    assert len(lines) == 2 and all(f"): {held}: already holds shard files" in ln
+                                   for ln in lines), proc.stderr
 
 
 @pytest.mark.mpi
@@ -352,7 +432,8 @@ def _worker_run(root: str, out: str, k_scotch: str, k_random: str) -> None:
             ("tiny-scotch", "tiny.h5", "2", "ptscotch", ["--symmetrize"]),
             ("tiny-random", "tiny.h5", "2", "random", []),
             ("tiny-random3", "tiny.h5", "3", "random", []),
-            ("tiny-scotch3", "tiny.h5", "3", "ptscotch", [])]
+            ("tiny-scotch3", "tiny.h5", "3", "ptscotch", []),
+            ("pair-scotch3", "pair.h5", "3", "ptscotch", [])]
     for name, src, k, partitioner, extra in jobs:
         argv = ["--dataset", f"h5:{root / src}" if src else GEN, "--parts", k, "--partitioner", partitioner,
                 "--out", str(out / name), "--seed", "1", "-q", *extra]
@@ -373,7 +454,10 @@ def _worker_errors(root: str, out: str, fake: str) -> None:
              "parts0": ([f"h5:{root / 'csbm.h5'}", "0"], {}),
              "toomany": ([f"h5:{root / 'csbm.h5'}", "5000"], {}),
              "nolib": ([f"h5:{root / 'csbm.h5'}", "2"],
-                       {"HPCGNN_PTSCOTCH_LIB": "/nonexistent/libptscotch.so"})}
+                       {"HPCGNN_PTSCOTCH_LIB": "/nonexistent/libptscotch.so"}),
+             "round1g": ([f"h5:{root / 'csbm.h5'}", "2"], {"HPCGNN_A2A_ROUND_BYTES": "1GiB"}),
+             "round3g": ([f"h5:{root / 'csbm.h5'}", "2"],
+                         {"HPCGNN_A2A_ROUND_BYTES": "3000000000"})}
     if fake:
         cases["mpich"] = ([f"h5:{root / 'csbm.h5'}", "2"], {"HPCGNN_PTSCOTCH_LIB": fake})
     for case, ((spec, k), env) in cases.items():

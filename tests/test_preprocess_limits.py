@@ -89,18 +89,12 @@ def test_parts_that_overflow_the_halo_keys_are_refused_before_partitioning(tmp_p
 
 def test_one_process_request_is_checked_against_the_halo_keys():
     """The one-process path checks the same bound with the part count, before METIS runs."""
-    import numpy as np
-    from hpcgnn.data.graph import Graph
     from preprocess.errors import PreprocessError
     from preprocess.partition import check_parts
     n = KEY_NODES
-    empty = np.zeros(0, dtype=np.int64)
-    graph = Graph(name="g", num_nodes=n, indptr=np.zeros(n + 1, dtype=np.int64), indices=empty,
-                  features=np.zeros((n, 1), dtype=np.float32), labels=np.zeros(n, dtype=np.int64),
-                  train_idx=empty, val_idx=empty, test_idx=empty)
-    check_parts(graph, n - 1)                  # (n - 1)^2 n < 2^63
+    check_parts(n - 1, n)                      # (n - 1)^2 n < 2^63
     with pytest.raises(PreprocessError, match=r"overflow the int64 halo keys \(parts\^2"):
-        check_parts(graph, n)
+        check_parts(n, n)
 
 
 def test_alltoallv_rounds_stay_below_the_mpi_count_limit():

@@ -16,7 +16,7 @@ import pytest
 
 import numpy as np
 
-from _graphs import tamper
+from _graphs import can_mount_tmpfs, tamper
 from _mpi import mpi_command, mpi_env, run_injected
 from conftest import refused_before_torch, train
 from hpcgnn.data.shard import sha256_file
@@ -94,16 +94,7 @@ def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(shards,
     assert "ZeroDivisionError: a bug injected on rank 1" in proc.stderr
     assert "epoch 1 (2/50)" in proc.stderr and "epoch 2 (3/50)" not in proc.stderr
 
-def _can_mount_tmpfs() -> bool:
-    """A private mount namespace with a tmpfs in it (root, util-linux unshare)."""
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        return False
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True, timeout=30)
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs root and unshare -m to mount a small tmpfs")
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root and unshare -m to mount a small tmpfs")
 def test_a_full_disk_at_a_checkpoint_ends_the_job_and_keeps_the_last_one(shards, tmp_path):
     """The run directory on a 400 KiB file system (its own mount namespace): epoch 4's
     checkpoint fits, epoch 9's temporary beside it does not. Every rank stops with exit code

@@ -30,9 +30,10 @@ from hpcgnn.data.errors import DatasetError, hdf5_fix
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.npz import REQUIRED, SPARSE_FEATURES
 from hpcgnn.data.shard import fsync_file
-from hpcgnn.data.validate import (FORMAT_HINT, check_label_values, check_split_ids,
-                                   fail_nonfinite, fail_repeat,
-                                   fail_unlabelled_train, nonfinite_rows, warn_unlabelled)
+from hpcgnn.data.validate import (FORMAT_HINT, check_features_shape, check_label_values,
+                                   check_labels_shape, check_split_ids, fail_nonfinite,
+                                   fail_repeat, fail_unlabelled_train, nonfinite_rows,
+                                   num_classes_value, scalar_value, warn_unlabelled)
 
 SPLITS = ("train_idx", "val_idx", "test_idx")
 READ_CHUNK = 1 << 22          # split-array entries read at once
@@ -112,10 +113,26 @@ def h5_num_nodes(path: str | os.PathLike) -> int:
         if "features" not in f and not all(k in f for k in SPARSE_FEATURES):
             raise DatasetError(f"{path}: no features: add 'features' (float32 N x F) or "
                                f"{list(SPARSE_FEATURES)}; {H5_HINT}")
-        n = int(np.asarray(f["num_nodes"][()]).reshape(-1)[0])
+        n = scalar_value(str(path), "num_nodes", np.asarray(f["num_nodes"][()]))
+        if n >= 1:
+            _check_row_counts(f, path, n)
     if n < 1:
         raise DatasetError(f"{path}: num_nodes is {n}; a graph needs at least one node")
     return n
+
+
+def _check_row_counts(f: h5py.File, path: Path, n: int) -> None:
+    """The per-node datasets hold ``n`` rows, checked on their shapes: a rank reads only its
+    own rows, so a longer ``labels`` or ``features`` (another graph's) would pass unseen."""
+    check_labels_shape(str(path), n, f["labels"].shape)
+    if "features" in f:
+        check_features_shape(str(path), n, _dataset(f, path, "features", "fiub").shape)
+        return
+    shape = tuple(int(s) for s in _int(f, path, "feat_shape").reshape(-1))
+    check_features_shape(f"{path} (feat_shape)", n, shape)
+    if _dataset(f, path, "feat_indptr").shape != (n + 1,):
+        raise DatasetError(f"{path}: feat_indptr has shape {f['feat_indptr'].shape}, expected "
+                           f"({n + 1},) = num_nodes + 1; {H5_HINT}")
 
 
 def _check_finite(source: str, x: np.ndarray | sp.csr_matrix, row0: int) -> None:
@@ -133,9 +150,6 @@ def _check_finite(source: str, x: np.ndarray | sp.csr_matrix, row0: int) -> None
 def _slice_features(f, path: Path, lo: int, hi: int) -> np.ndarray:
     if "features" in f:
         x = np.asarray(_dataset(f, path, "features", "fiub")[lo:hi], dtype=np.float32)
-        if x.ndim != 2:
-            raise DatasetError(f"{path}: dataset 'features' has shape {f['features'].shape}, "
-                               f"expected (num_nodes, F); {H5_HINT}")
         _check_finite(f"{path} (dataset 'features')", x, lo)
         return x
     shape = tuple(int(s) for s in _int(f, path, "feat_shape"))
@@ -192,7 +206,7 @@ def _slice_masks(f, path: Path, n: int, lo: int, hi: int, labels: np.ndarray) ->
 def _num_classes(f, path: Path) -> int | None:
     if "num_classes" not in f:
         return None
-    return int(np.asarray(_dataset(f, path, "num_classes")[()]).reshape(-1)[0])
+    return num_classes_value(str(path), np.asarray(_dataset(f, path, "num_classes")[()]))
 
 
 def _slice_labels(f, path: Path, n: int, lo: int, hi: int) -> np.ndarray:
@@ -229,13 +243,8 @@ def read_h5_slice(path: str | os.PathLike, lo: int, hi: int, name: str | None = 
             bad = int(indices.min()) if indices.min() < 0 else int(indices.max())
             raise DatasetError(f"{path}: adj_indices holds node id {bad}, outside 0..{n - 1}; "
                                f"fix the file or num_nodes")
-        labels = _slice_labels(f, path, n, lo, hi)
-        if labels.shape[0] != hi - lo:
-            raise DatasetError(f"{path}: labels have fewer than num_nodes = {n} rows; {H5_HINT}")
+        labels = _slice_labels(f, path, n, lo, hi)       # row counts: h5_num_nodes checked
         feats = _slice_features(f, path, lo, hi)
-        if feats.shape[0] != hi - lo:
-            raise DatasetError(f"{path}: features have fewer than num_nodes = {n} rows; "
-                               f"{H5_HINT}")
         masks = _slice_masks(f, path, n, lo, hi, labels)
         classes = _num_classes(f, path)
     return GraphSlice(name or f"h5:{path}", n, lo, hi, local, indices, feats, labels, masks,

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.graph import Graph
-from hpcgnn.data.validate import FORMAT_HINT, check_graph
+from hpcgnn.data.validate import FORMAT_HINT, check_graph, num_classes_value, scalar_value
 
 REQUIRED = ("num_nodes", "adj_indptr", "adj_indices", "labels", "train_idx", "val_idx", "test_idx")
 SPARSE_FEATURES = ("feat_indptr", "feat_indices", "feat_data", "feat_shape")
@@ -79,10 +79,11 @@ def read_npz(path: str | Path, name: str | None = None) -> Graph:
         if missing:
             raise DatasetError(f"{path}: missing key(s) {missing} (it has {sorted(z.files)}); "
                                f"{FORMAT_HINT}")
-        num_nodes = int(_int_array(z, path, "num_nodes").reshape(-1)[0])
+        num_nodes = scalar_value(str(path), "num_nodes", _int_array(z, path, "num_nodes"))
         arrays = {k: _int_array(z, path, k) for k in REQUIRED[1:]}
         features = _features(z, path, num_nodes)
-        num_classes = int(_int_array(z, path, "num_classes")) if "num_classes" in z.files else None
+        num_classes = num_classes_value(str(path), _int_array(z, path, "num_classes")) \
+            if "num_classes" in z.files else None
     graph = Graph(name=name or path.stem, num_nodes=num_nodes, indptr=arrays["adj_indptr"],
                   indices=arrays["adj_indices"], features=features, labels=arrays["labels"],
                   train_idx=arrays["train_idx"], val_idx=arrays["val_idx"],

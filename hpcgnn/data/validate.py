@@ -33,11 +33,42 @@ def check_csr(source: str, num_nodes: int, indptr: np.ndarray, indices: np.ndarr
               "every neighbour id must be a node of the graph; fix the file or num_nodes")
 
 
+def scalar_value(source: str, key: str, value: np.ndarray) -> int:
+    """The one value of a count key (``num_nodes``, ``num_classes``: a scalar, or an array of
+    one element)."""
+    if value.size != 1:
+        _fail(source, f"{key} has shape {value.shape}, expected a scalar",
+              f"store the count alone (numpy.int64(...)); {FORMAT_HINT}")
+    return int(value.reshape(-1)[0])
+
+
+def num_classes_value(source: str, value: np.ndarray) -> int:
+    """The optional ``num_classes`` key: one integer >= 1."""
+    classes = scalar_value(source, "num_classes", value)
+    if classes < 1:
+        _fail(source, f"num_classes is {classes}",
+              "it must be the class count, >= 1 (or leave the key out: the largest label + 1)")
+    return classes
+
+
+def check_features_shape(source: str, num_nodes: int, shape: tuple) -> None:
+    if len(shape) != 2 or shape[0] != num_nodes:
+        _fail(source, f"features have shape {tuple(shape)}, expected ({num_nodes}, F)",
+              "one feature row per node")
+    if shape[1] < 1:          # meta.json's feature_dim would be 0, which no reader takes
+        _fail(source, f"features have shape {tuple(shape)}, no feature column",
+              "give every node at least one feature (a constant 1 if there is none)")
+
+
+def check_labels_shape(source: str, num_nodes: int, shape: tuple) -> None:
+    if tuple(shape) != (num_nodes,):
+        _fail(source, f"labels have shape {tuple(shape)}, expected ({num_nodes},)",
+              "one label per node, -1 for unlabelled")
+
+
 def check_features(source: str, num_nodes: int, features: np.ndarray | sp.csr_matrix) -> None:
     """Features are ``[num_nodes, F]`` and finite."""
-    if features.ndim != 2 or features.shape[0] != num_nodes:
-        _fail(source, f"features have shape {features.shape}, expected ({num_nodes}, F)",
-              "one feature row per node")
+    check_features_shape(source, num_nodes, features.shape)
     rows = nonfinite_rows(features)
     if rows.size:
         fail_nonfinite(source, rows.size, int(rows[0]))
@@ -62,9 +93,7 @@ def fail_nonfinite(source: str, count: int, first: int) -> None:
 def check_labels(source: str, num_nodes: int, labels: np.ndarray,
                  num_classes: int | None = None) -> None:
     """Labels are ``[num_nodes]``, -1 (unlabelled) or a class id in range."""
-    if labels.shape != (num_nodes,):
-        _fail(source, f"labels have shape {labels.shape}, expected ({num_nodes},)",
-              "one label per node, -1 for unlabelled")
+    check_labels_shape(source, num_nodes, labels.shape)
     check_label_values(source, labels, num_nodes if num_classes is None else num_classes,
                        num_classes is not None)
 
@@ -77,8 +106,11 @@ def check_label_values(source: str, labels: np.ndarray, top: int, is_num_classes
               "use -1 for unlabelled, 0..C-1 for classes")
     if labels.size and labels.max() >= top:
         _fail(source, f"labels hold class {int(labels.max())}, outside 0..{top - 1}"
-              + (" (num_classes)" if is_num_classes else ""),
-              "class ids must be 0..C-1 with C classes")
+              + (" (num_classes)" if is_num_classes
+                 else " (the node count, without a num_classes key)"),
+              "class ids must be 0..C-1 with C classes" + (
+                  "" if is_num_classes else "; add the num_classes key if the graph has more "
+                                            "classes than nodes"))
 
 
 def check_split_ids(source: str, num_nodes: int, name: str, idx: np.ndarray) -> None:
