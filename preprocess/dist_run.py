@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcgnn.data.shard import META_NAME, part_entry, part_name, write_meta, write_shard
+from hpcgnn.data.validate import warn_split_overlap
 from preprocess.dist_halo import build_shards
 from preprocess.distributed import add_reverse, collective, csr_of_keys, known_nodes, \
     local_keys, move_to_writers, on_root, random_parts_slice, read_slice, row_bounds
@@ -133,6 +134,11 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     collective(comm, check_parts, num_parts, n)
     warn_untrainable(sl.name, comm.allreduce(  # the same count, so the same outcome, on every rank
         int(np.count_nonzero(sl.masks["train_mask"] & (sl.labels >= 0)))))
+    train = sl.masks["train_mask"]
+    overlaps = {name: comm.allreduce(int(np.count_nonzero(train & sl.masks[f"{name[:-4]}_mask"])))
+                for name in ("val_idx", "test_idx")}
+    if comm.rank == 0:
+        warn_split_overlap(sl.name, overlaps)
     num_classes = comm.allreduce(int(sl.labels.max()) + 1 if sl.labels.size else 0, op=_max()) \
         if sl.classes is None else sl.classes          # every rank read the same key
     collective(comm, check_classes, sl.name, num_classes)

@@ -478,3 +478,29 @@ def _worker_errors(root: str, out: str, fake: str) -> None:
 
 if __name__ == "__main__":
     {"run": _worker_run, "errors": _worker_errors}[sys.argv[1]](*sys.argv[2:])
+
+
+@pytest.mark.mpi
+def test_training_nodes_in_the_evaluation_splits_are_warned_of_on_both_paths(tmp_path):
+    """A node in train_idx and in val_idx or test_idx makes that accuracy count nodes the model
+    trained on: preprocess writes the set (a split is the input's to choose) but says so, once,
+    with the counts, on the one-process path (npz) and the distributed one (h5, 2 ranks)."""
+    from _graphs import save_h5, save_npz
+    splits = {"train_idx": np.array([0, 1, 2]), "val_idx": np.array([2]),
+              "test_idx": np.array([1, 3, 4])}
+    runs = {"one": (1, f"npz:{save_npz(tmp_path / 'g.npz', **splits)}"),
+            "dist": (2, f"h5:{save_h5(tmp_path / 'g.h5', **splits)}")}
+    for name, (ranks, spec) in runs.items():
+        proc = run_mpi(ranks, ["-m", "preprocess", "--dataset", spec, "--parts", "2",
+                               "--partitioner", "random", "--out", str(tmp_path / name)],
+                       timeout=90)
+        check_ok(proc)
+        warned = [ln for ln in proc.stderr.splitlines() if "in train_idx too" in ln]
+        assert len(warned) == 1, (name, proc.stderr)
+        assert "1 node(s) of val_idx" in warned[0] and "1 node(s) of test_idx" in warned[0]
+        assert (tmp_path / name / "meta.json").is_file()
+    proc = run_mpi(1, ["-m", "preprocess", "--dataset", f"npz:{save_npz(tmp_path / 'ok.npz')}",
+                       "--parts", "2", "--partitioner", "random", "--out", str(tmp_path / "ok")],
+                   timeout=90)
+    check_ok(proc)
+    assert "train_idx too" not in proc.stderr

@@ -152,6 +152,16 @@ def check_split(source: str, num_nodes: int, labels: np.ndarray, name: str,
     warn_unlabelled(source, name, int((labels[idx] < 0).sum()) if idx.size else 0, idx.size)
 
 
+def warn_split_overlap(source: str, overlaps: dict[str, int]) -> None:
+    """Warn, once, of training nodes that ``val_idx`` / ``test_idx`` select too (``overlaps``:
+    split name -> count): that accuracy then counts nodes the model trained on."""
+    found = [f"{count} node(s) of {name}" for name, count in overlaps.items() if count]
+    if found:
+        log.warning("%s: %s are in train_idx too, so their accuracy counts nodes the model "
+                    "trained on (make the splits disjoint to silence this)", source,
+                    " and ".join(found))
+
+
 def check_graph(graph: Graph, source: str, num_classes: int | None = None) -> None:
     """Every check above on a whole ``Graph``."""
     n = graph.num_nodes
@@ -160,6 +170,8 @@ def check_graph(graph: Graph, source: str, num_classes: int | None = None) -> No
     check_labels(source, n, graph.labels, num_classes)
     for name in ("train_idx", "val_idx", "test_idx"):
         check_split(source, n, graph.labels, name, getattr(graph, name))
+    warn_split_overlap(source, {name: np.intersect1d(graph.train_idx, getattr(graph, name)).size
+                                for name in ("val_idx", "test_idx")})
 
 
 PREDICT_ONLY = ("the shard set is one to predict on: `hpcgnn predict` uses it, `hpcgnn train` "
