@@ -72,15 +72,20 @@ def _convert_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dataset", required=True, help=f"dataset spec: {SPEC_HELP}")
     ap.add_argument("--out", required=True, help="the .h5 file to write")
     ap.add_argument("--symmetrize", action="store_true", help="add the reverse of every edge")
+    ap.add_argument("--force", action="store_true", help="replace an existing --out file")
     ap.add_argument("-q", "--quiet", action="store_true")
     return ap
 
 
-def _check_convert_out(out: Path) -> None:
-    """Refuse an ``--out`` that is a directory or lies below a file, before the long load."""
+def _check_convert_out(out: Path, force: bool) -> None:
+    """Refuse an ``--out`` that is a directory, lies below a file, or (without ``--force``) is
+    an existing file, before the long load."""
     if out.is_dir():
         raise PreprocessError(f"{out}: is a directory; --out names the .h5 file to write, e.g. "
                               f"--out {out / 'graph.h5'}")
+    if out.exists() and not force:
+        raise PreprocessError(f"{out}: exists; pass --force to replace it, or choose another "
+                              f"--out")
     above = out.parent
     while not above.exists() and above != above.parent:
         above = above.parent
@@ -93,7 +98,7 @@ def _check_convert_out(out: Path) -> None:
 def _convert(args: argparse.Namespace) -> None:
     from hpcgnn.data.h5input import write_h5
     out = Path(args.out)
-    _check_convert_out(out)
+    _check_convert_out(out, args.force)
     graph = load_dataset(args.dataset, symmetrize=args.symmetrize)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)      # missing folders are made

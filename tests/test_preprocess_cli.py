@@ -219,6 +219,13 @@ def test_convert_makes_missing_folders_and_refuses_bad_outs(cli, tmp_path):
     line = error_line(cli("convert", "--dataset", "cora", "--out", tmp_path / "new"))
     assert "is a directory; --out names the .h5 file to write, e.g. --out" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "new"]
+    # an existing file (an earlier input, perhaps the one read) is replaced only with --force
+    before = out.stat().st_mtime_ns
+    line = error_line(cli("convert", "--dataset", "citeseer", "--out", out))
+    assert f"{out}: exists; pass --force to replace it" in line
+    assert out.stat().st_mtime_ns == before and load_dataset(f"h5:{out}").num_nodes == 2708
+    assert cli("convert", "--dataset", "citeseer", "--out", out, "--force", "-q").returncode == 0
+    assert load_dataset(f"h5:{out}").num_nodes == 3327
 
 
 def test_convert_failed_write_leaves_no_file(tmp_path):
