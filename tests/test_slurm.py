@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -236,12 +235,14 @@ def _subreaper(on: bool) -> None:
     ctypes.CDLL(None).prctl(36, int(on), 0, 0, 0)
 
 
-def slurm_up(priv: list[str], root: Path) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
-    """env/slurm/up.sh ROOT with this process as the subreaper of what it leaves running;
-    returns the run and the PIDs it recorded (munged, slurmctld, slurmd, reaper)."""
+def slurm_up(priv: list[str], root: Path, gpus: int = 0) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
+    """env/slurm/up.sh ROOT (a node with ``gpus`` stand-in GPUs) with this process as the
+    subreaper of what it leaves running; returns the run and the PIDs it recorded (munged,
+    slurmctld, slurmd, reaper)."""
     _subreaper(True)
     try:
-        up = run([*priv, "bash", REPO / "env" / "slurm" / "up.sh", root], timeout=120)
+        up = run([*priv, "env", f"SLURM_LOCAL_GPUS={gpus}", "bash", REPO / "env" / "slurm" / "up.sh",
+                  root], timeout=120)
     finally:
         _subreaper(False)
     pids = {p.stem: int(p.read_text()) for p in (root / "pids").glob("*.pid")}
@@ -521,6 +522,50 @@ def wait_for_text(path: Path, text: str, timeout: float = 120) -> str:
         assert time.monotonic() < deadline, f"no {text!r} in {path} after {timeout} s"
         time.sleep(0.2)
     return path.read_text()
+
+
+@pytest.mark.slurm
+def test_resubmitted_job_keeps_its_gpus_and_the_options_given_in_the_environment(slurm, tmp_path):
+    """HPCGNN_ON_PREEMPT=resubmit from a job that asked for GPUs with --gres (and memory per
+    GPU, a whole node): the new job asks for the same (it got no GPUs at all, and resumed on
+    CPUs). SLURM shows a job neither its --signal nor its --output; given as
+    SBATCH_SIGNAL and SBATCH_OUTPUT they reach the new job, and the log says which lead it has.
+    On a second local SLURM whose node declares 2 stand-in GPUs."""
+    priv = _privilege()
+    root = Path(tempfile.mkdtemp(prefix="hpcgnn-slurmg-"))
+    pids: dict[str, int] = {}
+    try:
+        up, pids = slurm_up(priv, root, gpus=2)
+        assert up.returncode == 0, up.stderr[-3000:]
+        gpu = LocalSlurm(root, {"SLURM_CONF": re.search(r"export SLURM_CONF=(\S+)", up.stdout).group(1)})
+        shards, run_dir = tmp_path / "cora-2", tmp_path / "run"
+        assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 2, "--out",
+                    shards, "-q"], timeout=120).returncode == 0
+        env = job_env(HPCGNN_ON_PREEMPT="resubmit", SBATCH_SIGNAL="B:USR1@100",
+                      SBATCH_OUTPUT=f"{tmp_path}/mine-%j.out")
+        first = gpu.sbatch("--ntasks=2", "--time=9", "--gres=gpu:2", "--mem-per-gpu=1000",
+                           "--exclusive", JOBS / "train.sbatch", shards, CORA, "--set",
+                           "train.epochs=100000", "--out", run_dir, cwd=tmp_path, env=env)
+        log = tmp_path / f"mine-{first}.out"
+        wait_for_epochs(run_dir, 0, log)
+        gpu.signal(first, "USR1")
+        out = wait_for_text(log, "training ended")
+        found = re.search(r"submitted job (\d+) to resume", out)
+        assert found, out[-3000:]
+        second = found.group(1)
+        want, got = gpu.job(first), gpu.job(second)
+        for key in ("TresPerNode", "MemPerTres", "OverSubscribe", "NumTasks",
+                    "TimeLimit"):
+            assert got.get(key) == want.get(key), (key, want.get(key), got.get(key))
+        assert want["TresPerNode"] == "gres:gpu:2" and want["OverSubscribe"] == "NO", want
+        assert got["StdOut"] == f"{tmp_path}/mine-{second}.out", got
+        assert f"job {second} warns at B:USR1@100" in out, out[-3000:]
+        wait_for_text(tmp_path / f"mine-{second}.out", "resumed from")
+        run(["scancel", second], env={**os.environ, **gpu.env})
+        gpu.wait(second, 60)
+    finally:
+        slurm_down(priv, root, pids)
+        run([*priv, "rm", "-rf", root])
 
 
 @pytest.mark.slurm
