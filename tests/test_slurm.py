@@ -436,7 +436,8 @@ def test_preempted_job_requeues_and_ends_like_an_uninterrupted_run(slurm, chain_
 
 
 def assert_same_training(reference: Path, run_dir: Path) -> None:
-    """Every epoch's loss and accuracy, and the summary, equal those of the reference run."""
+    """Every epoch's loss and accuracy, the summary, and the final weights and optimizer state
+    (bit for bit) equal those of the reference run."""
     want, got = read_metrics(reference), read_metrics(run_dir)
     assert sorted(got) == list(range(EPOCHS))
     for epoch in range(EPOCHS):
@@ -446,6 +447,27 @@ def assert_same_training(reference: Path, run_dir: Path) -> None:
     b = json.loads((run_dir / "summary.json").read_text())
     for key in ("test_acc", "final_test_acc", "best_val_acc", "epochs", "bytes_sent"):
         assert b[key] == a[key], key
+    import torch                                          # the final weights, bit for bit
+    want, got = (torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=False)
+                 for d in (reference, run_dir))
+    for part in ("model", "optimizer"):
+        flat_want, flat_got = dict(_tensors(want[part])), dict(_tensors(got[part]))
+        assert flat_got.keys() == flat_want.keys(), part
+        for name, tensor in flat_want.items():
+            assert torch.equal(flat_got[name], tensor), f"{part}{name} differs"
+
+
+def _tensors(obj, path: str = ""):
+    """(path, tensor) for every tensor in a nest of dicts, lists and tuples."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _tensors(value, f"{path}/{key}")
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from _tensors(value, f"{path}[{i}]")
 
 
 def wait_for_epochs(run_dir: Path, more_than: int, log: Path, timeout: float = 120) -> None:
