@@ -435,6 +435,39 @@ def test_preempted_job_requeues_and_ends_like_an_uninterrupted_run(slurm, chain_
     assert_same_training(chain_run.run_dir, run_dir)
 
 
+@pytest.mark.slurm
+@pytest.mark.parametrize("when", ["script-starting", "ranks-starting"])
+def test_a_warning_as_the_job_starts_checkpoints_and_requeues(slurm, chain_run, tmp_path, when):
+    """USR1 to the batch shell as the job starts (a preemption at once, a --time near the
+    lead): while the script sets up (before its forwarding trap), or while the ranks start
+    (before python has set up its handler). Either killed the job (exit 138, FAILED, never
+    requeued); now the ranks get it once they listen, checkpoint after their first epoch, the
+    job requeues itself and ends like the uninterrupted run."""
+    log = tmp_path / "train.out"
+    # sent again every second, not 5: the whole run takes a few seconds here
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_RESIGNAL="1")
+    job = slurm.sbatch(f"--output={log}", "--ntasks=2", JOBS / "train.sbatch", chain_run.shards,
+                       CORA, "--set", f"train.epochs={EPOCHS}", cwd=tmp_path, env=env)
+    run_dir = tmp_path / "runs" / f"slurm-{job}"
+    deadline = time.monotonic() + 60
+    if when == "script-starting":          # the log is opened just before the script runs
+        while not log.exists():
+            assert time.monotonic() < deadline, f"job {job} did not start"
+            time.sleep(0.01)
+        time.sleep(0.1)
+    else:                                  # the script's last line before it launches
+        wait_for_text(log, "run dir ", timeout=60)
+    slurm.signal(job, "USR1")
+    rec = slurm.completed(job, 240, log)
+    out = log.read_text()
+    assert rec["Restarts"] == "1", out[-3000:]
+    assert [s["resumed"] for s in segments(run_dir)] == [False, True]
+    assert "preempted at epoch " in out, out[-3000:]
+    if when == "script-starting":
+        assert "got USR1 before the launch" in out, out[-3000:]
+    assert_same_training(chain_run.run_dir, run_dir)
+
+
 def assert_same_training(reference: Path, run_dir: Path) -> None:
     """Every epoch's loss and accuracy, the summary, and the final weights and optimizer state
     (bit for bit) equal those of the reference run."""
