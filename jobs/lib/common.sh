@@ -122,26 +122,37 @@ hpcgnn_launcher() {
 # once it stops training. Returns the command's exit status.
 hpcgnn_run_forwarding() {
     "$@" &
-    local pid=$! every=${HPCGNN_RESIGNAL:-5} sleeper
+    local pid=$!
     # shellcheck disable=SC2064
-    trap "hpcgnn_say 'got USR1: passing it to the ranks'; HPCGNN_SIGNALLED=1; kill -USR1 $pid 2>/dev/null" USR1
+    trap "hpcgnn_say 'got USR1: passing it to the ranks'; kill -USR1 $pid 2>/dev/null; hpcgnn_resend $pid" USR1
     # shellcheck disable=SC2064
-    trap "hpcgnn_say 'got TERM: passing it to the ranks as USR1'; HPCGNN_SIGNALLED=1; kill -USR1 $pid 2>/dev/null" TERM
-    # (not at once: the ranks' wrapper may not be ignoring it yet)
-    [[ ${HPCGNN_SIGNALLED:-0} == 1 ]] && hpcgnn_say "got USR1 before the launch: passing it to the ranks in ${every} s"
+    trap "hpcgnn_say 'got TERM: passing it to the ranks as USR1'; kill -USR1 $pid 2>/dev/null; hpcgnn_resend $pid" TERM
+    if [[ ${HPCGNN_SIGNALLED:-0} == 1 ]]; then   # not at once: the ranks may not ignore it yet
+        hpcgnn_say "got USR1 before the launch: passing it to the ranks in ${HPCGNN_RESIGNAL:-5} s"
+        hpcgnn_resend "$pid"
+    fi
     # A trapped signal interrupts wait (status > 128): wait again until the launcher has ended.
-    while kill -0 "$pid" 2>/dev/null; do
-        if [[ ${HPCGNN_SIGNALLED:-0} == 1 ]]; then
-            sleep "$every" & sleeper=$!
-            wait "$sleeper" || true
-            kill "$sleeper" 2>/dev/null || true
-            kill -USR1 "$pid" 2>/dev/null || true
-        else
-            wait "$pid" || true
-        fi
-    done
+    while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
     local rc=0
     wait "$pid" || rc=$?  # bash keeps the status of a reaped background job
     trap - USR1 TERM
+    if [[ -n ${HPCGNN_RESENDER:-} ]]; then kill "$HPCGNN_RESENDER" 2>/dev/null || true; fi
+    HPCGNN_RESENDER=""
     return $rc
+}
+
+# In the background, send USR1 to PID every HPCGNN_RESIGNAL seconds until it ends (started once).
+hpcgnn_resend() {
+    [[ -z ${HPCGNN_RESENDER:-} ]] || return 0
+    local pid=$1 every=${HPCGNN_RESIGNAL:-5}
+    (
+        nap=""
+        trap 'kill $nap 2>/dev/null; exit 0' TERM
+        while kill -0 "$pid" 2>/dev/null; do
+            sleep "$every" & nap=$!
+            wait "$nap" || true
+            kill -USR1 "$pid" 2>/dev/null || true
+        done
+    ) &
+    HPCGNN_RESENDER=$!
 }
