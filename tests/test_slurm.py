@@ -104,6 +104,18 @@ def test_train_job_refuses_a_rank_count_other_than_the_parts(tmp_path):
     assert f"{shards} has num_parts=2 but the job has 3 tasks: submit with --ntasks=2" in res.stderr
 
 
+@pytest.mark.parametrize("script, args", [("train.sbatch", ["shards", "run.toml"]),
+                                          ("preprocess.sbatch", ["cora", "2", "out"])])
+def test_a_wrong_hpcgnn_home_is_named_with_its_fix(tmp_path, script, args):
+    """HPCGNN_HOME pointing at no repository (a typo, an old checkout in ~/.bashrc): the job
+    said only "slurm_script: line 62: .../jobs/lib/common.sh: No such file or directory"."""
+    res = run(["bash", JOBS / script, *args], env=job_env(HPCGNN_HOME=str(tmp_path / "nowhere")),
+              cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert (f"HPCGNN_HOME={tmp_path / 'nowhere'} has no jobs/lib/common.sh: point it at the "
+            "hpcgnn repository, or unset it") in res.stderr, res.stderr
+
+
 def test_train_job_names_its_usage():
     res = run(["bash", JOBS / "train.sbatch", "only-one-arg"], env=job_env())
     assert res.returncode != 0 and "usage: sbatch [--ntasks=K] jobs/train.sbatch SHARDS CONFIG" in res.stderr
