@@ -135,7 +135,8 @@ hpcgnn_run_forwarding() {
     while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
     local rc=0
     wait "$pid" || rc=$?  # bash keeps the status of a reaped background job
-    trap - USR1 TERM
+    trap '' USR1          # the ranks have ended: a late warning must not kill this script
+    trap - TERM
     if [[ -n ${HPCGNN_RESENDER:-} ]]; then kill "$HPCGNN_RESENDER" 2>/dev/null || true; fi
     HPCGNN_RESENDER=""
     return $rc
