@@ -63,3 +63,16 @@ def test_a_restarted_job_resumes_what_its_run_directory_holds(tmp_path, files, r
     for name in files:
         (tmp_path / name).write_text("{}")
     assert needs_resume(tmp_path, restarts) == want
+
+
+def test_a_warning_after_the_ranks_have_ended_does_not_kill_the_job_script():
+    """SLURM's USR1 warning that reaches the batch shell after the ranks have ended (training
+    finished, or checkpointed, just before it): the script goes on to requeue or to end with
+    the ranks' status. The shell's USR1 went back to its default action there and the shell
+    died of it (under SLURM: FAILED, ExitCode 0:10, after a complete run)."""
+    script = ("source jobs/lib/common.sh && hpcgnn_run_forwarding true && "
+              "kill -USR1 $$ && sleep 0.2 && echo went on")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "went on", (proc.returncode, proc.stderr)

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -103,6 +102,18 @@ def test_train_job_refuses_a_rank_count_other_than_the_parts(tmp_path):
     res = run(["bash", JOBS / "train.sbatch", shards, config], env=job_env(SLURM_NTASKS="3"))
     assert res.returncode != 0
     assert f"{shards} has num_parts=2 but the job has 3 tasks: submit with --ntasks=2" in res.stderr
+
+
+@pytest.mark.parametrize("script, args", [("train.sbatch", ["shards", "run.toml"]),
+                                          ("preprocess.sbatch", ["cora", "2", "out"])])
+def test_a_wrong_hpcgnn_home_is_named_with_its_fix(tmp_path, script, args):
+    """HPCGNN_HOME pointing at no repository (a typo, an old checkout in ~/.bashrc): the job
+    said only "slurm_script: line 62: .../jobs/lib/common.sh: No such file or directory"."""
+    res = run(["bash", JOBS / script, *args], env=job_env(HPCGNN_HOME=str(tmp_path / "nowhere")),
+              cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert (f"HPCGNN_HOME={tmp_path / 'nowhere'} has no jobs/lib/common.sh: point it at the "
+            "hpcgnn repository, or unset it") in res.stderr, res.stderr
 
 
 def test_train_job_names_its_usage():
@@ -236,12 +247,14 @@ def _subreaper(on: bool) -> None:
     ctypes.CDLL(None).prctl(36, int(on), 0, 0, 0)
 
 
-def slurm_up(priv: list[str], root: Path) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
-    """env/slurm/up.sh ROOT with this process as the subreaper of what it leaves running;
-    returns the run and the PIDs it recorded (munged, slurmctld, slurmd, reaper)."""
+def slurm_up(priv: list[str], root: Path, gpus: int = 0) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
+    """env/slurm/up.sh ROOT (a node with ``gpus`` stand-in GPUs) with this process as the
+    subreaper of what it leaves running; returns the run and the PIDs it recorded (munged,
+    slurmctld, slurmd, reaper)."""
     _subreaper(True)
     try:
-        up = run([*priv, "bash", REPO / "env" / "slurm" / "up.sh", root], timeout=120)
+        up = run([*priv, "env", f"SLURM_LOCAL_GPUS={gpus}", "bash", REPO / "env" / "slurm" / "up.sh",
+                  root], timeout=120)
     finally:
         _subreaper(False)
     pids = {p.stem: int(p.read_text()) for p in (root / "pids").glob("*.pid")}
@@ -434,8 +447,42 @@ def test_preempted_job_requeues_and_ends_like_an_uninterrupted_run(slurm, chain_
     assert_same_training(chain_run.run_dir, run_dir)
 
 
+@pytest.mark.slurm
+@pytest.mark.parametrize("when", ["script-starting", "ranks-starting"])
+def test_a_warning_as_the_job_starts_checkpoints_and_requeues(slurm, chain_run, tmp_path, when):
+    """USR1 to the batch shell as the job starts (a preemption at once, a --time near the
+    lead): while the script sets up (before its forwarding trap), or while the ranks start
+    (before python has set up its handler). Either killed the job (exit 138, FAILED, never
+    requeued); now the ranks get it once they listen, checkpoint after their first epoch, the
+    job requeues itself and ends like the uninterrupted run."""
+    log = tmp_path / "train.out"
+    # sent again every second, not 5: the whole run takes a few seconds here
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_RESIGNAL="1")
+    job = slurm.sbatch(f"--output={log}", "--ntasks=2", JOBS / "train.sbatch", chain_run.shards,
+                       CORA, "--set", f"train.epochs={EPOCHS}", cwd=tmp_path, env=env)
+    run_dir = tmp_path / "runs" / f"slurm-{job}"
+    deadline = time.monotonic() + 60
+    if when == "script-starting":          # the log is opened just before the script runs
+        while not log.exists():
+            assert time.monotonic() < deadline, f"job {job} did not start"
+            time.sleep(0.01)
+        time.sleep(0.1)
+    else:                                  # the script's last line before it launches
+        wait_for_text(log, "run dir ", timeout=60)
+    slurm.signal(job, "USR1")
+    rec = slurm.completed(job, 240, log)
+    out = log.read_text()
+    assert rec["Restarts"] == "1", out[-3000:]
+    assert [s["resumed"] for s in segments(run_dir)] == [False, True]
+    assert "preempted at epoch " in out, out[-3000:]
+    if when == "script-starting":
+        assert "got USR1 before the launch" in out, out[-3000:]
+    assert_same_training(chain_run.run_dir, run_dir)
+
+
 def assert_same_training(reference: Path, run_dir: Path) -> None:
-    """Every epoch's loss and accuracy, and the summary, equal those of the reference run."""
+    """Every epoch's loss and accuracy, the summary, and the final weights and optimizer state
+    (bit for bit) equal those of the reference run."""
     want, got = read_metrics(reference), read_metrics(run_dir)
     assert sorted(got) == list(range(EPOCHS))
     for epoch in range(EPOCHS):
@@ -445,6 +492,27 @@ def assert_same_training(reference: Path, run_dir: Path) -> None:
     b = json.loads((run_dir / "summary.json").read_text())
     for key in ("test_acc", "final_test_acc", "best_val_acc", "epochs", "bytes_sent"):
         assert b[key] == a[key], key
+    import torch                                          # the final weights, bit for bit
+    want, got = (torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=False)
+                 for d in (reference, run_dir))
+    for part in ("model", "optimizer"):
+        flat_want, flat_got = dict(_tensors(want[part])), dict(_tensors(got[part]))
+        assert flat_got.keys() == flat_want.keys(), part
+        for name, tensor in flat_want.items():
+            assert torch.equal(flat_got[name], tensor), f"{part}{name} differs"
+
+
+def _tensors(obj, path: str = ""):
+    """(path, tensor) for every tensor in a nest of dicts, lists and tuples."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _tensors(value, f"{path}/{key}")
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from _tensors(value, f"{path}[{i}]")
 
 
 def wait_for_epochs(run_dir: Path, more_than: int, log: Path, timeout: float = 120) -> None:
@@ -521,6 +589,50 @@ def wait_for_text(path: Path, text: str, timeout: float = 120) -> str:
         assert time.monotonic() < deadline, f"no {text!r} in {path} after {timeout} s"
         time.sleep(0.2)
     return path.read_text()
+
+
+@pytest.mark.slurm
+def test_resubmitted_job_keeps_its_gpus_and_the_options_given_in_the_environment(slurm, tmp_path):
+    """HPCGNN_ON_PREEMPT=resubmit from a job that asked for GPUs with --gres (and memory per
+    GPU, a whole node): the new job asks for the same (it got no GPUs at all, and resumed on
+    CPUs). SLURM shows a job neither its --signal nor its --output; given as
+    SBATCH_SIGNAL and SBATCH_OUTPUT they reach the new job, and the log says which lead it has.
+    On a second local SLURM whose node declares 2 stand-in GPUs."""
+    priv = _privilege()
+    root = Path(tempfile.mkdtemp(prefix="hpcgnn-slurmg-"))
+    pids: dict[str, int] = {}
+    try:
+        up, pids = slurm_up(priv, root, gpus=2)
+        assert up.returncode == 0, up.stderr[-3000:]
+        gpu = LocalSlurm(root, {"SLURM_CONF": re.search(r"export SLURM_CONF=(\S+)", up.stdout).group(1)})
+        shards, run_dir = tmp_path / "cora-2", tmp_path / "run"
+        assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 2, "--out",
+                    shards, "-q"], timeout=120).returncode == 0
+        env = job_env(HPCGNN_ON_PREEMPT="resubmit", SBATCH_SIGNAL="B:USR1@100",
+                      SBATCH_OUTPUT=f"{tmp_path}/mine-%j.out")
+        first = gpu.sbatch("--ntasks=2", "--time=9", "--gres=gpu:2", "--mem-per-gpu=1000",
+                           "--exclusive", JOBS / "train.sbatch", shards, CORA, "--set",
+                           "train.epochs=100000", "--out", run_dir, cwd=tmp_path, env=env)
+        log = tmp_path / f"mine-{first}.out"
+        wait_for_epochs(run_dir, 0, log)
+        gpu.signal(first, "USR1")
+        out = wait_for_text(log, "training ended")
+        found = re.search(r"submitted job (\d+) to resume", out)
+        assert found, out[-3000:]
+        second = found.group(1)
+        want, got = gpu.job(first), gpu.job(second)
+        for key in ("TresPerNode", "MemPerTres", "OverSubscribe", "NumTasks",
+                    "TimeLimit"):
+            assert got.get(key) == want.get(key), (key, want.get(key), got.get(key))
+        assert want["TresPerNode"] == "gres:gpu:2" and want["OverSubscribe"] == "NO", want
+        assert got["StdOut"] == f"{tmp_path}/mine-{second}.out", got
+        assert f"job {second} warns at B:USR1@100" in out, out[-3000:]
+        wait_for_text(tmp_path / f"mine-{second}.out", "resumed from")
+        run(["scancel", second], env={**os.environ, **gpu.env})
+        gpu.wait(second, 60)
+    finally:
+        slurm_down(priv, root, pids)
+        run([*priv, "rm", "-rf", root])
 
 
 @pytest.mark.slurm

@@ -13,7 +13,8 @@
 # stopped and the logs are shown. The node declares at least 8 CPUs, more than a small machine
 # has (oversubscribed, SlurmdParameters=config_overrides), so 4-rank examples run on 2 cores.
 # Variables: SLURM_LOCAL_CPUS (default: the online CPUs, at least 8), SLURM_LOCAL_MEM_MB
-# (default 90 % of MemTotal), SLURM_LOCAL_TIMEOUT (s, default 60).
+# (default 90 % of MemTotal), SLURM_LOCAL_GPUS (stand-in GPUs, default 0), SLURM_LOCAL_TIMEOUT
+# (s, default 60).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -43,8 +44,20 @@ write_conf() {
     local p1 p2
     p1=$(free_port); p2=$(free_port)
     while [[ $p2 == "$p1" ]]; do p2=$(free_port); done
+    # SLURM_LOCAL_GPUS=N: the node declares N GPUs, stand-ins (character devices like
+    # /dev/null) that let jobs ask for --gres=gpu:K or --gpus; nothing sees a real GPU.
+    local gpus=${SLURM_LOCAL_GPUS:-0} gres="" i
+    rm -f "$dir/gres.conf"
+    if (( gpus > 0 )); then
+        install -d "$dir/dev"
+        for (( i = 0; i < gpus; i++ )); do
+            [[ -e $dir/dev/gpu$i ]] || mknod "$dir/dev/gpu$i" c 1 3
+        done
+        echo "NodeName=localhost Name=gpu File=$dir/dev/gpu[0-$((gpus - 1))]" > "$dir/gres.conf"
+        gres="Gres=gpu:$gpus "
+    fi
     sed -e "s|@DIR@|$dir|g" -e "s|@CTLD_PORT@|$p1|" -e "s|@SLURMD_PORT@|$p2|" \
-        -e "s|@USER@|$(id -un)|" -e "s|@CPUS@|$cpus|" -e "s|@MEM_MB@|$mem|" \
+        -e "s|@USER@|$(id -un)|" -e "s|@CPUS@|$cpus|" -e "s|@MEM_MB@|$mem|" -e "s|@GRES@|$gres|" \
         "$here/slurm.conf.in" > "$dir/slurm.conf"
 }
 

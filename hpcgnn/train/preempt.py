@@ -31,6 +31,12 @@ class PreemptFlag:
             signal.signal(sig, self._handler)
         return self
 
+    def done(self) -> None:
+        """Training has stopped: ignore SIGUSR1 from now on. The job script sends it again
+        until the ranks have ended (jobs/lib/common.sh), and Python's exit would otherwise put
+        back its default action (end the process) while they finalise."""
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
         self.raised, self.signum = True, signum
 

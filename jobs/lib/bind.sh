@@ -2,6 +2,11 @@
 # Per-rank wrapper (started by srun or mpirun once per rank): when the rank sees several GPUs,
 # keep the one of its node-local rank, so each rank owns exactly one GPU; then exec the program
 # (exec: the launcher's signals reach python itself). A no-op on CPU-only nodes.
+# USR1 (the preemption warning) is ignored from here until the program installs its own
+# handler (hpcgnn train does, first thing): one that arrives while python starts, imports
+# mpi4py and joins MPI is dropped instead of killing the rank, and the job script sends it
+# again until the ranks have ended (jobs/lib/common.sh, hpcgnn_run_forwarding).
+trap '' USR1
 local_rank=${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${PMI_LOCAL_RANK:-0}}}}
 if [[ -n ${CUDA_VISIBLE_DEVICES:-} && ${HPCGNN_GPU_BIND:-1} == 1 ]]; then
     IFS=, read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"

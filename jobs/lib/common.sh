@@ -7,6 +7,7 @@
 #   HPCGNN_SITE      a site file sourced first (default: $HPCGNN_HOME/env/site.sh if present)
 #   HPCGNN_LAUNCHER  auto (default) | srun | mpirun
 #   HPCGNN_SRUN_MPI  the srun --mpi= plugin (default: pmix for Open MPI, pmi2 for MPICH)
+#   HPCGNN_RESIGNAL  seconds between the USR1s sent to signalled ranks (default 5)
 
 hpcgnn_say() { printf '[%s %s] %s\n' "${SLURM_JOB_NAME:-hpcgnn}" "$(date +%H:%M:%S)" "$*" >&2; }
 hpcgnn_die() { hpcgnn_say "error: $*"; exit 2; }
@@ -114,18 +115,45 @@ hpcgnn_launcher() {
 # (#SBATCH --signal=B:USR1@N) reaches the launcher, which forwards it to the ranks (srun,
 # Open MPI's mpirun and MPICH's mpiexec all do). A TERM to this shell is passed on as USR1 too:
 # srun and mpirun take TERM as "kill the ranks now", USR1 reaches the ranks, which treat both
-# alike (checkpoint at the end of the epoch). Returns the command's exit status.
+# alike (checkpoint at the end of the epoch). A rank ignores USR1 until its program has set up
+# its handler (jobs/lib/bind.sh), so one signal could be lost on ranks still starting: once
+# signalled (here, or before the launch: HPCGNN_SIGNALLED=1), USR1 is sent again every
+# HPCGNN_RESIGNAL seconds (default 5) until the command ends; hpcgnn train ignores it again
+# once it stops training. Returns the command's exit status.
 hpcgnn_run_forwarding() {
     "$@" &
     local pid=$!
     # shellcheck disable=SC2064
-    trap "hpcgnn_say 'got USR1: passing it to the ranks'; kill -USR1 $pid 2>/dev/null" USR1
+    trap "hpcgnn_say 'got USR1: passing it to the ranks'; kill -USR1 $pid 2>/dev/null; hpcgnn_resend $pid" USR1
     # shellcheck disable=SC2064
-    trap "hpcgnn_say 'got TERM: passing it to the ranks as USR1'; kill -USR1 $pid 2>/dev/null" TERM
+    trap "hpcgnn_say 'got TERM: passing it to the ranks as USR1'; kill -USR1 $pid 2>/dev/null; hpcgnn_resend $pid" TERM
+    if [[ ${HPCGNN_SIGNALLED:-0} == 1 ]]; then   # not at once: the ranks may not ignore it yet
+        hpcgnn_say "got USR1 before the launch: passing it to the ranks in ${HPCGNN_RESIGNAL:-5} s"
+        hpcgnn_resend "$pid"
+    fi
     # A trapped signal interrupts wait (status > 128): wait again until the launcher has ended.
     while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
     local rc=0
     wait "$pid" || rc=$?  # bash keeps the status of a reaped background job
-    trap - USR1 TERM
+    trap '' USR1          # the ranks have ended: a late warning must not kill this script
+    trap - TERM
+    if [[ -n ${HPCGNN_RESENDER:-} ]]; then kill "$HPCGNN_RESENDER" 2>/dev/null || true; fi
+    HPCGNN_RESENDER=""
     return $rc
+}
+
+# In the background, send USR1 to PID every HPCGNN_RESIGNAL seconds until it ends (started once).
+hpcgnn_resend() {
+    [[ -z ${HPCGNN_RESENDER:-} ]] || return 0
+    local pid=$1 every=${HPCGNN_RESIGNAL:-5}
+    (
+        nap=""
+        trap 'kill $nap 2>/dev/null; exit 0' TERM
+        while kill -0 "$pid" 2>/dev/null; do
+            sleep "$every" & nap=$!
+            wait "$nap" || true
+            kill -USR1 "$pid" 2>/dev/null || true
+        done
+    ) &
+    HPCGNN_RESENDER=$!
 }

@@ -124,30 +124,52 @@ hpcgnn_ended_by_slurm() {
 }
 
 # Submit the same training again as a new job that resumes RUN_DIR once this one has ended,
-# with this job's time limit, nodes, memory, account and QOS (sbatch options given on the
-# command line are not in the script: without them the new job would get its defaults).
+# with this job's time limit, nodes, memory, account, QOS, GPUs and constraints (sbatch options
+# given on the command line are not in the script: without them the new job would get its
+# defaults). SLURM shows a job neither its --signal nor its --output: given as SBATCH_SIGNAL and
+# SBATCH_OUTPUT at submission they are in this job's environment, and sbatch reads them again.
 hpcgnn_resubmit() {
     local run_dir=$1; shift
     local opts=(--dependency="afterany:$(hpcgnn_job_ref)" --ntasks="$SLURM_NTASKS"
                 --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --job-name="$SLURM_JOB_NAME"
                 --export="ALL,HPCGNN_RUN_DIR=$run_dir,HPCGNN_RESUBMITS=$(( $(hpcgnn_restarts) + 1 ))")
-    local limit
-    limit=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | sed -n 's/.* TimeLimit=\([^ ]*\).*/\1/p' | head -n 1)
+    local info limit gres features
+    info=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | head -n 1)
+    limit=$(hpcgnn_job_field "$info" TimeLimit)
     [[ $limit =~ ^[0-9][-0-9:]*$ ]] && opts+=(--time="$limit")
     [[ -n ${SLURM_JOB_NUM_NODES:-} ]] && opts+=(--nodes="$SLURM_JOB_NUM_NODES")
     [[ -n ${SLURM_NTASKS_PER_NODE:-} ]] && opts+=(--ntasks-per-node="$SLURM_NTASKS_PER_NODE")
     [[ -n ${SLURM_MEM_PER_NODE:-} ]] && opts+=(--mem="$SLURM_MEM_PER_NODE")
     [[ -n ${SLURM_MEM_PER_CPU:-} ]] && opts+=(--mem-per-cpu="$SLURM_MEM_PER_CPU")
+    [[ -n ${SLURM_MEM_PER_GPU:-} ]] && opts+=(--mem-per-gpu="$SLURM_MEM_PER_GPU")
     [[ -n ${SLURM_JOB_ACCOUNT:-} ]] && opts+=(--account="$SLURM_JOB_ACCOUNT")
     [[ -n ${SLURM_JOB_QOS:-} ]] && opts+=(--qos="$SLURM_JOB_QOS")
     [[ -n ${SLURM_JOB_PARTITION:-} ]] && opts+=(--partition="$SLURM_JOB_PARTITION")
     [[ -n ${SLURM_GPUS_PER_TASK:-} ]] && opts+=(--gpus-per-task="$SLURM_GPUS_PER_TASK")
+    [[ -n ${SLURM_GPUS:-} ]] && opts+=(--gpus="$SLURM_GPUS")
+    # --gres=gpu:N and --gpus-per-node=N (no SLURM_ variable names --gres): TresPerNode=gres:gpu:N
+    # (gres/gpu:N in newer SLURM), the same request as --gres=gpu:N.
+    gres=$(hpcgnn_job_field "$info" TresPerNode)
+    gres=${gres//gres:/} gres=${gres//gres\//}
+    [[ -n $gres ]] && opts+=(--gres="$gres")
+    features=$(hpcgnn_job_field "$info" Features)
+    [[ -n $features ]] && opts+=(--constraint="$features")
+    [[ $info == *" OverSubscribe=NO "* ]] && opts+=(--exclusive)
     local id
     # --export=ALL would hand the new job this one's identity (an array task's ids, the
     # restart count), which SLURM does not set for it: it would take itself for this job.
     id=$(env -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID -u SLURM_RESTART_COUNT \
          -u HPCGNN_SCHEDULES sbatch --parsable "${opts[@]}" "$HPCGNN_HOME/jobs/train.sbatch" "$@")
     hpcgnn_say "checkpointed; submitted job $id to resume $run_dir"
+    local warn=${SBATCH_SIGNAL:-$(sed -n 's/^#SBATCH --signal=//p' "$HPCGNN_HOME/jobs/train.sbatch")}
+    hpcgnn_say "job $id warns at $warn (a --signal or --output given to sbatch is not carried over: give them as SBATCH_SIGNAL, SBATCH_OUTPUT)"
+}
+
+# The value of KEY in a one-line `scontrol show job -o` record; empty when absent or (null).
+hpcgnn_job_field() {
+    local value
+    value=$(sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<< "$1" | head -n 1)
+    [[ $value == "(null)" ]] || echo "$value"
 }
 
 hpcgnn_train_main() {
