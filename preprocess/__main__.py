@@ -18,7 +18,7 @@ from hpcgnn.log import run_command, say_error
 from preprocess.errors import PreprocessError
 from preprocess.partition import PARTITIONERS, check_parts, partition_graph
 from preprocess.verify import verify_shards
-from preprocess.write import check_out_dir, check_writable, write_shards
+from preprocess.write import check_out_dir, check_writable, input_stamp, write_shards
 
 log = logging.getLogger("hpcgnn.preprocess")
 
@@ -143,13 +143,15 @@ def _run(args: argparse.Namespace) -> None:
                               f"{size} ranks: drop mpirun, or use --partitioner ptscotch")
     t0 = time.perf_counter()
     check_out_dir(args.out, args.force)          # refuse before the long steps, not after
+    stamp = input_stamp(args.dataset)             # the input as it is read, not as it is later
     graph = load_dataset(args.dataset, symmetrize=args.symmetrize)
     log.info("%s: %s nodes, %s edges, %d features, %d classes (%.1f s)", graph.name,
              f"{graph.num_nodes:,}", f"{graph.num_edges:,}", graph.feature_dim,
              graph.num_classes, time.perf_counter() - t0)
     parts = partition_graph(graph, args.parts, args.partitioner, args.seed)
     write_shards(graph, parts, args.out, partitioner=args.partitioner, seed=args.seed,
-                 force=args.force, num_parts=args.parts, symmetrize=args.symmetrize)
+                 force=args.force, num_parts=args.parts, symmetrize=args.symmetrize,
+                 stamp=stamp)
     log.info("done in %.1f s; check with `python -m preprocess verify %s`",
              time.perf_counter() - t0, args.out)
 

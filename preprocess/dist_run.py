@@ -16,8 +16,8 @@ from preprocess.distributed import add_reverse, collective, csr_of_keys, known_n
 from preprocess.errors import PreprocessError
 from preprocess.exchange import round_bytes
 from preprocess.partition import check_parts, warn_empty_parts
-from preprocess.write import check_classes, check_out_dir, warn_untrainable, meta_fields, prepare_out_dir, \
-    shard_files, write_failed
+from preprocess.write import check_classes, check_out_dir, input_stamp, meta_fields, \
+    prepare_out_dir, shard_files, warn_untrainable, write_failed
 
 log = logging.getLogger("hpcgnn.preprocess")
 
@@ -129,6 +129,7 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     check_shared_out(comm, out)
     collective(comm, round_bytes)                 # a bad value fails here, not hours later
     collective(comm, lambda: check_parts(num_parts, known_nodes(spec, symmetrize)))
+    stamp = comm.bcast(input_stamp(spec) if comm.rank == 0 else None, root=0)   # as read
     sl = collective(comm, read_slice, spec, comm, symmetrize)
     n, bounds = sl.num_nodes, row_bounds(sl.num_nodes, comm.size)
     collective(comm, check_parts, num_parts, n)
@@ -162,7 +163,8 @@ def run_distributed(comm, spec: str, num_parts: int, partitioner: str, out: str,
     del moved
     meta = meta_fields(meta["dataset"], n, comm.allreduce(sum(s.num_edges for s in shards)),
                        meta["feature_dim"], num_classes,
-                       num_parts, partitioner, seed, comm.allreduce(cut), symmetrize=symmetrize)
+                       num_parts, partitioner, seed, comm.allreduce(cut), symmetrize=symmetrize,
+                       stamp=stamp)
     meta = _write_set(comm, out, force, shards, meta)
     log.log(_level(comm), "rank %d: wrote parts %s (%.1f s)", comm.rank,
             [s.part_id for s in shards], time.perf_counter() - t0)

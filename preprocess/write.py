@@ -153,27 +153,44 @@ def _write_parts(graph: Graph, layout: PartLayout, pairs: HaloPairs, out: Path) 
     return entries
 
 
+def input_stamp(dataset: str) -> dict | None:
+    """``{"size", "mtime_ns"}`` of the file an ``npz:`` or ``h5:`` spec reads (None for other
+    specs, or a file not there): jobs/preprocess.sbatch reuses a set only while they hold."""
+    from hpcgnn.data.datasets import parse_spec
+    try:
+        name, opts = parse_spec(dataset)
+        if name not in ("npz", "h5"):
+            return None
+        stat = Path(opts["path"]).stat()
+    except (ValueError, KeyError, OSError):
+        return None
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 def meta_fields(dataset: str, num_nodes: int, num_edges: int, feature_dim: int,
                 num_classes: int, num_parts: int, partitioner: str, seed: int, edge_cut: int,
-                entries: list[dict] | None = None, symmetrize: bool = False) -> dict:
+                entries: list[dict] | None = None, symmetrize: bool = False,
+                stamp: dict | None = None) -> dict:
     """The ``meta.json`` dict (DESIGN.md, 'Preprocess'), with ``symmetrize`` (--symmetrize:
-    the input's edges were not all there as written; jobs/preprocess.sbatch compares it)."""
+    the input's edges were not all there as written) and ``input`` (``input_stamp`` of the
+    input file as it was read), both of which jobs/preprocess.sbatch compares."""
     return {"format_version": FORMAT_VERSION, "dataset": dataset, "num_nodes": num_nodes,
             "num_edges": num_edges, "feature_dim": feature_dim, "num_classes": num_classes,
             "num_parts": num_parts, "partitioner": partitioner, "seed": seed,
-            "symmetrize": bool(symmetrize), "edge_cut": edge_cut, "parts": entries or []}
+            "symmetrize": bool(symmetrize), "input": stamp, "edge_cut": edge_cut,
+            "parts": entries or []}
 
 
 def _meta(graph: Graph, num_parts: int, partitioner: str, seed: int, edge_cut: int,
-          entries: list[dict], symmetrize: bool) -> dict:
+          entries: list[dict], symmetrize: bool, stamp: dict | None) -> dict:
     return meta_fields(graph.name, graph.num_nodes, graph.num_edges, graph.feature_dim,
                        graph.num_classes, num_parts, partitioner, seed, edge_cut, entries,
-                       symmetrize)
+                       symmetrize, stamp)
 
 
 def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partitioner: str,
                  seed: int, force: bool = False, num_parts: int | None = None,
-                 symmetrize: bool = False) -> dict:
+                 symmetrize: bool = False, stamp: dict | None = None) -> dict:
     """Write the shard set of ``graph`` split by ``parts`` into ``out_dir``; return its meta.
 
     ``num_parts`` defaults to ``parts.max() + 1`` (pass it when trailing parts are empty);
@@ -191,7 +208,8 @@ def write_shards(graph: Graph, parts: np.ndarray, out_dir: str | Path, *, partit
              f"{pairs.edge_cut:,}", time.perf_counter() - t0)
     try:
         entries = _write_parts(graph, layout, pairs, out)
-        meta = _meta(graph, num_parts, partitioner, seed, pairs.edge_cut, entries, symmetrize)
+        meta = _meta(graph, num_parts, partitioner, seed, pairs.edge_cut, entries, symmetrize,
+                     stamp)
         try:
             write_meta(out, meta)
         except OSError as exc:

@@ -82,6 +82,29 @@ def test_preprocess_job_does_not_reuse_a_set_made_without_symmetrize(tmp_path):
     assert again.returncode == 0 and "reusing the verified shard set" in again.stderr
 
 
+def test_preprocess_job_does_not_reuse_a_set_of_an_input_since_rewritten(tmp_path):
+    """The input file regenerated at the same path (other labels, say) after its set was written:
+    the job must not hand back the old set as this input's; meta.json's ``input`` (size and
+    modification time as read) tells them apart."""
+    import numpy as np
+    from tests._graphs import save_npz
+    npz, out = save_npz(tmp_path / "g.npz", n=8), tmp_path / "set"
+    first = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out], env=job_env())
+    assert first.returncode == 0, first.stderr
+    assert json.loads((out / "meta.json").read_text())["input"]["size"] == npz.stat().st_size
+    again = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out], env=job_env())
+    assert again.returncode == 0 and "reusing the verified shard set" in again.stderr
+    save_npz(npz, n=8, labels=np.arange(8) % 3)                  # rewritten in place
+    stale = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out], env=job_env())
+    assert stale.returncode != 0 and "reusing" not in stale.stderr, stale.stderr
+    assert f"{npz} changed since the set in {out} was written" in stale.stderr
+    assert "pass --force" in stale.stderr
+    forced = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out, "--force"],
+                 env=job_env())
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads((out / "meta.json").read_text())["num_classes"] == 3
+
+
 def test_preprocess_job_rewrites_a_set_that_does_not_verify(tmp_path):
     out = tmp_path / "cora-2"
     assert run(["bash", JOBS / "preprocess.sbatch", "cora", 2, out], env=job_env()).returncode == 0

@@ -1,7 +1,8 @@
 # The body of jobs/preprocess.sbatch (sourced after common.sh): reuse, or partition and verify.
 
 # Does OUT_DIR's meta.json describe DATASET in PARTS parts with the asked partitioner, seed and
-# --symmetrize (a set written before meta.json recorded it counts as not symmetrised)?
+# --symmetrize (a set written before meta.json recorded it counts as not symmetrised), and an
+# npz:/h5: input file of the size and modification time it was read at?
 # Prints the first difference; exit 0 when there is none.
 hpcgnn_same_settings() {
     python - "$@" <<'PY'
@@ -20,6 +21,13 @@ for key, value in want.items():
     if meta.get(key) != value:
         print(f"{out}/meta.json has {key}={meta.get(key)!r}, this job asks for {value!r}")
         sys.exit(1)
+from preprocess.write import input_stamp   # the npz:/h5: file's size and mtime (None: other specs)
+now, then = input_stamp(dataset), meta.get("input")   # sets written before it lack "input"
+if now is not None and then is not None and now != then:
+    print(f"{dataset.split(':', 1)[1]} changed since the set in {out} was written (size, "
+          f"modification time {then['size']}, {then['mtime_ns']} then, {now['size']}, "
+          f"{now['mtime_ns']} now)")
+    sys.exit(1)
 PY
 }
 
