@@ -34,6 +34,15 @@ class PreemptFlag:
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
         self.raised, self.signum = True, signum
 
+    def stand_down(self) -> None:
+        """The ranks agreed to stop (done, preempted, stopped, diverged): a later SIGUSR1/SIGTERM
+        is ignored. Python's teardown puts the default action (terminate) back for a signal with
+        a Python handler, and MPI_Finalize runs after it; a rank there, its part done, while
+        rank 0 still wrote the checkpoint, was killed by a second signal, and the launcher then
+        killed rank 0 mid-write: neither that checkpoint nor ``preempted.json`` was left."""
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
 
 _PROCESS_FLAG: PreemptFlag | None = None
 

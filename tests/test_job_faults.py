@@ -1,0 +1,73 @@
+"""Faults of a running job, injected into the real program on real ranks (``run_injected``):
+each ends the job, promptly and with its documented exit code, and leaves a run directory that
+resumes. Kills, a full disk and a bug on one rank: ``test_train_errors.py``; a signal during
+start-up: ``test_preempt_early.py``."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from _mpi import REPO, injected_command, mpi_env
+from conftest import check_ok, read_metrics, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def _launch(fault: str, args: list) -> subprocess.Popen:
+    return subprocess.Popen(injected_command(2, "hpcgnn", fault, args), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=mpi_env(), cwd=str(REPO))
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 90) -> None:
+    end = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, f"job ended early: {proc.communicate()[0]}"
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+RANK_0_SAVES_SLOWLY = """\
+import time
+from pathlib import Path
+import hpcgnn.train.checkpoint as ckpt
+real = ckpt.save_checkpoint
+def save_checkpoint(run_dir, state):
+    Path(run_dir, "..", "saving").touch()
+    time.sleep(3)
+    return real(run_dir, state)
+ckpt.save_checkpoint = save_checkpoint
+"""
+
+
+def test_a_second_signal_while_rank_0_writes_the_checkpoint_is_ignored(shards, tmp_path):
+    """SIGUSR1, then another while rank 0 writes the preemption's checkpoint (slowed here): rank 1,
+    its part done, was leaving through MPI_Finalize with the signal's default action back
+    (Python's teardown restores it), so the second signal killed it and the launcher killed rank
+    0 mid-write: exit 138, no checkpoint.pt, no preempted.json. Now the job exits 0 with both,
+    and --resume finishes the run."""
+    shard_dir, out = shards("cora", 2, "metis"), tmp_path / "run"
+    args = ["train", "--shards", shard_dir, "--config", "configs/cora.toml", "--out", out,
+            "--set", "train.epochs=200"]
+    proc = _launch(RANK_0_SAVES_SLOWLY, args)
+    try:
+        _wait_for(out / "metrics.jsonl", proc)
+        proc.send_signal(signal.SIGUSR1)                 # mpiexec forwards it to the ranks
+        _wait_for(tmp_path / "saving", proc)
+        time.sleep(1)                                    # rank 1 is leaving; rank 0 writes
+        proc.send_signal(signal.SIGUSR1)
+        log, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log
+    marker = json.loads((out / "preempted.json").read_text())
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["progress"]["epochs_done"] == marker["epochs_done"] < 200, log
+    check_ok(run_mpi(2, ["-m", "hpcgnn", *map(str, args), "--resume"], timeout=120))
+    assert [r["epoch"] for r in read_metrics(out)] == list(range(200))
