@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _mpi import REPO, injected_command, mpi_env
+from _mpi import REPO, injected_command, mpi_env, run_injected
 from conftest import check_ok, read_metrics, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -71,3 +71,34 @@ def test_a_second_signal_while_rank_0_writes_the_checkpoint_is_ignored(shards, t
     assert state["progress"]["epochs_done"] == marker["epochs_done"] < 200, log
     check_ok(run_mpi(2, ["-m", "hpcgnn", *map(str, args), "--resume"], timeout=120))
     assert [r["epoch"] for r in read_metrics(out)] == list(range(200))
+
+
+RANK_1_DIVERGES_AT_EPOCH_3 = """\
+from mpi4py import MPI
+import hpcgnn.train.trainer as trainer
+real = trainer.Trainer.finish_step
+def finish_step(self, logits, *args):
+    if MPI.COMM_WORLD.Get_rank() == 1 and self.progress.epochs_done == 3:
+        logits = logits * float("nan")
+    return real(self, logits, *args)
+trainer.Trainer.finish_step = finish_step
+"""
+
+
+@pytest.mark.parametrize("progress", ["test", "thread"])
+def test_a_stale_run_that_diverges_on_one_rank_exits_3(shards, tmp_path, progress):
+    """A NaN loss on rank 1 alone (injected) at epoch 3 of a stale run: every rank stops at that
+    epoch with exit code 3, the checkpoint before it kept. The halo rows and gradients the
+    stale layers had posted were left in flight, and with the progress thread still testing them
+    MPI_Finalize aborted the job (exit 14, 'MPI_Testall() called after MPI_FINALIZE')."""
+    out = tmp_path / "run"
+    proc = run_injected(2, "hpcgnn", RANK_1_DIVERGES_AT_EPOCH_3, [
+        "train", "--shards", shards("cora", 2, "metis"), "--config", "configs/cora.toml",
+        "--out", out, "--set", "train.epochs=20", "--set", "train.staleness=1",
+        "--set", "run.checkpoint_every=2"], timeout=120, env={"HPCGNN_PROGRESS": progress})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stderr.count("epoch 3: the training loss is nan: training diverged") == 1
+    assert "MPI_FINALIZE" not in proc.stderr
+    assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["progress"]["epochs_done"] == 2
+    assert not (out / "summary.json").exists()

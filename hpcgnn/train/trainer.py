@@ -323,7 +323,8 @@ class Trainer:
             self._log_epoch(record)
             if not math.isfinite(record["loss"]):
                 self._report_divergence(epoch, record["loss"])
-                return "diverged"
+                self.model.stale_state()     # completes what the stale layers have in flight:
+                return "diverged"            # a progress thread testing it aborted MPI_Finalize
             if stop or done == end or (every and done % every == 0):
                 self.save_checkpoint()
             if stop and done < epochs:
