@@ -102,3 +102,37 @@ def test_a_stale_run_that_diverges_on_one_rank_exits_3(shards, tmp_path, progres
     assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]
     assert torch.load(out / "checkpoint.pt", weights_only=True)["progress"]["epochs_done"] == 2
     assert not (out / "summary.json").exists()
+
+
+EPOCH_3_EVALUATES_SLOWLY = """\
+import time
+from pathlib import Path
+import hpcgnn.train.trainer as trainer
+real = trainer.Trainer.evaluate
+def evaluate(self, epoch):
+    if epoch == 3:
+        Path(self.run_dir, "..", "evaluating").touch()
+        time.sleep(2)
+    return real(self, epoch)
+trainer.Trainer.evaluate = evaluate
+"""
+
+
+def test_a_signal_during_evaluation_stops_at_that_epochs_end(shards, tmp_path):
+    """SIGUSR1 while the ranks evaluate epoch 3 (slowed here): the ranks stop at epoch 3's end.
+    The flag was read before evaluation, so such a signal trained and evaluated one more epoch
+    first: more than the lead time docs/cluster.md asks for (one epoch with evaluation and a
+    checkpoint)."""
+    out = tmp_path / "run"
+    proc = _launch(EPOCH_3_EVALUATES_SLOWLY, [
+        "train", "--shards", shards("cora", 2, "metis"), "--config", "configs/cora.toml",
+        "--out", out, "--set", "train.epochs=50"])
+    try:
+        _wait_for(tmp_path / "evaluating", proc)
+        proc.send_signal(signal.SIGUSR1)
+        log, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log
+    assert json.loads((out / "preempted.json").read_text()) == {"epoch": 3, "epochs_done": 4}, log
+    assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]
