@@ -136,3 +136,34 @@ def test_a_signal_during_evaluation_stops_at_that_epochs_end(shards, tmp_path):
     assert proc.returncode == 0, log
     assert json.loads((out / "preempted.json").read_text()) == {"epoch": 3, "epochs_done": 4}, log
     assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]
+
+
+RANK_1_PROGRESS_THREAD_FAILS = """\
+import threading
+from mpi4py import MPI
+import hpcgnn.comm.progress as progress
+real = progress.Progress._test
+calls = []
+def _test(self):
+    if threading.current_thread().name == "hpcgnn-progress" and MPI.COMM_WORLD.Get_rank() == 1:
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError("a fault injected into rank 1's progress thread")
+    return real(self)
+progress.Progress._test = _test
+"""
+
+
+def test_an_exception_in_the_progress_thread_ends_the_job(shards, tmp_path):
+    """An exception in rank 1's progress thread (``comm.progress = "thread"``, injected) ends
+    the job with its traceback and no summary; it was printed by the thread alone ('Exception in
+    thread hpcgnn-progress') and the run went on to write summary.json and exit 0."""
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = run_injected(2, "hpcgnn", RANK_1_PROGRESS_THREAD_FAILS, [
+        "train", "--shards", shards("cora", 2, "metis"), "--config", "configs/cora.toml",
+        "--out", out, "--set", "train.epochs=30", "--set", "train.staleness=1"], timeout=120,
+        env={"HPCGNN_PROGRESS": "thread"})
+    assert proc.returncode not in (0, None) and time.monotonic() - t0 < 60, proc.stderr
+    assert "RuntimeError: the progress thread failed: OSError(\"a fault injected" in proc.stderr
+    assert not (out / "summary.json").exists() and len(read_metrics(out)) < 30
