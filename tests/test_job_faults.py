@@ -5,6 +5,7 @@ start-up: ``test_preempt_early.py``."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -167,3 +168,26 @@ def test_an_exception_in_the_progress_thread_ends_the_job(shards, tmp_path):
     assert proc.returncode not in (0, None) and time.monotonic() - t0 < 60, proc.stderr
     assert "RuntimeError: the progress thread failed: OSError(\"a fault injected" in proc.stderr
     assert not (out / "summary.json").exists() and len(read_metrics(out)) < 30
+
+
+def test_an_interrupt_on_one_rank_ends_the_job(shards, tmp_path):
+    """SIGINT (Ctrl-C) to rank 1 alone of ``mpiexec python -m hpcgnn`` (no mpi4py runner, as
+    the README allows): the job aborts with code 130 as under ``-m mpi4py``; the interrupted
+    rank left through MPI_Finalize while rank 0 waited in the epoch's collective, until the job's
+    time limit. The periodic checkpoint resumes."""
+    from test_train_errors import _rank_pids
+    shard_dir, out = shards("cora", 2, "metis"), tmp_path / "run"
+    args = ["train", "--shards", shard_dir, "--config", "configs/cora.toml", "--out", out,
+            "--set", "run.checkpoint_every=2"]
+    proc = _launch("", args + ["--set", "train.epochs=100000"])
+    try:
+        _wait_for(out / "checkpoint.pt", proc)
+        os.kill(_rank_pids(proc.pid)[1], signal.SIGINT)
+        log, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "KeyboardInterrupt" in log, log
+    done = torch.load(out / "checkpoint.pt", weights_only=True)["progress"]["epochs_done"]
+    check_ok(run_mpi(2, ["-m", "hpcgnn", *map(str, args), "--set", f"train.epochs={done + 2}",
+                         "--resume", "--force"], timeout=120))
+    assert [r["epoch"] for r in read_metrics(out)] == list(range(done + 2))
