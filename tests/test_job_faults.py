@@ -47,22 +47,27 @@ ckpt.save_checkpoint = save_checkpoint
 """
 
 
-def test_a_second_signal_while_rank_0_writes_the_checkpoint_is_ignored(shards, tmp_path):
-    """SIGUSR1, then another while rank 0 writes the preemption's checkpoint (slowed here): rank 1,
-    its part done, was leaving through MPI_Finalize with the signal's default action back
-    (Python's teardown restores it), so the second signal killed it and the launcher killed rank
-    0 mid-write: exit 138, no checkpoint.pt, no preempted.json. Now the job exits 0 with both,
-    and --resume finishes the run."""
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_second_signal_while_rank_0_writes_the_checkpoint_is_ignored(shards, tmp_path, signum):
+    """A preemption signal to every rank (as srun sends it), then another while rank 0 writes
+    the preemption's checkpoint (slowed here): rank 1, its part done, was leaving through
+    MPI_Finalize with the signal's default action back (Python's teardown restores it), so the
+    second signal killed it and the launcher killed rank 0 mid-write: exit 138 or 143, no
+    checkpoint.pt, no preempted.json. Now the job exits 0 with both, and --resume finishes."""
+    from test_train_errors import _rank_pids
     shard_dir, out = shards("cora", 2, "metis"), tmp_path / "run"
     args = ["train", "--shards", shard_dir, "--config", "configs/cora.toml", "--out", out,
             "--set", "train.epochs=200"]
     proc = _launch(RANK_0_SAVES_SLOWLY, args)
     try:
         _wait_for(out / "metrics.jsonl", proc)
-        proc.send_signal(signal.SIGUSR1)                 # mpiexec forwards it to the ranks
+        ranks = _rank_pids(proc.pid)
+        for pid in ranks:
+            os.kill(pid, signum)
         _wait_for(tmp_path / "saving", proc)
         time.sleep(1)                                    # rank 1 is leaving; rank 0 writes
-        proc.send_signal(signal.SIGUSR1)
+        for pid in ranks:
+            os.kill(pid, signum)
         log, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
