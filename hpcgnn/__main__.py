@@ -143,7 +143,7 @@ def cmd_train(args) -> int:
         _replace_old_run(trainer.run_dir)
     trainer.start()
     outcome = trainer.run()
-    process_flag().done()
+    process_flag().stand_down()          # decided on every rank: a later signal cannot kill it
     get_logger().info("%s; run directory %s", outcome, trainer.run_dir)
     if outcome == "diverged":             # every rank: the same reduced loss, the same epoch
         _finalize_and_exit(EXIT_DIVERGED)

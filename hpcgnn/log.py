@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 
@@ -41,25 +42,28 @@ def setup_logging(rank: int, size: int = 1, level: int | None = None) -> logging
     return log
 
 
-def abort_on_uncaught() -> None:
+def abort_on_uncaught(code: int = 1) -> None:
     """An exception escaped a command's ``main`` (a bug: user errors are reported and end every
-    rank cleanly): print it and, with MPI up on more than one rank, abort the job, as
-    ``python -m mpi4py`` does; without it the other ranks waited in their next collective
-    until the job's time limit."""
+    rank cleanly) or the rank was interrupted (SIGINT, ``code`` 130): print it and, with MPI up
+    on more than one rank, abort the job with ``code``, as ``python -m mpi4py`` does; without it
+    the other ranks waited in their next collective until the job's time limit (an interrupted
+    rank, leaving through MPI_Finalize, waited there with them)."""
     traceback.print_exc()
     sys.stderr.flush()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
             and mpi.COMM_WORLD.Get_size() > 1:
-        mpi.COMM_WORLD.Abort(1)
-    sys.exit(1)
+        mpi.COMM_WORLD.Abort(code)
+    sys.exit(code)
 
 
 def run_command(main) -> None:
     """``sys.exit(main())``, with an exception that escapes it ended by ``abort_on_uncaught``."""
     try:
         sys.exit(main())
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
         raise
+    except KeyboardInterrupt:
+        abort_on_uncaught(128 + signal.SIGINT)
     except BaseException:
         abort_on_uncaught()

@@ -94,14 +94,19 @@ def launcher_failed(proc: subprocess.CompletedProcess) -> bool:
             and any(m in proc.stderr for m in LAUNCHER_FAILURES))
 
 
-def run_injected(nranks: int, module: str, fault: str, args: list[str], timeout: float
-                 ) -> subprocess.CompletedProcess:
-    """``python -m MODULE ARGS`` on ``nranks`` ranks launched WITHOUT the mpi4py runner (as a
-    user may), every rank first running ``fault``: Python code that injects a bug (e.g. an
-    exception on one rank) into the real program."""
+def injected_command(nranks: int, module: str, fault: str, args: list[str]) -> list[str]:
+    """``mpiexec`` running ``python -m MODULE ARGS`` on ``nranks`` ranks WITHOUT the mpi4py
+    runner (as a user may), every rank first running ``fault``: Python code that injects a bug
+    (e.g. an exception on one rank) into the real program."""
     code = (f"{fault}\nimport runpy, sys\nsys.argv = [{module!r}, *sys.argv[1:]]\n"
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
-    command = [str(MPIEXEC), "-n", str(nranks), *FAMILY_FLAGS[mpi_family()], sys.executable,
-               "-c", code, *[str(a) for a in args]]
-    return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout, env=mpi_env(), cwd=str(REPO))
+    return [str(MPIEXEC), "-n", str(nranks), *FAMILY_FLAGS[mpi_family()], sys.executable,
+            "-c", code, *[str(a) for a in args]]
+
+
+def run_injected(nranks: int, module: str, fault: str, args: list[str], timeout: float,
+                 env: dict | None = None) -> subprocess.CompletedProcess:
+    """``injected_command``'s job, run to its end (``env``: more environment variables)."""
+    return subprocess.run(injected_command(nranks, module, fault, args), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout, env=mpi_env(env),
+                          cwd=str(REPO))

@@ -57,8 +57,10 @@ class Progress:
         self._lock = threading.Lock()
         self._active: dict[int, object] = {}
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None   # what ended the thread, raised by the rank
 
     def add(self, request) -> None:
+        self._raise_thread_error()
         if request is None:
             return
         with self._lock:
@@ -70,11 +72,13 @@ class Progress:
 
     def release(self, request) -> None:
         """Stop progressing ``request`` (call before waiting on it)."""
+        self._raise_thread_error()
         with self._lock:
             self._active.pop(id(request), None)
 
     def poke(self) -> None:
         """Without the thread: test what is in flight (an MPI call that progresses it)."""
+        self._raise_thread_error()
         if self.threaded:
             return
         with self._lock:
@@ -92,6 +96,13 @@ class Progress:
         thread = self._thread
         if thread is not None:
             thread.join()
+        self._raise_thread_error()
+
+    def _raise_thread_error(self) -> None:
+        """An exception that ended the thread, raised in the rank's own thread (where it ends
+        the job); it was printed by the thread alone and the run went on to exit 0."""
+        if self._error is not None:
+            raise RuntimeError(f"the progress thread failed: {self._error!r}") from self._error
 
     def _test(self) -> bool:
         """``MPI_Testall`` of the requests in flight (the lock held); False when there are none."""
@@ -104,12 +115,15 @@ class Progress:
         return True
 
     def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._test():
-                    self._thread = None
-                    return
-            time.sleep(self.interval)
+        try:
+            while True:
+                with self._lock:
+                    if not self._test():
+                        self._thread = None
+                        return
+                time.sleep(self.interval)
+        except BaseException as exc:         # noqa: BLE001 (handed to the rank's thread)
+            self._error = exc
 
 
 class _Point(torch.autograd.Function):

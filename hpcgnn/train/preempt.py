@@ -31,14 +31,18 @@ class PreemptFlag:
             signal.signal(sig, self._handler)
         return self
 
-    def done(self) -> None:
-        """Training has stopped: ignore SIGUSR1 from now on. The job script sends it again
-        until the ranks have ended (jobs/lib/common.sh), and Python's exit would otherwise put
-        back its default action (end the process) while they finalise."""
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
         self.raised, self.signum = True, signum
+
+    def stand_down(self) -> None:
+        """The ranks agreed to stop (done, preempted, stopped, diverged): a later SIGUSR1/SIGTERM
+        is ignored. Python's teardown puts the default action (terminate) back for a signal with
+        a Python handler, and MPI_Finalize runs after it; a rank there, its part done, while
+        rank 0 still wrote the checkpoint, was killed by a second signal, and the launcher then
+        killed rank 0 mid-write: neither that checkpoint nor ``preempted.json`` was left. The job
+        script also sends SIGUSR1 again until the ranks have ended (jobs/lib/common.sh)."""
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 _PROCESS_FLAG: PreemptFlag | None = None

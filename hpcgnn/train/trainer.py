@@ -323,7 +323,8 @@ class Trainer:
             self._log_epoch(record)
             if not math.isfinite(record["loss"]):
                 self._report_divergence(epoch, record["loss"])
-                return "diverged"
+                self.model.stale_state()     # completes what the stale layers have in flight:
+                return "diverged"            # a progress thread testing it aborted MPI_Finalize
             if stop or done == end or (every and done % every == 0):
                 self.save_checkpoint()
             if stop and done < epochs:
@@ -362,11 +363,12 @@ class Trainer:
         stats = self.model.stats
         ran = self.auto_setting(epoch)                 # kind = "auto": the setting this step ran
         auto = self.tune(epoch, step["loss"])
-        local = [float(self.preempt.raised), stats.bytes_sent, stats.bytes_full,
+        local = [0.0, stats.bytes_sent, stats.bytes_full,
                  stats.comm_s + step["allreduce_s"], stats.codec_s, step["epoch_s"]]
         t_eval = time.perf_counter()
         accs = self.evaluate(epoch) if self._eval_due(epoch) else {}
         eval_s = time.perf_counter() - t_eval
+        local[0] = float(self.preempt.raised)     # read last: a signal during evaluation stops here
         t_agree = time.perf_counter()
         flag, sent, full, comm_s, codec_s, step_s = sum_float64(self.ctx, local)   # epoch-end agreement
         # the step ends when the ranks agree on it: this small Allreduce can wait behind the
