@@ -17,13 +17,14 @@ export OMP_NUM_THREADS ?= 1
 
 .PHONY: setup setup-test demo test slurm-test clean
 
+# env/setup.sh makes $(VENV), the venv the targets then run (not an exported HPCGNN_VENV)
 setup:
-	bash env/setup.sh
+	HPCGNN_VENV=$(abspath $(VENV)) bash env/setup.sh
 
 # the test extra: pytest, PyG (the GAT reference), matplotlib, ogb, Triton (kernel tests run in
 # its interpreter on CPUs); `make demo` needs none of it
 setup-test:
-	HPCGNN_EXTRAS=test bash env/setup.sh
+	HPCGNN_VENV=$(abspath $(VENV)) HPCGNN_EXTRAS=test bash env/setup.sh
 
 # Preprocess Cora once (reused when a verified shard set is already there), then train on $(RANKS)
 # ranks; a second `make demo` replaces the demo's own run ($(RUN)) with --force.

@@ -120,6 +120,7 @@ from dataclasses import asdict, dataclass, field
 
 from hpcgnn.codecs.base import IDENTITY, CompressionPolicy, WireCodec
 from hpcgnn.codecs.quant import BITS, FP32
+from hpcgnn.errors import ScheduleError
 
 DIRECTIONS = ("forward", "backward")
 OBJECTIVES = ("time", "bytes")
@@ -514,7 +515,6 @@ class AutoPolicy(CompressionPolicy):
 
     def bind(self, epochs: int, num_layers: int, silent: frozenset = frozenset()) -> "AutoPolicy":
         if int(num_layers) == 1 and not self.settings.compress_last_layer:
-            from hpcgnn.schedule import ScheduleError
             raise ScheduleError(
                 f"schedule {self.path}: key 'compress_last_layer': has no effect on a 1-layer "
                 "model: its only layer is the last, which compress_last_layer = false keeps "

@@ -50,20 +50,36 @@ def abort_on_uncaught(code: int = 1) -> None:
     rank, leaving through MPI_Finalize, waited there with them)."""
     traceback.print_exc()
     sys.stderr.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
-            and mpi.COMM_WORLD.Get_size() > 1:
+    mpi = _world_of_several()
+    if mpi is not None:
         mpi.COMM_WORLD.Abort(code)
     sys.exit(code)
 
 
+def _world_of_several():
+    """``mpi4py.MPI`` when MPI is up on more than one rank, else None."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
+            and mpi.COMM_WORLD.Get_size() > 1:
+        return mpi
+    return None
+
+
 def run_command(main) -> None:
-    """``sys.exit(main())``, with an exception that escapes it ended by ``abort_on_uncaught``."""
+    """``sys.exit(main())``, with an exception that escapes it ended by ``abort_on_uncaught``;
+    a reader of stdout that left early (``hpcgnn summary RUN | head -1``) is not a bug: the
+    command ends with exit code 1 and no traceback (on one rank; a job's rank still ends the
+    job)."""
     try:
         sys.exit(main())
     except SystemExit:
         raise
     except KeyboardInterrupt:
         abort_on_uncaught(128 + signal.SIGINT)
+    except BrokenPipeError:
+        if _world_of_several() is not None:
+            abort_on_uncaught()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
+        sys.exit(1)
     except BaseException:
         abort_on_uncaught()

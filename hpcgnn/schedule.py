@@ -51,6 +51,7 @@ from hpcgnn.codecs.build import CodecSpec, build_codec, parse_codec
 from hpcgnn.codecs.learned import learned_pair
 from hpcgnn.codecs.quant import BITS
 from hpcgnn.config import SECTIONS
+from hpcgnn.errors import ScheduleError
 
 try:
     import tomllib
@@ -69,10 +70,6 @@ KIND_KEYS = {"constant": ("ratio", "max_ratio"), "linear": ("max_ratio", "min_ra
 """The rate keys each curve kind reads; another rate key beside it would have no effect."""
 DEFAULTS = {"codec": "truncate", "kind": "linear", "max_ratio": 128.0, "min_ratio": 1.0,
             "slope": 5.0, "factor": 2.0}
-
-
-class ScheduleError(ValueError):
-    """A schedule file the method cannot run; the message names the file, the key and the fix."""
 
 
 class _Where:

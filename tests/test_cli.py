@@ -65,6 +65,21 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
         assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_summary_into_a_pipe_its_reader_left_ends_without_a_traceback(tmp_path):
+    """``hpcgnn summary RUN | head -1``: the reader goes before the lines are written. That was
+    a BrokenPipeError traceback, which the docs call a bug; now exit 1, nothing on stderr."""
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"test_acc": 0.8, "final_test_acc": 0.8, "best_val_acc": 0.8, "epochs": 2,
+         "bytes_sent": 1, "bytes_full": 1, "allreduce_bytes": 1, "train_time_s": 1.0,
+         "epoch_time_s_median": 0.5, "ranks": 1, "device": "cpu"}))
+    proc = subprocess.Popen([sys.executable, "-m", "hpcgnn", "summary", str(tmp_path)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()                           # long before the interpreter has started
+    err = proc.communicate(timeout=60)[1]
+    assert (proc.returncode, err) == (1, "")
+
+
 def test_device_has_help():
     """``--device`` was the one option of train and predict that ``--help`` left unexplained."""
     for cmd in ("train", "predict"):

@@ -2,7 +2,8 @@
 image) in the README, the changelog, ``docs/``, ``bench/`` and ``env/`` Markdown points at a
 file of this repository that exists, and a ``#anchor`` into a Markdown file names one of its
 headings (GitHub's anchors). Nothing points outside the repository (a user's clone has no
-``../shared/``). ``PENDING`` lists pages that another branch adds; drop them once merged."""
+``../shared/``). ``PENDING`` lists pages that another branch adds; drop them once merged.
+docs/testing.md's table names every test file."""
 from __future__ import annotations
 
 import re
@@ -80,3 +81,13 @@ def test_the_checker_catches_bad_links(tmp_path):
 
 def test_readme_is_a_front_page():
     assert len((REPO / "README.md").read_text().splitlines()) <= 160
+
+
+def test_the_testing_page_names_every_test_file():
+    """docs/testing.md's table of what each test file checks names every ``tests/test_*.py``,
+    and no file that is not there."""
+    text = (REPO / "docs" / "testing.md").read_text()
+    table = text.split("\n## What each test file checks\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(test_\w+\.py)`", table))
+    files = {p.name for p in (REPO / "tests").glob("test_*.py")}
+    assert (files - named, named - files) == (set(), set())

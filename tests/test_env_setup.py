@@ -1,5 +1,5 @@
 """``env/setup.sh`` refuses a wrong MPI route before it makes the venv or installs torch (which
-takes minutes and, for a CUDA build, gigabytes)."""
+takes minutes and, for a CUDA build, gigabytes); the Makefile sets up the venv it runs."""
 from __future__ import annotations
 
 import os
@@ -44,3 +44,36 @@ def test_site_route_without_mpicc_is_refused_before_the_venv_is_made(tmp_path):
     assert res.returncode == 2, res.stderr
     assert "HPCGNN_MPI=site but no mpicc on PATH" in res.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def fake_venv(path: Path) -> Path:
+    """A venv ``env/setup.sh`` takes as up to date: its stamp for the pip route and this
+    pyproject, and a ``bin/python`` that answers every import check with success."""
+    (path / "bin").mkdir(parents=True)
+    (path / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
+    (path / "bin" / "python").chmod(0o755)
+    digest = subprocess.run(["sha256sum", str(REPO / "pyproject.toml")], capture_output=True,
+                            text=True, check=True).stdout[:16]
+    (path / ".hpcgnn-setup").write_text(f"route=pip pyproject={digest}\n\n")
+    return path
+
+
+def test_make_sets_up_the_venv_it_then_runs(tmp_path):
+    """``make demo VENV=DIR`` (and ``make test``) ran ``env/setup.sh`` on ``.venv`` (or on an
+    exported HPCGNN_VENV), then DIR's python: the venv made was not the one used."""
+    if shutil.which("make") is None:
+        pytest.skip("make not on PATH")
+    wanted, other = fake_venv(tmp_path / "wanted"), fake_venv(tmp_path / "other")
+    env = {**os.environ, "HPCGNN_VENV": str(other)}
+    for name in ("HPCGNN_EXTRAS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"):   # under `make test` too
+        env.pop(name, None)
+    for target in ("setup", "setup-test"):
+        if target == "setup-test":     # the test extra: the stamp must name it
+            for venv in (wanted, other):
+                (venv / ".hpcgnn-setup").write_text(
+                    (venv / ".hpcgnn-setup").read_text().split("\n")[0] + "\ntest\n")
+        res = subprocess.run(["make", "-s", "-C", str(REPO), target, f"VENV={wanted}"],
+                             capture_output=True, text=True, timeout=120,
+                             stdin=subprocess.DEVNULL, env=env)
+        assert res.returncode == 0, res.stderr
+        assert f"venv at {wanted} is up to date" in res.stderr, (target, res.stderr)

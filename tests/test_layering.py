@@ -2,10 +2,12 @@
 ``hashing/errors/log/memory < data, kernels < codecs < config, schedule < comm < nn < train <
 predict, plot, __main__`` (DESIGN.md: ``codecs <- comm <- nn <- train <- __main__``, ``data``
 below). Every ``import`` counts, including those inside functions. ``comm`` reads no shard
-files: the shard set is read once, above it, and handed down."""
+files: the shard set is read once, above it, and handed down. docs/architecture.md's tree
+places every area at the level ``LEVEL`` gives it."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "hpcgnn"
@@ -80,3 +82,23 @@ def test_comm_reads_no_files():
         text = path.read_text()
         for call in ("read_meta", "read_shard", "read_global_ids", "read_part", "h5py"):
             assert call not in text, f"{path.name} reads the shard set ({call})"
+
+
+def documented_levels(page: str) -> dict[str, int]:
+    """``{area: level}`` of docs/architecture.md's tree of ``hpcgnn/``: the names that start a
+    line (``x.py`` or ``x/``), at the level that line or the line above it states."""
+    tree = page.split("\nhpcgnn/\n", 1)[1].split("```", 1)[0]
+    levels, level = {}, None
+    for line in tree.splitlines():
+        if not line.startswith("  "):                  # preprocess/, outside the package
+            continue
+        m = re.search(r"\blevel (\d+)\b", line)
+        level = int(m.group(1)) if m else level
+        names = re.match(r"\s*((?:\w+(?:\.py|/)\s+)+)", line + " ").group(1).split()
+        levels.update({n.removesuffix(".py").removesuffix("/"): level for n in names})
+    return levels
+
+
+def test_the_architecture_page_places_every_area_at_its_level():
+    page = (PKG.parent / "docs" / "architecture.md").read_text()
+    assert documented_levels(page) == LEVEL
