@@ -266,5 +266,11 @@ TRAFFIC = {"1.5d": "1.5D bytes exchanged (column broadcasts and reduces, row all
                  "reduce-scatters along rows and layers)"}
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script's entry (pyproject's ``[project.scripts]``): ``main`` as ``python -m``
+    runs it, an escaping exception ending the whole job (``run_command``)."""
     run_command(main)
+
+
+if __name__ == "__main__":
+    cli()

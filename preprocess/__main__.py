@@ -188,5 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script's entry (pyproject's ``[project.scripts]``): ``main`` as ``python -m``
+    runs it, an escaping exception ending the whole job (``run_command``)."""
     run_command(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -97,9 +97,16 @@ def launcher_failed(proc: subprocess.CompletedProcess) -> bool:
 def injected_command(nranks: int, module: str, fault: str, args: list[str]) -> list[str]:
     """``mpiexec`` running ``python -m MODULE ARGS`` on ``nranks`` ranks WITHOUT the mpi4py
     runner (as a user may), every rank first running ``fault``: Python code that injects a bug
-    (e.g. an exception on one rank) into the real program."""
-    code = (f"{fault}\nimport runpy, sys\nsys.argv = [{module!r}, *sys.argv[1:]]\n"
-            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
+    (e.g. an exception on one rank) into the real program. A ``module`` of the form
+    ``pkg.mod:func`` is a console script's entry point (pyproject's ``[project.scripts]``),
+    called as pip's generated script calls it: ``sys.exit(func())``."""
+    if ":" in module:
+        mod, func = module.split(":")
+        code = (f"{fault}\nimport importlib, sys\nsys.argv = [{func!r}, *sys.argv[1:]]\n"
+                f"sys.exit(importlib.import_module({mod!r}).{func}())\n")
+    else:
+        code = (f"{fault}\nimport runpy, sys\nsys.argv = [{module!r}, *sys.argv[1:]]\n"
+                f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
     return [str(MPIEXEC), "-n", str(nranks), *FAMILY_FLAGS[mpi_family()], sys.executable,
             "-c", code, *[str(a) for a in args]]
 

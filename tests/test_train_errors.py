@@ -17,7 +17,7 @@ import pytest
 import numpy as np
 
 from _graphs import can_mount_tmpfs, tamper
-from _mpi import mpi_command, mpi_env, run_injected
+from _mpi import REPO, mpi_command, mpi_env, run_injected
 from conftest import refused_before_torch, train
 from hpcgnn.data.shard import sha256_file
 
@@ -93,6 +93,28 @@ def test_an_exception_on_one_rank_ends_the_job_without_the_mpi4py_runner(shards,
     assert proc.returncode != 0 and time.monotonic() - t0 < 60, proc.stderr
     assert "ZeroDivisionError: a bug injected on rank 1" in proc.stderr
     assert "epoch 1 (2/50)" in proc.stderr and "epoch 2 (3/50)" not in proc.stderr
+
+
+def test_the_console_scripts_end_the_job_on_an_exception_too(shards, tmp_path):
+    """``pip install`` makes ``hpcgnn`` and ``hpcgnn-preprocess`` commands from pyproject's
+    ``[project.scripts]``; ``mpiexec -n 2 hpcgnn train ...`` must abort on rank 1's exception as
+    ``python -m hpcgnn`` does (the entry pointed at ``main`` itself, past the abort, and hung)."""
+    import tomllib
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == {"hpcgnn", "hpcgnn-preprocess"}
+    t0 = time.monotonic()
+    proc = run_injected(2, scripts["hpcgnn"], RANK_1_FAILS_AT_EPOCH_2, [
+        "train", "--shards", shards("cora", 2, "metis"), "--config", "configs/cora.toml",
+        "--out", tmp_path / "run", "--set", "train.epochs=50"], timeout=120)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 60, proc.stderr
+    assert "ZeroDivisionError: a bug injected on rank 1" in proc.stderr
+    fault = ("from mpi4py import MPI\nimport preprocess.__main__ as pm\n"
+             "if MPI.COMM_WORLD.Get_rank() == 1:\n"
+             "    pm._run_distributed = lambda *a: 1 / 0\n")
+    proc = run_injected(2, scripts["hpcgnn-preprocess"], fault, [
+        "--dataset", "cora", "--parts", "2", "--partitioner", "random", "--out",
+        tmp_path / "set"], timeout=120)
+    assert proc.returncode != 0 and "ZeroDivisionError" in proc.stderr, proc.stderr
 
 @pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root and unshare -m to mount a small tmpfs")
 def test_a_full_disk_at_a_checkpoint_ends_the_job_and_keeps_the_last_one(shards, tmp_path):
