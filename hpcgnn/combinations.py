@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hpcgnn.errors import ConfigError
+from hpcgnn.errors import ConfigError, toml_value
 
 if TYPE_CHECKING:       # not at run time: loading a config (hpcgnn summary, plot) needs no torch
     from hpcgnn.codecs.base import CompressionPolicy
@@ -55,7 +55,7 @@ def _full(policy) -> bool:
 
 def _need(ok: bool, where: str, key: str, value: Any, fix: str) -> None:
     if not ok:
-        raise ConfigError(f"{where}: {key} = {value!r} is not allowed; {fix}")
+        raise ConfigError(f"{where}: {key} = {toml_value(value)} is not allowed; {fix}")
 
 
 def check_combination(cfg, policy: CompressionPolicy | None = None,

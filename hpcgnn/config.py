@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcgnn.combinations import check_combination
-from hpcgnn.errors import ConfigError
+from hpcgnn.errors import ConfigError, toml_value
 
 try:
     import tomllib
@@ -248,7 +248,7 @@ def _default(cls: type, key: str) -> Any:
 
 def _need(ok: bool, where: str, key: str, value: Any, fix: str) -> None:
     if not ok:
-        raise ConfigError(f"{where}: {key} = {value!r} is not allowed; {fix}")
+        raise ConfigError(f"{where}: {key} = {toml_value(value)} is not allowed; {fix}")
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:

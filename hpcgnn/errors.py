@@ -9,3 +9,9 @@ class ConfigError(ValueError):
 
 class ScheduleError(ValueError):
     """A schedule file the method cannot run; the message names the file, the key and the fix."""
+
+
+def toml_value(value) -> str:
+    """``value`` as a TOML file spells it, for messages that quote a key (``false``, not
+    Python's ``False``)."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)

@@ -231,7 +231,7 @@ def test_a_schedule_only_the_kept_first_layer_would_use_is_refused(shards, tmp_p
     proc = train(2, shard_dir, tmp_path / "refused", "train.staleness=1", "train.epochs=2",
                  extra=sched)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "t8.toml: compress_last_layer = False is not allowed" in proc.stderr
+    assert "t8.toml: compress_last_layer = false is not allowed" in proc.stderr
     assert "set compress_last_layer = true, or drop --schedule" in proc.stderr
     assert not (tmp_path / "refused" / "metrics.jsonl").exists()
     (tmp_path / "t8-all.toml").write_text('codec = "truncate"\nkind = "constant"\nratio = 8.0\n'

@@ -334,8 +334,9 @@ class Trainer:
                     log.warning("preempted at epoch %d; resume with --resume", epoch)
                 return "preempted"
         if end < epochs:
-            log.info("stopped after %d epochs (--stop-after); continue with --resume",
-                     self.progress.epochs_done)
+            done = self.progress.epochs_done
+            log.info("stopped after %d epoch%s (--stop-after); continue with --resume", done,
+                     "s" * (done != 1))
             return "stopped"
         summary = self.summary()
         with fatal_if_unwritable(self.ctx, self.run_dir / SUMMARY_NAME, self._kept()):
