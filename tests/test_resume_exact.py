@@ -1,0 +1,96 @@
+"""``--stop-after K`` + ``--resume`` equals the uninterrupted run bit for bit on 2 real ranks, for
+the methods the other resume tests leave out (``test_train_resume``, ``test_run_records``,
+``test_methods_exact``, ``test_stale_checkpoint``, ``test_autotune_run``, ``test_retexo``,
+``test_cagnet_2d3d`` have the rest): GAT with attention dropout, an exponential curve, VARCO's
+learned codec (its encoder, decoder and their Adam state are in the compared checkpoint),
+PipeGCN's staleness 1 with smoothing, and a synchronous run that keeps the features' halo rows
+for evaluation (``train.eval_features = "kept"``) stopped between two evaluations of
+``train.eval_every = 3``. Compared: every metrics line (timings aside), the final checkpoint's
+model and optimiser tensors, and summary.json's accuracies and byte counts. All runs of the
+module are one mpiexec job (``conftest.train_together``)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import check_ok, read_metrics, train_together
+
+pytestmark = pytest.mark.mpi
+
+BASE = ("model.hidden=8", "model.dropout=0.5", "train.epochs=7")
+EXPONENTIAL = ('codec = "truncate"\nkind = "exponential"\nmax_ratio = 8.0\nmin_ratio = 1.0\n'
+               'slope = 3.0\n')
+LEARNED = 'codec = "learned"\nkind = "linear"\nmax_ratio = 4.0\nmin_ratio = 1.0\nslope = 1.0\n'
+# name: (--set list, schedule text or None, --stop-after)
+CASES = {
+    "gat-attention-dropout": (("model.arch=gat", "model.heads=2", "model.attn_dropout=0.3"), None, 3),
+    "exponential-truncate": ((), EXPONENTIAL, 3),
+    "learned": ((), LEARNED, 2),
+    "pipegcn-s1-smoothing": (("train.staleness=1", "train.smoothing=0.95"), None, 3),
+    # evaluations at epochs 2, 5 and 6 (the last): the stop after 4 epochs is between two
+    "eval-kept-every-3": (("train.eval_features=kept", "train.eval_every=3"), None, 4),
+}
+TIMINGS = {"epoch_s", "comm_s", "codec_s", "eval_s", "wall_s"}
+SUMMARY = ("test_acc", "final_test_acc", "best_val_acc", "best_epoch", "epochs", "bytes_sent",
+           "bytes_full", "allreduce_bytes", "eval_bytes")
+
+
+@pytest.fixture(scope="module")
+def runs(shards, tmp_path_factory):
+    """name -> (uninterrupted run dir, stopped-and-resumed run dir), all in one 2-rank job."""
+    root = tmp_path_factory.mktemp("resume-exact")
+    shard_dir, jobs, dirs = shards("cora", 2), [], {}
+    for name, (sets, schedule, stop) in CASES.items():
+        extra = ()
+        if schedule is not None:
+            (root / f"{name}.toml").write_text(schedule)
+            extra = ("--schedule", str(root / f"{name}.toml"))
+        sets = (*BASE, *sets)
+        full, part = root / name / "full", root / name / "part"
+        jobs += [(shard_dir, full, sets, {}, extra),
+                 (shard_dir, part, sets, {}, (*extra, "--stop-after", str(stop))),
+                 (shard_dir, part, sets, {}, (*extra, "--resume"))]
+        dirs[name] = (full, part)
+    done = train_together(2, jobs, root)
+    for i, name in enumerate(CASES):
+        for proc in done[3 * i: 3 * i + 3]:
+            check_ok(proc)
+        assert f"stopped after {CASES[name][2]} epochs" in done[3 * i + 1].stderr
+    return dirs
+
+
+def _untimed(run_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in read_metrics(run_dir)]
+
+
+def _same_tensors(a, b, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same_tensors(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_tensors(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stopped_and_resumed_equals_the_uninterrupted_run(case, runs):
+    full, part = runs[case]
+    want, got = _untimed(full), _untimed(part)
+    assert [r["epoch"] for r in got] == list(range(7))
+    assert len({r["loss"] for r in want}) == 7                   # it trained
+    for w, g in zip(want, got):
+        assert g == w, {k: (w.get(k), g.get(k)) for k in w.keys() | g.keys() if w.get(k) != g.get(k)}
+    cw, cg = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (full, part))
+    for key in ("model", "optimizer"):
+        _same_tensors(cw[key], cg[key], key)
+    sw, sg = (json.loads((d / "summary.json").read_text()) for d in (full, part))
+    assert {k: sg[k] for k in SUMMARY} == {k: sw[k] for k in SUMMARY}
+    assert sw["bytes_sent"] > 0 and sw["epochs"] == 7
