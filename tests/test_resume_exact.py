@@ -5,9 +5,9 @@ the methods the other resume tests leave out (``test_train_resume``, ``test_run_
 learned codec (its encoder, decoder and their Adam state are in the compared checkpoint),
 PipeGCN's staleness 1 with smoothing, and a synchronous run that keeps the features' halo rows
 for evaluation (``train.eval_features = "kept"``) stopped between two evaluations of
-``train.eval_every = 3``. Compared: every metrics line (timings aside), the final checkpoint's
-model and optimiser tensors, and summary.json's accuracies and byte counts. All runs of the
-module are one mpiexec job (``conftest.train_together``)."""
+``train.eval_every = 3``; and CAGNET's 1.5D (c = 2) and 2D on 4 ranks. Compared: every metrics line (timings aside), the final checkpoint's
+model and optimiser tensors, and summary.json's accuracies and byte counts. The runs of each
+rank count are one mpiexec job (``conftest.train_together``)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from conftest import check_ok, read_metrics, train_together
+from conftest import CSBM, check_ok, read_metrics, train_together
 
 pytestmark = pytest.mark.mpi
 
@@ -100,3 +100,19 @@ def same_runs(full, part, epochs: int) -> None:
         same_tensors(cw[key], cg[key], key)
     sw, sg = (json.loads((d / "summary.json").read_text()) for d in (full, part))
     assert {k: sg[k] for k in SUMMARY_KEYS} == {k: sw[k] for k in SUMMARY_KEYS}
+
+
+def test_cagnet_stopped_and_resumed_equals_the_uninterrupted_run(shards, tmp_path):
+    """1.5D (K = 2 parts, c = 2) and 2D (q = 2, K = 4), dropout 0.5, on 4 ranks, one job."""
+    cases = {"1.5d": (shards(CSBM, 2), ("parallel.algorithm=1.5d", "parallel.replication=2")),
+             "2d": (shards(CSBM, 4), ("parallel.algorithm=2d",))}
+    jobs = []
+    for name, (shard_dir, sets) in cases.items():
+        sets = (*BASE, *sets)
+        jobs += [(shard_dir, tmp_path / name / "full", sets, {}),
+                 (shard_dir, tmp_path / name / "part", sets, {}, ("--stop-after", "3")),
+                 (shard_dir, tmp_path / name / "part", sets, {}, ("--resume",))]
+    for proc in train_together(4, jobs, tmp_path):
+        check_ok(proc)
+    for name in cases:
+        same_runs(tmp_path / name / "full", tmp_path / name / "part", 7)
