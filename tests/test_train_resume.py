@@ -1,5 +1,6 @@
 """Checkpoints, ``--resume`` and preemption: 10 epochs equal 5 + resume + 5 (same losses, same
-final weights; also past a metrics line torn by a kill), and a real SIGUSR1 to a real mpiexec job checkpoints and exits 0."""
+final weights; also past a metrics line torn by a kill), and a real SIGUSR1 to a real mpiexec job checkpoints and exits 0, and
+its resume equals the uninterrupted run."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 from _mpi import mpi_command, mpi_env
-from conftest import check_ok, read_metrics, run_mpi, train, train_here
+from conftest import check_ok, read_metrics, train, train_here, train_together
+from test_resume_exact import same_runs
 
 SETS = ("model.arch=sage", "model.hidden=12")
 
@@ -55,10 +57,12 @@ def test_checkpoint_every_and_mismatched_resume(shards, tmp_path):
 
 @pytest.mark.mpi
 def test_sigusr1_preempts_then_resume_finishes(shards, tmp_path):
-    """A real signal to a real mpiexec: checkpoint, preempted.json, exit 0; then --resume."""
+    """A real signal to a real mpiexec, mid-training: checkpoint, preempted.json, exit 0; then
+    --resume ends bit for bit where the uninterrupted run on the same 2 ranks ends."""
     shard_dir, out = shards("cora", 2, "metis"), tmp_path / "run"
+    sets = (*SETS, "train.epochs=60", "train.keep_features=true")   # a fetch a resume redoes
     args = ["-m", "hpcgnn", "train", "--shards", str(shard_dir), "--config", "configs/cora.toml",
-            "--out", str(out), "--set", "train.epochs=60", *sum((["--set", s] for s in SETS), [])]
+            "--out", str(out), *sum((["--set", s] for s in sets), [])]
     proc = subprocess.Popen(mpi_command(2, args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=mpi_env())
     try:
@@ -72,13 +76,14 @@ def test_sigusr1_preempts_then_resume_finishes(shards, tmp_path):
     assert "preempted at epoch" in log and "--resume" in log
     assert marker["epochs_done"] < 60 and (out / "checkpoint.pt").is_file()
     assert len(read_metrics(out)) == marker["epochs_done"]
-    check_ok(run_mpi(2, args + ["--resume"], timeout=120))
+    # the resume, then the uninterrupted run on the same 2 ranks, in one job
+    config = ("--config", "configs/cora.toml")
+    for done in train_together(2, [(shard_dir, out, sets, {}, (*config, "--resume")),
+                                    (shard_dir, tmp_path / "ref", sets, {}, config)],
+                               tmp_path / "jobs"):
+        check_ok(done)
     assert not (out / "preempted.json").exists()
-    got = read_metrics(out)
-    assert [r["epoch"] for r in got] == list(range(60))
-    want = train_here(shards("cora", 1), tmp_path / "ref", *SETS, "train.epochs=60")
-    for g, w in zip(got, want):
-        assert g["loss"] == pytest.approx(w["loss"], rel=1e-5), g["epoch"]
+    same_runs(tmp_path / "ref", out, 60)        # bit for bit: metrics, checkpoint, summary
 
 
 def _wait_for_epochs(path, n: int, proc, timeout: float = 90) -> None:

@@ -50,6 +50,16 @@ class GNN(nn.Module):
         for layer, state in zip(self.layers, states):
             layer.prop.load_state_dict(state)
 
+    def fetch_kept_input(self, x: torch.Tensor, epoch: int) -> bool:
+        """Fetch the halo rows of the features ``x`` that the first layer keeps (training's,
+        ``keeps_input``, or evaluation's, ``eval_kept``) now: a resumed run does before its
+        first step. Collective where it keeps them; False (nothing exchanged) elsewhere."""
+        prop = self.layers[0].prop
+        if not (getattr(prop, "keeps_input", False) or getattr(prop, "eval_kept", False)):
+            return False
+        prop.kept_input_halo(x, epoch)
+        return True
+
     def post_late_gradients(self) -> None:
         """After the step's gradient Allreduce: the stale layers post the halo gradients their
         backward kept (``hpcgnn.comm.stale``), in the order the backward made them."""

@@ -65,6 +65,7 @@ class HaloPropagation:
     first layer only, whose input is the features)."""
 
     exchanges_input = False
+    keeps_input = False          # training keeps the halo rows of its input (ConstantPropagation)
 
     def __init__(self, exchanger: HaloExchanger, progress: Progress | None = None,
                  eval_kept: bool = False):
@@ -154,10 +155,12 @@ class ConstantPropagation(HaloPropagation):
     """The first layer of a stale run, or of a synchronous one with ``train.keep_features``:
     its input never changes, so its halo rows are exchanged
     once (identity codec, no backward: the features need no gradient) and kept on the rank,
-    ``(n_halo, F_in)`` fp32. A resume exchanges them once more. ``progress``: the later
+    ``(n_halo, F_in)`` fp32. A resume fetches them once more before its first step
+    (``GNN.fetch_kept_input``). ``progress``: the later
     layers' stale exchanges, which this layer's work progresses at its points."""
 
     exchanges_input = True
+    keeps_input = True
 
     def input_halo(self, h: torch.Tensor, settings: ExchangeSettings) -> torch.Tensor:
         return self.kept_input_halo(h, settings.epoch)

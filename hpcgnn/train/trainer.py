@@ -135,6 +135,7 @@ class Trainer:
         broadcast_params_(self.ctx, [p.data for p in self.params])
         if self.resume:
             self._load_resume_state()
+            self._fetch_kept_rows()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.ctx.is_root:                       # no rank saves before epoch 0's Allreduce
             ckpt.remove_temporaries(self.run_dir)
@@ -183,6 +184,21 @@ class Trainer:
                 self.sink.drop_summary()        # epochs (--force): its summary is not the run's
         log.info("resumed from %s after epoch %d", self.run_dir / ckpt.CHECKPOINT_NAME,
                  self.progress.epochs_done - 1)
+
+    def _fetch_kept_rows(self) -> None:
+        """A resumed run's first layer fetches the features' halo rows it keeps (any stale run,
+        ``train.keep_features``, ``train.eval_features = "kept"``) here, before its first epoch,
+        uncounted: the uninterrupted run counted that fetch once, at its first step
+        (``bytes_sent``) or evaluation (``eval_bytes``), and the resumed run's totals are its
+        totals. Collective (every rank resumes the same model)."""
+        fetch = getattr(self.model, "fetch_kept_input", None)       # not RETEXO's model
+        if not self.progress.epochs_done or fetch is None:
+            return
+        if fetch(self.data.x, self.progress.epochs_done) and self.ctx.is_root:
+            log.info("--resume: fetched the features' halo rows the first layer keeps again "
+                     "(%d B from rank 0; not counted in bytes_sent or eval_bytes, as the "
+                     "uninterrupted run counted them once)", self.model.stats.bytes_sent)
+        self.model.stats.reset()
 
     def load_state(self, state: dict) -> None:
         """A decoded checkpoint (``checkpoint_state``'s dict) into this rank's trainer."""
