@@ -1,6 +1,8 @@
 """The hashes of ``hpcgnn.hashing`` as Triton device functions, on uint32 tensors (uint32
 products wrap modulo 2^32, as the masks of the torch versions do)."""
 import triton
+# the interpreter and the compiler look triton.language up in a jit function's globals
+import triton.language as tl  # noqa: F401
 
 
 @triton.jit
