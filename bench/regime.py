@@ -14,8 +14,9 @@ needs (``network.part_count``: halo P parts, 1.5D P/2, 2D q, 3D q^2), and a rank
 use is skipped (2D at 8, 3D at 4, 9 and 16, 1.5D at 9). Words are 4-byte words per epoch over all
 ranks, training only, forward and backward: ``counted`` is what the run's exchanges reported,
 ``closed form`` the formula of the algorithm's module from the shard set's ``meta.json``. Epoch
-time is the median training step. Results: ``OUT.json`` and ``OUT.md``. Run the timed table on an
-otherwise idle machine.
+time is the median training step; ``wall`` the mean wall-clock per epoch with evaluation (the
+step plus, at the last epoch, the one evaluation; ``network.summarise``). Results: ``OUT.json``
+and ``OUT.md``. Run the timed table on an otherwise idle machine.
 """
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ def run_one(graph: str, ranks: int, rate: str, name: str, args) -> dict | None:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"graph": graph, "ranks": ranks, "rate": rate, "algorithm": network.algorithm(name),
             "name": name, "parts": parts, "epoch_s": res["epoch_s"],
+            "epoch_wall_s": res["epoch_wall_s"], "train_wall_s": res["train_wall_s"],
             "words_counted": statistics.mean(r["bytes_sent"] for r in rows) / 4,
             "words_closed_form": closed_form_words(name, shards, ranks),
             "test_acc": res["test_acc"], "wall_s": time.perf_counter() - t0}
@@ -130,8 +132,8 @@ def closed_form_markdown(rows: list[dict]) -> str:
 
 
 def winners(results: list[dict], timed: bool) -> list[str]:
-    """Per graph and link, at each P: the fastest algorithm (timed) and the one moving fewest
-    words."""
+    """Per graph and link, at each P: the fastest algorithm (timed: by step and by wall-clock
+    with evaluation) and the one moving fewest words."""
     lines = []
     for graph in GRAPHS:
         for rate in dict.fromkeys(r["rate"] for r in results):
@@ -142,7 +144,9 @@ def winners(results: list[dict], timed: bool) -> list[str]:
                     continue
                 few = min(rs, key=lambda r: r["words_counted"])["algorithm"]
                 fast = min(rs, key=lambda r: r["epoch_s"])["algorithm"] if timed else "—"
-                cells.append(f"P={p}: fastest {fast}, fewest words {few}")
+                walled = [r for r in rs if r.get("epoch_wall_s") is not None]
+                wall = min(walled, key=lambda r: r["epoch_wall_s"])["algorithm"] if (timed and walled) else "—"
+                cells.append(f"P={p}: fastest step {fast}, wall-clock {wall}, fewest words {few}")
             if cells:
                 lines.append(f"- {graph}, link {rate}: " + "; ".join(cells))
     return lines
@@ -150,17 +154,27 @@ def winners(results: list[dict], timed: bool) -> list[str]:
 
 def to_markdown(results: list[dict], args, timed: bool) -> str:
     head = (f"GCN 2 layers, {HIDDEN} hidden, {args.epochs} epoch(s); words: 4-byte words per "
-            f"epoch over all ranks (training, forward + backward); {os.cpu_count()} cores.")
+            f"epoch over all ranks (training, forward + backward); epoch: the median training "
+            f"step; wall: the mean wall-clock per epoch with evaluation (one, at the last epoch); "
+            f"vs halo: the halo exchange's time over this one's; {os.cpu_count()} cores.")
     lines = [head, "", "| graph | P | link | algorithm | parts | words counted | closed form | "
-             "epoch (ms) | vs halo |", "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+             "epoch (ms) | vs halo | wall (ms) | vs halo |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def cell(r: dict, halo: dict | None, key: str) -> tuple[str, str]:
+        if not timed or r.get(key) is None:          # words only, or a result from before `wall`
+            return "—", "—"
+        vs = f"{halo[key] / r[key]:.2f}x" if halo and halo.get(key) is not None else "—"
+        return f"{1e3 * r[key]:.1f}", vs
+
     for r in results:
         halo = next((x for x in results if x["algorithm"] == "halo" and
                      (x["graph"], x["ranks"], x["rate"]) == (r["graph"], r["ranks"], r["rate"])), None)
-        ms = f"{1e3 * r['epoch_s']:.1f}" if timed else "—"
-        vs = f"{halo['epoch_s'] / r['epoch_s']:.2f}x" if (timed and halo) else "—"
+        step = " | ".join(cell(r, halo, "epoch_s"))
+        wall = " | ".join(cell(r, halo, "epoch_wall_s"))
         lines.append(f"| {r['graph']} | {r['ranks']} | {r['rate']} | {r['algorithm']} | "
                      f"{r['parts']} | {r['words_counted']:,.0f} | {r['words_closed_form']:,} | "
-                     f"{ms} | {vs} |")
+                     f"{step} | {wall} |")
     return "\n".join(lines + ["", *winners(results, timed)]) + "\n"
 
 
@@ -201,7 +215,8 @@ def main() -> None:
                         results.append(res)
                         print(f"{graph} P={ranks} {rate} {res['algorithm']}: "
                               f"{res['words_counted']:,.0f} words (closed form "
-                              f"{res['words_closed_form']:,}), {1e3 * res['epoch_s']:.1f} ms", flush=True)
+                              f"{res['words_closed_form']:,}), step {1e3 * res['epoch_s']:.1f} ms, "
+                              f"wall {1e3 * res['epoch_wall_s']:.1f} ms", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = to_markdown(results, args, timed=not args.words_only)
