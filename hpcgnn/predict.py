@@ -104,7 +104,8 @@ def write_part(out: Path, part_id: int, num_parts: int, epochs_done: int, arrays
                        epochs_done=epochs_done)
         for name in FIELDS:
             a = arrays[name].detach().cpu().numpy()
-            f.create_dataset(name, data=a.astype(np.float32 if a.dtype.kind == "f" else np.int64))
+            f.create_dataset(name, data=a.astype(np.float32 if a.dtype.kind == "f" else np.int64,
+                                                 copy=False))   # no copy of what is already so
     atomic_write_bytes(path, buf.getbuffer())
     return path
 

@@ -6,7 +6,9 @@ rounds (agreed with one ``allreduce``) so that each round moves at most about ``
 per rank (``HPCGNN_A2A_ROUND_BYTES``, 1 GiB by default), and never 2^31 bytes or more: a round
 of ``R`` takes ``ceil(c / R)`` rows or fewer of a block of ``c``, so up to one row per peer more
 than ``limit`` (``round_count``). A round's buffers are packed from and unpacked into the whole
-arrays.
+arrays; a single round (the usual case) sends from the array itself and receives into the
+result, without buffers (they were a copy of each: the peak of moving a slice's features was
+twice theirs more).
 """
 from __future__ import annotations
 
@@ -54,6 +56,11 @@ def _gather(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarra
     return a[idx]
 
 
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """The bytes of the C-contiguous ``a``, a flat uint8 view (no copy)."""
+    return a.view(np.uint8).reshape(-1)
+
+
 def alltoallv_rows(comm, data: np.ndarray, counts: np.ndarray,
                    limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Send ``data`` (``[n, ...]``, rows grouped by destination: ``counts[r]`` rows to rank
@@ -71,15 +78,19 @@ def alltoallv_rows(comm, data: np.ndarray, counts: np.ndarray,
     out = np.empty((int(recv_counts.sum()),) + data.shape[1:], dtype=data.dtype)
     sdisp, rdisp = _offsets(counts)[:-1], _offsets(recv_counts)[:-1]
     src = np.ascontiguousarray(data)
+    if rounds == 1:     # straight from ``data`` into ``out``: no round buffers, copies of both
+        comm.Alltoallv([_bytes(src), counts * row_bytes, sdisp * row_bytes, MPI.BYTE],
+                       [_bytes(out), recv_counts * row_bytes, rdisp * row_bytes, MPI.BYTE])
+        return out, recv_counts
     for i in range(rounds):
         s_lo, s_len = counts * i // rounds, counts * (i + 1) // rounds - counts * i // rounds
         r_lo, r_len = (recv_counts * i // rounds,
                        recv_counts * (i + 1) // rounds - recv_counts * i // rounds)
         sbuf = np.ascontiguousarray(_gather(src, sdisp + s_lo, s_len))
         rbuf = np.empty((int(r_len.sum()),) + data.shape[1:], dtype=data.dtype)
-        comm.Alltoallv([sbuf.view(np.uint8).reshape(-1), s_len * row_bytes,
+        comm.Alltoallv([_bytes(sbuf), s_len * row_bytes,
                         _offsets(s_len)[:-1] * row_bytes, MPI.BYTE],
-                       [rbuf.view(np.uint8).reshape(-1), r_len * row_bytes,
+                       [_bytes(rbuf), r_len * row_bytes,
                         _offsets(r_len)[:-1] * row_bytes, MPI.BYTE])
         idx = np.repeat(rdisp + r_lo - _offsets(r_len)[:-1], r_len) + np.arange(r_len.sum())
         out[idx] = rbuf

@@ -234,3 +234,30 @@ def test_a_recorded_schedule_this_version_refuses_is_set_aside_unless_learned(sh
                                        'keep = 0.5\n')
     proc = predict(2, run, d, tmp_path / "p2")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "key 'keep'" in proc.stderr
+
+
+def test_a_part_is_written_without_a_copy_of_its_arrays(tmp_path):
+    """``write_part`` builds the part's HDF5 image in memory: that image is its peak, not the
+    image plus a float32 copy of float32 arrays (on 2 ranks of a 300k-node cSBM, SAGE hidden 256,
+    writing a part took 300 MiB above the rank's resident set, now 154: its embedding's size)."""
+    import tracemalloc
+
+    from hpcgnn.predict import read_predictions, write_part
+    from hpcgnn.train.outdir import PRED_VERSION
+    n, hidden = 20000, 256
+    arrays = {"global_id": torch.arange(n), "pred": torch.arange(n) % 8,
+              "logits": torch.rand(n, 8), "embedding": torch.rand(n, hidden)}
+    write_part(tmp_path, 0, 1, 1, arrays)                   # warm, outside the count
+    tracemalloc.start()
+    try:
+        write_part(tmp_path, 0, 1, 1, arrays)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    (tmp_path / "meta.json").write_text(json.dumps({"format_version": PRED_VERSION,
+                                                    "num_parts": 1, "num_nodes": n}))
+    got = read_predictions(tmp_path)
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(got[name], a.numpy())
+    image = sum(a.numel() * a.element_size() for a in arrays.values())
+    assert peak <= 1.25 * image + (1 << 20), f"peak {peak / 2**20:.1f} MiB, image {image / 2**20:.1f} MiB"

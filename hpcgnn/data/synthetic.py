@@ -126,8 +126,22 @@ def csbm(name: str = "csbm", *, nodes: int = 2000, classes: int = 4, degree: flo
     dst = members[starts[cls] + (rng.random(m) * counts[cls]).astype(np.int64)]
     means = rng.standard_normal((classes, features))
     means /= np.linalg.norm(means, axis=1, keepdims=True)
-    x = (signal * means[labels] + rng.standard_normal((nodes, features))).astype(np.float32)
+    x = _csbm_features(rng, signal, means, labels)
     return _graph(name, nodes, dst, src, x, labels, Split(train, val), rng, symmetric=True)
+
+
+def _csbm_features(rng: np.random.Generator, signal: float, means: np.ndarray,
+                   labels: np.ndarray) -> np.ndarray:
+    """float32 ``signal * means[labels] + N(0, I)``, computed in float64 CHUNK elements at a
+    time: the same draws and bits as the whole matrix at once, without its two float64
+    temporaries (four times the float32 features' size, beside them)."""
+    nodes, features = len(labels), means.shape[1]
+    x = np.empty((nodes, features), dtype=np.float32)
+    step = max(1, CHUNK // features)
+    for lo in range(0, nodes, step):
+        hi = min(lo + step, nodes)
+        x[lo:hi] = signal * means[labels[lo:hi]] + rng.standard_normal((hi - lo, features))
+    return x
 
 
 def _rmat_edges(rng: np.random.Generator, scale: int, m: int,

@@ -70,21 +70,33 @@ class LocalGraph:
 
     @classmethod
     def from_shard(cls, shard: Shard, arch: str, device: torch.device | str = "cpu") -> "LocalGraph":
+        # Peak memory: the edges' temporaries (tens of bytes per edge) are this rank's peak
+        # where the features are narrow, so the halo operator is built first and each array
+        # is dropped as soon as it is used, and the self-loops go in without a second copy.
         vals = gcn_values(shard) if arch == "gcn" else mean_values(shard)
         n, h = shard.n_owned, shard.n_halo
+        device = torch.device(device)
         rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(shard.indptr))
         cols = np.asarray(shard.indices, dtype=np.int64)
         mine = cols < n
-        o_rows, o_cols, o_vals = rows[mine], cols[mine], vals[mine]
-        if arch == "gcn":                              # the self-loops, 1 / (d + 1)
-            loops = np.arange(n, dtype=np.int64)
-            o_rows, o_cols = np.concatenate([o_rows, loops]), np.concatenate([o_cols, loops])
-            o_vals = np.concatenate([o_vals, (1.0 / (shard.degree + 1.0)).astype(np.float32)])
-        device = torch.device(device)
+        theirs = ~mine
+        halo = SparseOp.from_coo(rows[theirs], cols[theirs] - n, vals[theirs], (n, h), device)
+        del theirs
+        loops = n if arch == "gcn" else 0              # GCN's self-loops, 1 / (d + 1)
+        o_rows, o_cols, o_vals = (np.empty(int(mine.sum()) + loops, dtype=a.dtype)
+                                  for a in (rows, cols, vals))
+        m = o_rows.size - loops
+        np.compress(mine, rows, out=o_rows[:m])
+        del rows
+        np.compress(mine, cols, out=o_cols[:m])
+        np.compress(mine, vals, out=o_vals[:m])
+        del mine, vals
+        if loops:
+            o_rows[m:] = o_cols[m:] = np.arange(n, dtype=np.int64)
+            o_vals[m:] = (1.0 / (shard.degree + 1.0)).astype(np.float32)
+        owned = SparseOp.from_coo(o_rows, o_cols, o_vals, (n, n), device)
         ids = torch.from_numpy(np.concatenate([shard.global_id, shard.halo_global_id]).astype(np.int64))
-        return cls(SparseOp.from_coo(o_rows, o_cols, o_vals, (n, n), device),
-                   SparseOp.from_coo(rows[~mine], cols[~mine] - n, vals[~mine], (n, h), device),
-                   n, h, ids.to(device))
+        return cls(owned, halo, n, h, ids.to(device))
 
     def transform_first_with_halo(self, f_in: int, f_out: int, fused: bool = False,
                                   density: float = 1.0) -> bool:
@@ -151,6 +163,7 @@ def _torch_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tupl
     rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
     order = np.lexsort((cols, rows))
     rows, cols, vals = rows[order], cols[order], np.asarray(vals)[order]
+    del order
     if rows.size > 1:
         first = np.r_[True, (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])]
         if not first.all():
@@ -159,7 +172,7 @@ def _torch_csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tupl
     indptr = np.zeros(shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=shape[0]), out=indptr[1:])
     return csr(torch.from_numpy(indptr).to(device), torch.from_numpy(cols).to(device),
-               torch.from_numpy(vals.astype(np.float32)).to(device), shape)
+               torch.from_numpy(vals.astype(np.float32, copy=False)).to(device), shape)
 
 
 class SpMM(torch.autograd.Function):

@@ -273,9 +273,11 @@ class SAGELayer(HaloLayer):
 
     def forward_owned(self, x: torch.Tensor, step: LayerStep) -> torch.Tensor:
         w_self, w_neigh = self.weight[:, :self.out_dim], self.weight[:, self.out_dim:]
+        # the neighbours' term first: ``x W_s`` made before it lived through the exchange, one
+        # (n_owned, F_out) block more at the layer's peak (a + b = b + a: the same bits)
         if self.transform_first:                  # two GEMMs: no slice copies of (n, 2 F_out)
-            return x @ w_self + self.propagate(x @ w_neigh, step) + self.bias
-        return x @ w_self + self.propagate(x, step) @ w_neigh + self.bias
+            return self.propagate(x @ w_neigh, step) + x @ w_self + self.bias
+        return self.propagate(x, step) @ w_neigh + x @ w_self + self.bias
 
     def sync_forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
         if self.transform_first and self.product(h, step, self.weight.shape[1]) is not None:

@@ -117,7 +117,9 @@ class HaloPropagation:
                   modules: Modules = (None, None)) -> torch.Tensor:
         """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
         local, halo = self.halo_rows(src, settings, lambda: graph.owned @ src, modules)
-        return local if halo is None else local + (graph.halo @ halo)
+        # in place: the sum's own (n_owned, w) block beside both terms was the peak of a wide
+        # layer (``local`` is not saved for backward; the same bits)
+        return local if halo is None else local.add_(graph.halo @ halo)
 
     def state_dict(self) -> dict | None:
         """What a checkpoint keeps of this propagation (None: nothing)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from hpcgnn.codecs import native
@@ -183,6 +184,16 @@ def build_model(ctx: CommContext, cfg: Config, policy: CompressionPolicy, setup:
     return method.model(layers, wiring.stats, cfg, classes).to(ctx.device)
 
 
+def release_features(shard: Shard, x: torch.Tensor) -> None:
+    """Drop the shard's feature rows once ``x`` (the trainer's) is a copy of them (normalised,
+    or on a GPU), keeping a zero-stride placeholder of their shape: otherwise the rank held
+    them twice while its model was built."""
+    f = shard.features
+    if x.device.type == "cpu" and f.size and x.data_ptr() == f.ctypes.data:
+        return
+    shard.features = np.broadcast_to(np.zeros((), f.dtype), f.shape)
+
+
 def with_cuda_aware(ctx: CommContext, comm: CommSettings) -> CommContext:
     """The context with ``[comm] cuda_aware`` applied (``auto`` keeps what the library said)."""
     if comm.cuda_aware == "auto" or ctx.device.type != "cuda":
@@ -209,6 +220,7 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
     if training:
         shard_set.check_trainable(num_train(setup.shard))
     data = part_tensors(setup.shard, cfg.data.normalize_features, ctx.device)
+    release_features(setup.shard, data.x)
     model = build_model(ctx, cfg, policy, setup)
     run_dir = Path(run_dir)
     options = RunOptions(

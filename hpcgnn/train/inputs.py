@@ -58,7 +58,7 @@ def row_normalize(x: np.ndarray, global_id: np.ndarray | None = None, part: int 
     if bad.size:
         raise FeatureNormError(_norm_error(s64, bad, global_id, part))
     s = x.sum(axis=1, keepdims=True)
-    return (x / np.where(s == 0, 1.0, s)).astype(np.float32)
+    return (x / np.where(s == 0, 1.0, s)).astype(np.float32, copy=False)   # already float32
 
 
 def _norm_error(s: np.ndarray, bad: np.ndarray, global_id: np.ndarray | None, part: int | None) -> str:
