@@ -184,13 +184,22 @@ def _block_keys(seed: int, layer: int, src: int, dst: int, epoch: int) -> tuple[
     return key(mix(seed, src, dst)), key(mix(seed, layer, src, dst))
 
 
-def _split_operator(shard_dir, ranks: int, spec: str = CSBM):
-    """The whole graph and its GCN operator split into the part-local entries (``a_loc``) and,
-    per receiving part ``q``, the entries whose column is another part's node (``a_halo[q]``)."""
+def _mean_operator(g) -> np.ndarray:
+    """GraphSAGE's mean over the in-neighbours in the whole graph: ``1 / in_degree(i)`` on every
+    in-edge of ``i`` (BNS-GCN's ``in_norm``: the whole graph's in-degree, sampled or not)."""
+    a = sp.csr_matrix((np.ones(g.num_edges), g.indices, g.indptr), shape=(g.num_nodes,) * 2).toarray()
+    deg = a.sum(1)
+    return a / np.where(deg > 0, deg, 1.0)[:, None]
+
+
+def _split_operator(shard_dir, ranks: int, spec: str = CSBM, operator=_gcn_operator):
+    """The whole graph and its ``operator`` (GCN's) split into the part-local entries
+    (``a_loc``) and, per receiving part ``q``, the entries whose column is another part's node
+    (``a_halo[q]``)."""
     from hpcgnn.data.datasets import load_dataset
     g = load_dataset(spec)
     part_of = _parts(shard_dir, ranks)
-    a = sp.coo_matrix(_gcn_operator(g))
+    a = sp.coo_matrix(operator(g))
     same = part_of[a.row] == part_of[a.col]
     a_loc = torch_sparse(sp.coo_matrix((a.data * same, (a.row, a.col)), shape=a.shape))
     a_halo = [torch_sparse(sp.coo_matrix((a.data * (~same & (part_of[a.row] == q)),
@@ -215,15 +224,38 @@ def _train_gcn(g, p: dict, opt, propagate) -> list[float]:
     return losses
 
 
+def _train_sage(g, p: dict, opt, propagate) -> list[float]:
+    """EPOCHS full-batch steps of the 2-layer GraphSAGE-mean, ``x W_s + mean(x) W_n + b`` with
+    ``weight = [W_s | W_n]``, its mean ``propagate(e, layer, epoch)``; the losses. (The ranks
+    aggregate layer 0's input and layer 1's ``h W_n``: a row selection commutes with ``W_n``.)"""
+    x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
+    train_idx = torch.from_numpy(g.train_idx)
+
+    def layer(h, i, t):
+        w, b = p[f"layers.{i}.weight"], p[f"layers.{i}.bias"]
+        out = w.shape[1] // 2
+        return h @ w[:, :out] + propagate(h, i, t) @ w[:, out:] + b
+    losses = []
+    for t in range(EPOCHS):
+        loss = F.cross_entropy(layer(torch.relu(layer(x, 0, t)), 1, t)[train_idx], y[train_idx])
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
-                         channels: bool = True) -> list[float]:
-    """The same GCN on the whole graph, each part's halo rows of every layer replaced by what
-    the documented selection of ``sample+random`` (keep 1/2 of each block's rows, the same rows
-    in both layers of an epoch, half the channels, drawn per layer, scaled by rows/kept)
-    delivers, or of ``sample`` alone (every channel) without ``channels``; autograd gives the
-    gradient of that forward."""
+                         channels: bool = True, arch: str = "gcn") -> list[float]:
+    """The same GCN (or with ``arch = "sage"`` GraphSAGE-mean) on the whole graph, each part's
+    halo rows of every layer replaced by what the documented selection of ``sample+random``
+    (keep 1/2 of each block's rows, the same rows in both layers of an epoch, half the
+    channels, drawn per layer, scaled by rows/kept) delivers, or of ``sample`` alone (every
+    channel) without ``channels``; autograd gives the gradient of that forward."""
     from hpcgnn.data.shard import read_shard
-    g, a_loc, a_halo = _split_operator(shard_dir, ranks, spec)
+    operator, train_model = ((_gcn_operator, _train_gcn) if arch == "gcn"
+                             else (_mean_operator, _train_sage))
+    g, a_loc, a_halo = _split_operator(shard_dir, ranks, spec, operator)
     shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
@@ -248,7 +280,7 @@ def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
         return torch.sparse.mm(a_loc, e) + sum(torch.sparse.mm(a_halo[q], ms[q] * e)
                                                for q in range(ranks))
 
-    return _train_gcn(g, p, opt, propagate)
+    return train_model(g, p, opt, propagate)
 
 
 @pytest.mark.mpi
@@ -286,6 +318,23 @@ def test_boundary_sampling_on_a_directed_graph_equals_single_process_computation
     init = init_of(lattice_spec, SETS[:4])
     assert got == pytest.approx(compressed_reference(shard_dir, ranks, init, lattice_spec,
                                                      channels=False), rel=2e-5)
+
+
+@pytest.mark.mpi
+def test_sampled_sage_mean_equals_single_process_computation(shards, init_of, tmp_path):
+    """BNS-GCN's ``sample`` under GraphSAGE's mean: the kept halo rows scaled by rows/kept and
+    the sum divided by the whole in-degree (BNS-GCN's ``in_norm``), the dropped rows counted in
+    it: an unbiased estimate of the mean, not a mean over the kept neighbours."""
+    sets = ("model.arch=sage", *SETS[1:])
+    shard_dir = shards(CSBM, 2, "random")
+    (tmp_path / "s.toml").write_text('codec = "sample"\nkind = "constant"\nratio = 2.0\n'
+                                     'compress_last_layer = true\n')
+    check_ok(train(2, shard_dir, tmp_path / "run", *sets,
+                   extra=("--schedule", str(tmp_path / "s.toml")), timeout=180))
+    got = [r["loss"] for r in read_metrics(tmp_path / "run")]
+    init = init_of(CSBM, sets[:4])
+    assert got == pytest.approx(compressed_reference(shard_dir, 2, init, channels=False,
+                                                     arch="sage"), rel=2e-5)
 
 
 # -- Sylvie: bounded staleness with quantised rows, against PipeGCN fed the quantiser's output --
