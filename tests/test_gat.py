@@ -1,8 +1,9 @@
 """GAT (``model.arch = "gat"``): the layer against a dense attention matrix written here (and
 PyG's ``GATConv`` when installed), on both paths of the attention sums; training on 2, 3 and 4
 ranks (uneven METIS parts, dropout and attention dropout on) against 1 rank; a
-``truncate``-compressed run against a whole-graph computation written here (each part sees its
-halo rows truncated); ``hpcgnn predict`` of a GAT run against the dense GAT. Staleness with
+``truncate``-compressed and a 2-bit ``quant`` run against whole-graph computations written here
+(each part sees its halo rows truncated, or as the numpy quantiser of ``test_codecs`` rounds
+them); ``hpcgnn predict`` of a GAT run against the dense GAT. Staleness with
 GAT is tested in ``test_methods_exact.py`` (against ``_pipegcn.py``). This file is also the MPI
 worker (several variants per launch).
 """
@@ -31,8 +32,11 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
     # layer 0: 24 -> 2 x 4 (exchanges h, width 8: k = 4); layer 1: 8 -> 4 (h, width 4: k = 2)
     "truncate": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4"),
                  'codec = "truncate"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'),
+    # the same widths, every forward row 2-bit (AdaQP's quantiser), gradients fp32
+    "quant": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4"),
+              'codec = "quant"\nbits = 2\ncompress_last_layer = true\ncompress_backward = false\n'),
 }
-LAUNCHES = [(2, ("gat", "truncate", "predict:gat")), (3, ("gat", "gat-deep")), (4, ("gat",))]
+LAUNCHES = [(2, ("gat", "truncate", "quant", "predict:gat")), (3, ("gat", "gat-deep")), (4, ("gat",))]
 
 
 # -- an independent GAT: dense attention over the whole graph --------------------------------
@@ -321,6 +325,24 @@ class Truncated:
         pass
 
 
+class Quantised:
+    """Halo rows of ``h`` as the documented quantiser delivers them (``test_codecs.ref_quant``
+    on each sender's send buffer, ``test_methods_exact.quantised_rows``): the attention logit
+    and the message of a halo source both from the decoded row. The backward takes the rounding
+    as the identity (fp32 gradients, ``compress_backward = false``)."""
+
+    def __init__(self, parts, shard_dir, ranks):
+        from test_methods_exact import quantised_rows
+        self.parts, self.received = parts, quantised_rows(shard_dir, ranks, 2)[0]
+
+    def __call__(self, layer, h, q, t):
+        flat = h.flatten(1)
+        return flat.add((self.received(layer, t, flat, q) - flat).detach()).view_as(h)
+
+    def after(self, t):
+        pass
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks,variants", LAUNCHES, ids=[f"{r}-ranks" for r, _ in LAUNCHES])
 def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
@@ -343,6 +365,10 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
             assert losses == pytest.approx(whole_graph_losses(init, parts, 2, 4, Truncated(parts)),
                                            rel=2e-5)
             assert all(r["bytes_sent"] * 2 == r["bytes_full"] > 0 for r in got)
+            assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
+        elif variant == "quant":
+            assert losses == pytest.approx(whole_graph_losses(
+                init, parts, 2, 4, Quantised(parts, shard_dir, ranks)), rel=2e-5)
             assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
         else:
             assert losses == pytest.approx([r["loss"] for r in want], rel=1e-5), variant
