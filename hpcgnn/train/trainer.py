@@ -379,12 +379,14 @@ class Trainer:
         step = self.train_step(epoch)
         stats = self.model.stats
         ran = self.auto_setting(epoch)                 # kind = "auto": the setting this step ran
-        auto = self.tune(epoch, step["loss"])
         local = [0.0, stats.bytes_sent, stats.bytes_full,
                  stats.comm_s + step["allreduce_s"], stats.codec_s, step["epoch_s"]]
         t_eval = time.perf_counter()
         accs = self.evaluate(epoch) if self._eval_due(epoch) else {}
         eval_s = time.perf_counter() - t_eval
+        # kind = "auto" decides for the next epoch only after the evaluation: with
+        # train.eval_codec = "train" it evaluates through the codecs this epoch trained with
+        auto = self.tune(epoch, step["loss"])
         local[0] = float(self.preempt.raised)     # read last: a signal during evaluation stops here
         t_agree = time.perf_counter()
         flag, sent, full, comm_s, codec_s, step_s = sum_float64(self.ctx, local)   # epoch-end agreement
