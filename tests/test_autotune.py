@@ -448,6 +448,7 @@ AUTO_BAD = [
     ('codec = "truncate"\n', "codec", "codec = 'quant'"),
     ('bits = 4\n', "bits", "as a list"),
     ('bits = [3]\n', "bits", "[1, 2, 4, 8]"),
+    ('bits = [2.0, 4.0]\n', "bits", "[1, 2, 4, 8]"),  # was accepted: a TypeError before epoch 0
     ('bits = []\n', "bits", "non-empty"),
     ('every = 0\n', "every", "every = 5"),
     ('probe_rows = -1\n', "probe_rows", "probe_rows = 2048"),
