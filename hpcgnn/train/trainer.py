@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hpcgnn.autotune import signature
+from hpcgnn.autotune import signature, steps_note
 from hpcgnn.codecs.base import CompressionPolicy
 from hpcgnn.comm.collectives import allreduce_sum_, broadcast_params_, max_float64, sum_float64
 from hpcgnn.comm.context import CommContext, mpi_library
@@ -432,12 +432,7 @@ class Trainer:
             record["seconds"] = time.perf_counter() - t0   # decision): not in epoch_s
         steps = (record or {}).get("steps", {})
         if self.ctx.is_root and steps.get("verdict", "keep") != "keep":
-            ms = {k: "untimed" if steps[k] is None else f"{1e3 * steps[k]:.1f} ms"
-                  for k in ("median_s", "fp32_median_s")}
-            log.info("auto: epoch %d: %s steps %s, fp32 steps %s: %s", epoch, steps["setting"],
-                     ms["median_s"], ms["fp32_median_s"],
-                     "timing fp32 for one window" if steps["verdict"] == "reference"
-                     else "not faster, sending fp32")
+            log.info("auto: epoch %d: %s", epoch, steps_note(steps))
         return record
 
     def train_step(self, epoch: int) -> dict:
