@@ -205,8 +205,12 @@ def test_auto_start_decides_no_backward_where_the_first_layer_sends_the_features
     ranks, shard_dir = 2, shards(GRAPH, 2, "random")
     (tmp_path / "auto.toml").write_text(SCHEDULES["auto-bytes"])
     (tmp_path / "run.toml").write_text(RUN)
-    check_ok(train(ranks, shard_dir, tmp_path / "run", "train.epochs=3", "model.hidden=64",
-                   config=str(tmp_path / "run.toml"), extra=("--schedule", str(tmp_path / "auto.toml"))))
+    proc = train(ranks, shard_dir, tmp_path / "run", "train.epochs=3", "model.hidden=64",
+                 config=str(tmp_path / "run.toml"), extra=("--schedule", str(tmp_path / "auto.toml")))
+    check_ok(proc)
+    told = [line for line in (proc.stdout + proc.stderr).splitlines() if "epoch 0 sends" in line]
+    # the bytes objective times nothing: the log showed a link of '0 ms + 0 ns/B (timed ...)'
+    assert len(told) == 1 and "0/backward" not in told[0] and "timed" not in told[0], told
     epoch0 = read_metrics(tmp_path / "run")[0]
     start = epoch0["auto"]["start"]["bits"]
     assert set(start) == {"0/forward", "1/forward", "1/backward"}, start

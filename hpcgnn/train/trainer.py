@@ -326,9 +326,10 @@ class Trainer:
         if self.policy.adaptive and self.progress.epochs_done == 0:   # kind = "auto"
             self._auto_start = start_run(self.ctx, self.policy, list(self.model.layers))
             if self._auto_start is not None and self.ctx.is_root:
-                wire = self._auto_start["wire"]
-                log.info("auto: link %.3g ms + %.3g ns/B (timed before epoch 0); epoch 0 sends %s",
-                         1e3 * wire["alpha_s"], 1e9 * wire["beta_s_per_byte"],
+                wire = self._auto_start["wire"]        # the bytes objective times nothing
+                link = (f"link {1e3 * wire['alpha_s']:.3g} ms + {1e9 * wire['beta_s_per_byte']:.3g}"
+                        " ns/B (timed before epoch 0); " if self._auto_start["samples"] else "")
+                log.info("auto: %sepoch 0 sends %s", link,
                          ", ".join(f"{k} {v if v != 32 else 'fp32'}"
                                    for k, v in self._auto_start["bits"].items()))
         for epoch in range(self.progress.epochs_done, end):
