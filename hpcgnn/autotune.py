@@ -345,6 +345,24 @@ def verify_steps(steps: dict[str, list[float]], slower: list[str], bits: dict[st
     return "keep", facts
 
 
+def steps_note(steps: dict) -> str:
+    """The log line of a check whose ``steps`` verdict is not ``keep``: why it sends fp32 (or
+    times it), in the terms of ``verify_steps``: a setting whose steps were measured no faster,
+    or, never run, one predicted less than ``VERIFY_BELOW`` times cheaper on a link where the
+    steps already overruled the prediction."""
+    ms = {k: "untimed" if steps[k] is None else f"{1e3 * steps[k]:.1f} ms"
+          for k in ("median_s", "fp32_median_s")}
+    facts = f"{steps['setting']} steps {ms['median_s']}, fp32 steps {ms['fp32_median_s']}"
+    if steps["verdict"] == "reference":
+        return f"{facts}: timing fp32 for one window"
+    if steps["median_s"] is None or steps["fp32_median_s"] is None:
+        gain = steps["predicted_gain"]
+        return (f"{facts}: predicted {'?' if gain is None else f'{gain:.2f}'}x cheaper than "
+                f"fp32, under the {VERIFY_BELOW:g}x that a compressed setting needs on this link "
+                "(its steps overruled the prediction before), sending fp32")
+    return f"{facts}: not {MEASURED_GAIN:.0%} faster, sending fp32"
+
+
 def _probe_interval(state: AutoState, bits: dict[str, int], every: int,
                     fp32_clear: bool = False, baseline: dict[str, int] | None = None) -> int:
     """Double the interval when a probe changed nothing, else back to ``every``; the longest

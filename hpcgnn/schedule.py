@@ -247,7 +247,9 @@ def _codec(table: dict, prefix: str, where: _Where) -> CodecSpec:
 
 
 def _valid_bits(value: Any) -> bool:
-    return not isinstance(value, bool) and value in BITS
+    """An int in ``BITS`` (``2.0 in BITS`` holds in Python, and a float width fails in the codec
+    at the first exchange)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value in BITS
 
 
 def _valid_keep(value: Any) -> bool:

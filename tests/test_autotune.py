@@ -305,6 +305,19 @@ def test_a_setting_whose_steps_are_slower_than_fp32s_is_dropped_for_good():
     assert records[2]["steps"]["fp32_median_s"] == pytest.approx(0.046)
 
 
+def test_the_log_says_why_fp32_is_sent_untimed_settings_are_not_called_slower():
+    """After a setting's steps overruled the prediction, a later setting predicted under 2x is
+    never run: its log line said 'not faster' of steps never timed (every check of the run)."""
+    from hpcgnn.autotune import steps_note
+    _, records = _steps_run(_figures_fast_link(), {"fp32": 0.046, "0/forward=2": 0.054})
+    measured = steps_note(records[2]["steps"])           # 2 bits timed slower than fp32
+    assert "54.0 ms" in measured and "46.0 ms" in measured and "not 5% faster" in measured
+    verdict, facts = verify_steps({"fp32": [0.046] * 4}, ["0/forward=2"], {"0/forward=4": 4}, 1.5)
+    untimed = steps_note({**facts, "verdict": verdict})
+    assert verdict == "fp32" and "faster" not in untimed and "untimed" in untimed
+    assert "predicted 1.50x cheaper" in untimed and "2x" in untimed
+
+
 def test_a_setting_whose_steps_are_faster_keeps_running_after_one_fp32_window():
     ran, records = _steps_run(_figures_fast_link(), {"fp32": 0.046, "0/forward=2": 0.030})
     assert [r["steps"]["verdict"] for r in records][:3] == ["keep", "reference", "keep"]
@@ -448,6 +461,7 @@ AUTO_BAD = [
     ('codec = "truncate"\n', "codec", "codec = 'quant'"),
     ('bits = 4\n', "bits", "as a list"),
     ('bits = [3]\n', "bits", "[1, 2, 4, 8]"),
+    ('bits = [2.0, 4.0]\n', "bits", "[1, 2, 4, 8]"),  # was accepted: a TypeError before epoch 0
     ('bits = []\n', "bits", "non-empty"),
     ('every = 0\n', "every", "every = 5"),
     ('probe_rows = -1\n', "probe_rows", "probe_rows = 2048"),

@@ -189,3 +189,34 @@ def test_one_rank_auto_writes_strict_json(shards, tmp_path):
                for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r["auto"]["steps"] for r in records if "auto" in r and "steps" in r["auto"]]
     assert steps and all(s["predicted_gain"] is None for s in steps), steps
+
+
+@pytest.mark.mpi
+def test_auto_start_decides_no_backward_where_the_first_layer_sends_the_features(shards, tmp_path):
+    """With 48 features and 64 hidden channels the first layer exchanges the features (its
+    cheaper order) and they need no gradient: it has no backward exchange. The start decided,
+    timed and recorded bits for it all the same ('0/backward' in what epoch 0 'sent', and in
+    every setting's signature): epoch 0's record must hold the exchanges epoch 0 made, and its
+    bytes what they sent at the recorded bits."""
+    from conftest import train
+    from test_eval_codec import quant_row_bytes as _row_bytes
+
+    from hpcgnn.data.shard import read_shard
+    ranks, shard_dir = 2, shards(GRAPH, 2, "random")
+    (tmp_path / "auto.toml").write_text(SCHEDULES["auto-bytes"])
+    (tmp_path / "run.toml").write_text(RUN)
+    proc = train(ranks, shard_dir, tmp_path / "run", "train.epochs=3", "model.hidden=64",
+                 config=str(tmp_path / "run.toml"), extra=("--schedule", str(tmp_path / "auto.toml")))
+    check_ok(proc)
+    told = [line for line in (proc.stdout + proc.stderr).splitlines() if "epoch 0 sends" in line]
+    # the bytes objective times nothing: the log showed a link of '0 ms + 0 ns/B (timed ...)'
+    assert len(told) == 1 and "0/backward" not in told[0] and "timed" not in told[0], told
+    epoch0 = read_metrics(tmp_path / "run")[0]
+    start = epoch0["auto"]["start"]["bits"]
+    assert set(start) == {"0/forward", "1/forward", "1/backward"}, start
+    # layer 0 sends the 48 features, layer 1 its transform to the 4 classes, forward and back;
+    # every row one rank sends, another receives: the same row count each way
+    rows = sum(int(read_shard(shard_dir / f"part-{p:05d}.h5").send_counts.sum()) for p in range(ranks))
+    fetch = rows * (_row_bytes(48, start["0/forward"]) + _row_bytes(4, start["1/forward"])
+                    + _row_bytes(4, start["1/backward"]))
+    assert epoch0["bytes_sent"] == fetch

@@ -53,3 +53,38 @@ def test_stale_evaluation_codecs_fit_the_synchronous_rows(arch, shards, tmp_path
     want = {"sync": both, "stale": both, "stale-kept": eval_bytes_by_hand(shard_dir, ranks, (1,))}
     for name in runs:
         assert [r["eval_bytes"] for r in read_metrics(tmp_path / name)] == [want[name]] * 2, name
+
+
+def quant_row_bytes(width: int, bits: int) -> int:
+    """The documented wire size of one row: fp32, or lo (4) + step (2) + packed codes."""
+    return 4 * width if bits == 32 else 6 + -(-width * bits // 8)
+
+
+@pytest.mark.mpi
+def test_auto_evaluation_uses_the_codecs_its_epoch_trained_with(shards, tmp_path):
+    """``kind = "auto"`` decides at a check after the epoch's step: an evaluation of that epoch
+    through the training codecs must send what the step sent, not the next epoch's decision
+    (the bits in force: the start's for epochs 0..every, then the last check's before it)."""
+    ranks, every = 2, 5
+    shard_dir = shards(GRAPH, ranks, "random")
+    (tmp_path / "auto.toml").write_text(f'kind = "auto"\nobjective = "bytes"\nevery = {every}\n')
+    sets = [f"model.hidden={HIDDEN}", "model.layers=2", "train.epochs=40", "train.lr=0.05",
+            "train.eval_codec='train'", "train.eval_every=1"]
+    check_ok(train_together(ranks, [(shard_dir, tmp_path / "run", sets, {},
+                                     ("--schedule", str(tmp_path / "auto.toml")))],
+                            tmp_path / "work")[0])
+    metrics = read_metrics(tmp_path / "run")
+    rows = sum(int(read_shard(shard_dir / f"part-{p:05d}.h5").send_counts.sum())
+               for p in range(ranks))
+    checks = [r for r in metrics if "auto" in r]
+    in_force = {k: b for k, b in checks[0]["auto"]["start"]["bits"].items()}
+    changed = 0
+    for r in metrics:
+        want = rows * sum(quant_row_bytes(SYNC_WIDTHS[i], in_force[f"{i}/forward"])
+                          for i in range(2))
+        assert r["eval_bytes"] == want, (r["epoch"], r["eval_bytes"], want)
+        if "auto" in r:                  # from the next epoch on: this check's decision
+            new = {f"{e['layer']}/{e['direction']}": e["bits"] for e in r["auto"]["exchanges"]}
+            changed += any(new[k] != in_force[k] for k in new if k.endswith("forward"))
+            in_force = new
+    assert changed, "the run must change a forward decision at some check"

@@ -159,6 +159,7 @@ class GATLayer(HaloLayer):
         super().__init__(graph, prop, in_dim if prop.exchanges_input else width, sync_width=width,
                          **common)
         self.transform_first, self.heads, self.out_dim = transform_first, heads, out_dim
+        self.sends_gradient = transform_first or input_needs_grad
         self.concat, self.attn_dropout = concat, attn_dropout
         self.weight = nn.Parameter(glorot_(torch.empty(in_dim, heads * out_dim)))
         self.att_src = nn.Parameter(glorot_(torch.empty(heads, out_dim)))

@@ -73,6 +73,9 @@ class HaloLayer(nn.Module):
         super().__init__()
         self.graph, self.prop, self.p = graph, prop, dropout
         self.width = width                     # channels of the rows the exchange carries
+        # whether the exchanged rows need a gradient, so that the layer has a backward exchange
+        # (not where the first layer exchanges the features themselves); subclasses set it
+        self.sends_gradient = True
         # channels of the rows a synchronous step exchanges: evaluation's exchange, also in a
         # stale layer, whose training steps exchange its input (``width``) instead
         self.sync_width = width if sync_width is None else sync_width
@@ -214,6 +217,7 @@ class GCNLayer(HaloLayer):
         super().__init__(graph, prop, in_dim if prop.exchanges_input else width, sync_width=width,
                          **common)
         self.transform_first = transform_first
+        self.sends_gradient = transform_first or input_needs_grad
         self.weight = nn.Parameter(glorot_(torch.empty(in_dim, out_dim)))
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
@@ -265,6 +269,7 @@ class SAGELayer(HaloLayer):
         super().__init__(graph, prop, in_dim if prop.exchanges_input else width, sync_width=width,
                          **common)
         self.transform_first = transform_first
+        self.sends_gradient = transform_first or input_needs_grad
         self.out_dim = out_dim
         # [W_s | W_n] as one parameter (one optimiser entry); used as two column views
         self.weight = nn.Parameter(torch.cat([glorot_(torch.empty(in_dim, out_dim)),

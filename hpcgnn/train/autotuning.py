@@ -188,7 +188,10 @@ def start_run(ctx: CommContext, policy, layers) -> dict | None:
     if (ctx.size == 1 or policy.state.probes > 0 or policy.state.bits
             or not all(hasattr(layer.prop, "exchanger") for layer in layers)):
         return None
-    keys = [(i, d) for i in range(n) for d in DIRECTIONS if policy.compresses(i, n, d)]
+    # a layer whose exchanged rows need no gradient (the first, exchanging the features) has
+    # no backward exchange: nothing to decide, time or record for it
+    keys = [(i, d) for i in range(n) for d in DIRECTIONS if policy.compresses(i, n, d)
+            and (d == "forward" or getattr(layers[i], "sends_gradient", True))]
     widths = {i: int(layers[i].width) for i in range(n)}
     if policy.settings.objective == "bytes":             # one row: the same on every rank
         figs = {(i, d): prior_figures(widths[i], {b: float(quant_codec(b).block_bytes(1, widths[i]))

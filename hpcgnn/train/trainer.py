@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hpcgnn.autotune import signature
+from hpcgnn.autotune import signature, steps_note
 from hpcgnn.codecs.base import CompressionPolicy
 from hpcgnn.comm.collectives import allreduce_sum_, broadcast_params_, max_float64, sum_float64
 from hpcgnn.comm.context import CommContext, mpi_library
@@ -326,9 +326,10 @@ class Trainer:
         if self.policy.adaptive and self.progress.epochs_done == 0:   # kind = "auto"
             self._auto_start = start_run(self.ctx, self.policy, list(self.model.layers))
             if self._auto_start is not None and self.ctx.is_root:
-                wire = self._auto_start["wire"]
-                log.info("auto: link %.3g ms + %.3g ns/B (timed before epoch 0); epoch 0 sends %s",
-                         1e3 * wire["alpha_s"], 1e9 * wire["beta_s_per_byte"],
+                wire = self._auto_start["wire"]        # the bytes objective times nothing
+                link = (f"link {1e3 * wire['alpha_s']:.3g} ms + {1e9 * wire['beta_s_per_byte']:.3g}"
+                        " ns/B (timed before epoch 0); " if self._auto_start["samples"] else "")
+                log.info("auto: %sepoch 0 sends %s", link,
                          ", ".join(f"{k} {v if v != 32 else 'fp32'}"
                                    for k, v in self._auto_start["bits"].items()))
         for epoch in range(self.progress.epochs_done, end):
@@ -379,12 +380,14 @@ class Trainer:
         step = self.train_step(epoch)
         stats = self.model.stats
         ran = self.auto_setting(epoch)                 # kind = "auto": the setting this step ran
-        auto = self.tune(epoch, step["loss"])
         local = [0.0, stats.bytes_sent, stats.bytes_full,
                  stats.comm_s + step["allreduce_s"], stats.codec_s, step["epoch_s"]]
         t_eval = time.perf_counter()
         accs = self.evaluate(epoch) if self._eval_due(epoch) else {}
         eval_s = time.perf_counter() - t_eval
+        # kind = "auto" decides for the next epoch only after the evaluation: with
+        # train.eval_codec = "train" it evaluates through the codecs this epoch trained with
+        auto = self.tune(epoch, step["loss"])
         local[0] = float(self.preempt.raised)     # read last: a signal during evaluation stops here
         t_agree = time.perf_counter()
         flag, sent, full, comm_s, codec_s, step_s = sum_float64(self.ctx, local)   # epoch-end agreement
@@ -430,12 +433,7 @@ class Trainer:
             record["seconds"] = time.perf_counter() - t0   # decision): not in epoch_s
         steps = (record or {}).get("steps", {})
         if self.ctx.is_root and steps.get("verdict", "keep") != "keep":
-            ms = {k: "untimed" if steps[k] is None else f"{1e3 * steps[k]:.1f} ms"
-                  for k in ("median_s", "fp32_median_s")}
-            log.info("auto: epoch %d: %s steps %s, fp32 steps %s: %s", epoch, steps["setting"],
-                     ms["median_s"], ms["fp32_median_s"],
-                     "timing fp32 for one window" if steps["verdict"] == "reference"
-                     else "not faster, sending fp32")
+            log.info("auto: epoch %d: %s", epoch, steps_note(steps))
         return record
 
     def train_step(self, epoch: int) -> dict:
