@@ -204,7 +204,7 @@ def _check_gat_sampling(cfg, policy: CompressionPolicy, sched: str) -> None:
         for layer in range(layers):
             for direction, codec in (("forward", policy.forward_codec(epoch, layer, layers, 64)),
                                      ("backward", policy.backward_codec(epoch, layer, layers, 64))):
-                _need(codec.keep == 1.0, sched, "codec", codec.name,
+                _need(codec.keep == 1.0, sched, "codec", "sample",   # the stage, as files name it
                       f"layer {layer}: the schedule's 'sample' stage (BNS-GCN) is on from epoch "
                       f"{epoch} ({direction}); it sends a fraction of the halo rows, scaled, and "
                       f"GAT's softmax would take the missing rows as zero rows, not as absent "

@@ -227,7 +227,8 @@ def test_sample_codec_is_refused(shards, tmp_path):
     from hpcgnn.config import load_config
     from hpcgnn.schedule import load_schedule
     from hpcgnn.train.build import prepare_trainer
-    with pytest.raises(ValueError, match="layer 0: the schedule's 'sample' stage .* use truncate"):
+    with pytest.raises(ValueError, match="codec = 'sample' is not allowed; layer 0: the "
+                                         "schedule's 'sample' stage .* use truncate"):
         prepare_trainer(CommContext.from_world("cpu"), load_config(None, ["model.arch=gat"]),
                         shards(CSBM, 1), tmp_path, load_schedule("configs/schedules/sample-all.toml"))
 
