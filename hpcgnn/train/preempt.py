@@ -57,9 +57,11 @@ def process_flag() -> PreemptFlag:
 
 
 def write_marker(run_dir: Path, epoch: int, epochs_done: int) -> None:
-    """``RUN_DIR/preempted.json``: the last finished epoch (0-based, as in metrics.jsonl)."""
-    Path(run_dir, PREEMPTED_NAME).write_text(
-        json.dumps({"epoch": epoch, "epochs_done": epochs_done}) + "\n")
+    """``RUN_DIR/preempted.json``: the last finished epoch (0-based, as in metrics.jsonl),
+    written under a temporary name and renamed (a kill mid-write leaves no torn marker)."""
+    from hpcgnn.train.writes import atomic_write_text
+    atomic_write_text(Path(run_dir, PREEMPTED_NAME),
+                      json.dumps({"epoch": epoch, "epochs_done": epochs_done}) + "\n")
 
 
 def clear_marker(run_dir: Path) -> None:
