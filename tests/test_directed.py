@@ -11,7 +11,9 @@ computation written here in numpy from the input graph: the forward's halo rows 
 backward's owned-row gradients. Training on 8 ranks on the neighbourhood collective (GCN in one
 call, SAGE in rounds; GCN on the all-to-all too) gives the 1-rank per-epoch losses, and those are the losses of a
 plain-torch whole-graph model of the input arrays (``tests/test_model.py``'s), so the input is
-not read transposed at every rank count alike. This file is also the MPI worker.
+not read transposed at every rank count alike; a 3-layer GCN with staleness 1 on the 8-part
+chain, in the same job, gives the losses of ``tests/_pipegcn.py``'s PipeGCN over those parts
+(halo rows one way, late gradients the other). This file is also the MPI worker.
 """
 from __future__ import annotations
 
@@ -161,23 +163,34 @@ def runs_on_8(lattice, tmp_path_factory):
     """The 8-rank runs of TRAIN_TRANSPORTS, in one job (``conftest.together``)."""
     _, dirs = lattice
     return together(tmp_path_factory, {
-        (arch, name): (8, dirs[8], train_sets(arch),
-                       {**TRANSPORTS[name], **({"HPCGNN_MAX_MESSAGE": "128"} if name.endswith("rounds") else {})})
-        for arch, names in TRAIN_TRANSPORTS.items() for name in names})
+        **{(arch, name): (8, dirs[8], train_sets(arch),
+                          {**TRANSPORTS[name], **({"HPCGNN_MAX_MESSAGE": "128"} if name.endswith("rounds") else {})})
+           for arch, names in TRAIN_TRANSPORTS.items() for name in names},
+        ("gcn", "stale"): (8, dirs[8], (*STALE_SETS, "train.staleness=1"), {})})
+
+
+# a stale run in the same job: 3-layer GCN, dropout 0.5 (tests/test_directed_methods.py has the
+# other methods on 3 ranks)
+STALE_SETS = ("model.arch=gcn", "model.layers=3", "model.hidden=8", "model.dropout=0.5",
+              "train.epochs=6")
+
+
+def as_graph(arrays: dict):
+    """The npz arrays as the graph the whole-graph references read."""
+    from types import SimpleNamespace
+    return SimpleNamespace(num_nodes=int(arrays["num_nodes"]), num_edges=len(arrays["adj_indices"]),
+                           indptr=arrays["adj_indptr"], indices=arrays["adj_indices"],
+                           dense_features=lambda: arrays["features"], labels=arrays["labels"],
+                           train_idx=arrays["train_idx"])
 
 
 def plain_torch_losses(arrays: dict, arch: str, init: dict) -> list[float]:
     """The whole-graph model of ``tests/test_model.py`` on the lattice, from the npz arrays
     (row ``i`` of the CSR lists the nodes whose messages reach ``i``): what the 1-rank run
     must give, so that a direction mistake common to every rank count cannot pass."""
-    from types import SimpleNamespace
-
     from test_model import _reference_losses
-    g = SimpleNamespace(num_nodes=int(arrays["num_nodes"]), num_edges=len(arrays["adj_indices"]),
-                        indptr=arrays["adj_indptr"], indices=arrays["adj_indices"],
-                        dense_features=lambda: arrays["features"], labels=arrays["labels"],
-                        train_idx=arrays["train_idx"])
-    return _reference_losses(arch, init, layers=2, p=0.5, seed=0, g=g, normalize=False, epochs=6)
+    return _reference_losses(arch, init, layers=2, p=0.5, seed=0, g=as_graph(arrays),
+                             normalize=False, epochs=6)
 
 
 @pytest.mark.mpi
@@ -203,6 +216,25 @@ def test_training_on_8_ranks_equals_1_rank_across_the_transports(lattice, arch, 
         assert got == pytest.approx(want, rel=1e-5), (arch, name, got, want)
         summary = json.loads((out / "summary.json").read_text())     # the transport it used
         assert summary["transport"] == name.split("-")[0], (name, summary["transport"])
+
+
+@pytest.mark.mpi
+def test_stale_training_on_8_ranks_equals_pipegcn(lattice, runs_on_8, tmp_path):
+    """Staleness 1 on the 8-part chain: each part's halo rows of the epoch before come from its
+    predecessor, its halo gradients reach that predecessor an epoch later; the losses of
+    ``tests/_pipegcn.py``'s whole-graph PipeGCN over the same parts."""
+    from _pipegcn import Model, pipegcn_losses
+    from test_directed_methods import initial
+    arrays, dirs = lattice
+    proc, out = runs_on_8(("gcn", "stale"))
+    check_ok(proc)
+    got = [r["loss"] for r in read_metrics(out)]
+    init, parts = initial(dirs[1], tmp_path, STALE_SETS), owners(dirs[8], 8, NODES)
+    model = Model("gcn", 3, dropout=0.5)
+    assert got == pytest.approx(pipegcn_losses(as_graph(arrays), parts, init, model, 1, 0.0, 6),
+                                rel=2e-5)
+    assert got[1:] != pytest.approx(pipegcn_losses(as_graph(arrays), parts, init, model, 0, 0.0, 6)[1:],
+                                    rel=1e-4)                 # staleness changed the trajectory
 
 
 # -- the worker (runs on every rank) ------------------------------------------------------------
