@@ -317,7 +317,10 @@ def test_parts_are_checked_before_the_input_is_read(tmp_path, spec, parts, want)
                                                  tmp_path / "out"], timeout=120)
     assert proc.returncode != 0 and "the input was read" not in proc.stderr, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("preprocess: error")]
-    assert len(lines) == 2 and all(want in ln for ln in lines), proc.stderr     # both ranks
+    # --parts 0 is refused before MPI starts, by each rank on its own: the launcher may end the
+    # other rank, once the first has exited with 1, before it prints (seen once in 4 CI runs)
+    assert len(lines) == 2 or (parts == "0" and len(lines) == 1), proc.stderr    # both ranks
+    assert all(want in ln for ln in lines), proc.stderr
 
 
 @pytest.mark.mpi
