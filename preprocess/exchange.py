@@ -16,11 +16,11 @@ import os
 
 import numpy as np
 
+from hpcgnn.comm.settings import INT_MAX      # the largest MPI count or displacement
 from preprocess.errors import PreprocessError
 
 ROUND_ENV = "HPCGNN_A2A_ROUND_BYTES"
 DEFAULT_ROUND_BYTES = 1 << 30
-INT_MAX = 2**31 - 1          # the largest MPI count or displacement
 
 
 def round_bytes() -> int:
