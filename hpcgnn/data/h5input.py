@@ -210,10 +210,8 @@ def _num_classes(f, path: Path) -> int | None:
 
 
 def _slice_labels(f, path: Path, n: int, lo: int, hi: int) -> np.ndarray:
-    shape = _dataset(f, path, "labels").shape
-    if len(shape) != 1:            # e.g. multi-label targets, one row of 0/1 per node
-        raise DatasetError(f"{path}: labels have shape {shape}, expected ({n},): one class id "
-                           f"per node, -1 for unlabelled (multi-label targets are not supported)")
+    """Rows ``lo:hi`` of ``labels``, whose shape ``h5_num_nodes`` checked (2-D multi-label
+    targets are refused there)."""
     labels = _int(f, path, "labels", slice(lo, hi))
     if (top := _num_classes(f, path)) is not None:
         check_label_values(str(path), labels, top, True)
