@@ -299,7 +299,7 @@ def _encode_kernel(x_ptr, out_ptr, index_ptr, block_ptr, chan_ptr, scale_ptr,
                    SCALE: tl.constexpr, BR: tl.constexpr, CW: tl.constexpr):
     """Wire rows ``[pid * BR, pid * BR + BR)``: fp32 (BITS 32) or quantised."""
     key = tl.cast(key, tl.uint32)             # a key of 1 arrives as a constexpr (no .to)
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)   # int32 wraps at 2^31 rows
     rmask = rows < n_rows
     src = tl.load(index_ptr + rows, mask=rmask, other=0) if SAMPLE else rows
     blk = tl.load(block_ptr + src, mask=rmask, other=0) if (RANDOM or SCALE) else rows
@@ -364,7 +364,7 @@ def _decode_kernel(buf_ptr, out_ptr, slot_ptr, block_ptr, chan_pos_ptr, scale_pt
                    BITS: tl.constexpr, SAMPLE: tl.constexpr, RANDOM: tl.constexpr,
                    SCALE: tl.constexpr, BR: tl.constexpr, CW: tl.constexpr):
     """Output rows ``[pid * BR, pid * BR + BR)``, every channel."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)   # int32 wraps at 2^31 rows
     rmask = rows < n_rows
     slot = tl.load(slot_ptr + rows, mask=rmask, other=-1) if SAMPLE else rows
     live = rmask & (slot >= 0)
