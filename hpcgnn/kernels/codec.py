@@ -33,6 +33,7 @@ from hpcgnn.kernels.hash import col_seed, lowbias32
 HEADER = 6
 TILE = 4096             # elements of one program's (rows x channels) tile
 MAX_CW = 1024           # channels of one tile; wider rows loop over channel chunks
+MAX_SAMPLED_ROWS = 2**31 - 1   # the row sample's draws (index, slot) and block starts are int32
 SELECT_CHUNK = 1024     # the most scores per step of the select kernel (one program a block:
                         # few, wide steps; 8 warps from 512 on)
 OPTS = {"enable_fp_fusion": False}
@@ -188,6 +189,10 @@ def select(lay: Layout, keys: torch.Tensor) -> Selected:
     launch; none, and ``Selected()``, for a codec that draws nothing."""
     if not (lay.sample or lay.random):
         return _NOTHING
+    if lay.sample and lay.rows > MAX_SAMPLED_ROWS:
+        raise ValueError(f"the Triton row sample indexes a buffer's rows in int32, and this "
+                         f"exchange's buffer has {lay.rows} rows (past 2^31 - 1); set "
+                         f"HPCGNN_TRITON=0 (the torch path indexes in int64), or use more ranks")
     dev, p = keys.device, int(keys.shape[0])
     i32 = dict(dtype=torch.int32, device=dev)
     index = slot = chan = chan_pos = None
