@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from hpcgnn.codecs.base import FULL_PRECISION
+from hpcgnn.comm.collectives import bcast_bytes
 from hpcgnn.comm.context import CommContext
 from hpcgnn.config import ParallelConfig
 from hpcgnn.data.errors import H5_ERRORS, hdf5_fix
@@ -62,7 +63,7 @@ class Predictor:
             (self.out / META_NAME).unlink(missing_ok=True)      # incomplete until rewritten
             for old in stale_parts(self.out, ctx.size):         # an earlier predict's, more parts
                 old.unlink()
-        data = ctx.comm.bcast(self.checkpoint, root=0) if ctx.size > 1 else self.checkpoint
+        data = bcast_bytes(ctx, self.checkpoint)         # in pieces of [comm] max_message
         state = ckpt.decode_checkpoint(data, tr.run_dir)
         tr.model.load_state_dict(state["model"])
         logits, embedding = forward_outputs(tr)

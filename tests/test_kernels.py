@@ -259,6 +259,37 @@ def test_edge_dropout_kernel_equals_the_numpy_hash(heads, dev):
     assert np.array_equal(out.cpu().numpy(), alpha.cpu().numpy() * scale)
 
 
+def test_row_offsets_are_computed_in_int64():
+    """A launch over 2^31 rows or more (GAT's attention dropout runs over a rank's edges, whose
+    count may pass 2^31: ``nn/gat.py`` switches its indices to int64 there) must not wrap the
+    row index: ``tl.program_id`` is int32, so ``program_id * BR`` is taken to int64 first
+    (before, the rows past 2^31 went negative and passed ``rows < n_rows``). Checked in the
+    source: a test launch of 2^31 rows needs more memory than CI has."""
+    import inspect
+    import re
+    from hpcgnn.kernels import codec, dropout
+    found = 0
+    for module in (codec, dropout):
+        for line in inspect.getsource(module).splitlines():
+            if re.search(r"tl\.program_id\(\d\)[^#]*\*", line):
+                found += 1
+                assert "tl.program_id(0).to(tl.int64) *" in line, f"{module.__name__}: {line.strip()}"
+    assert found == 3       # the encode, decode and dropout kernels' rows
+
+
+def test_a_row_sample_past_2_31_rows_is_refused_before_any_launch():
+    """The sample's draws are int32 (``Selected.index`` and ``slot``): a buffer of 2^31 rows
+    would wrap them, so ``select`` refuses it, naming the limit and the way round, before it
+    allocates or launches anything (the layout's tensors here are tiny)."""
+    from hpcgnn.kernels import codec as kc
+    one = torch.zeros(1, dtype=torch.int64)
+    lay = kc.Layout(counts=one, starts=one, block_of_row=one, kept=one, kept_start=one,
+                    scale=torch.ones(1), rows=2**31, n_out=1, width=4, k=4, bits=32,
+                    random=False, adjoint=False, salt_rows=0, salt_channels=0, longest=1)
+    with pytest.raises(ValueError, match=r"2147483648 rows \(past 2\^31 - 1\).*HPCGNN_TRITON=0"):
+        kc.select(lay, one)
+
+
 def test_nn_dropout_sends_cuda_tensors_to_the_kernel(dev, monkeypatch):
     """``nn.dropout``'s entry points on the kernel (forced for CPU tensors under the
     interpreter) give the documented bits: keys from (seed, epoch, layer), the sparse path too."""

@@ -3,9 +3,10 @@ the methods the other resume tests leave out (``test_train_resume``, ``test_run_
 ``test_methods_exact``, ``test_stale_checkpoint``, ``test_autotune_run``, ``test_retexo``,
 ``test_cagnet_2d3d`` have the rest): GAT with attention dropout, an exponential curve, VARCO's
 learned codec (its encoder, decoder and their Adam state are in the compared checkpoint),
-PipeGCN's staleness 1 with smoothing, and a synchronous run that keeps the features' halo rows
+PipeGCN's staleness 1 with smoothing, a synchronous run that keeps the features' halo rows
 for evaluation (``train.eval_features = "kept"``) stopped between two evaluations of
-``train.eval_every = 3``; and CAGNET's 1.5D (c = 2) and 2D on 4 ranks. Compared: every metrics line (timings aside), the final checkpoint's
+``train.eval_every = 3``, and halves run with ``HPCGNN_MAX_MESSAGE=4096`` (every collective and
+the checkpoint's broadcast in pieces) against an uninterrupted run without it; and CAGNET's 1.5D (c = 2) and 2D on 4 ranks. Compared: every metrics line (timings aside), the final checkpoint's
 model and optimiser tensors, and summary.json's accuracies and byte counts. The runs of each
 rank count are one mpiexec job (``conftest.train_together``)."""
 from __future__ import annotations
@@ -31,7 +32,13 @@ CASES = {
     "pipegcn-s1-smoothing": (("train.staleness=1", "train.smoothing=0.95"), None, 3),
     # evaluations at epochs 2, 5 and 6 (the last): the stop after 4 epochs is between two
     "eval-kept-every-3": (("train.eval_features=kept", "train.eval_every=3"), None, 4),
+    # the stopped and resumed halves with every MPI call cut to 4 KiB (below): the halo
+    # exchange in rounds, the gradient Allreduce, the parameters' Bcast and the checkpoint's
+    # bytes at --resume in pieces; 2 ranks, so a sum in pieces is the same sum
+    "max-message-4k": ((), None, 3),
 }
+# environment of the stopped and resumed halves (the uninterrupted run has none)
+SPLIT = {"max-message-4k": {"HPCGNN_MAX_MESSAGE": "4096"}}
 TIMINGS = {"epoch_s", "comm_s", "codec_s", "eval_s", "wall_s"}
 SUMMARY_KEYS = ("test_acc", "final_test_acc", "best_val_acc", "best_epoch", "epochs", "bytes_sent",
            "bytes_full", "allreduce_bytes", "eval_bytes")
@@ -49,9 +56,10 @@ def runs(shards, tmp_path_factory):
             extra = ("--schedule", str(root / f"{name}.toml"))
         sets = (*BASE, *sets)
         full, part = root / name / "full", root / name / "part"
+        env = SPLIT.get(name, {})
         jobs += [(shard_dir, full, sets, {}, extra),
-                 (shard_dir, part, sets, {}, (*extra, "--stop-after", str(stop))),
-                 (shard_dir, part, sets, {}, (*extra, "--resume"))]
+                 (shard_dir, part, sets, env, (*extra, "--stop-after", str(stop))),
+                 (shard_dir, part, sets, env, (*extra, "--resume"))]
         dirs[name] = (full, part)
     done = train_together(2, jobs, root)
     for i, name in enumerate(CASES):

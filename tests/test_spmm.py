@@ -1,7 +1,8 @@
 """The layers' sparse-dense product on CPU ranks (``hpcgnn.codecs.native.spmm``, the C kernel):
 against a float64 product written here with numpy (each row's sum taken in CSR order, as the
 kernel documents), the same bits for any thread count, rows with 0 to 9 non-zeros (the
-kernel's unrolled and remainder paths), empty matrices, and the gradient of ``SpMM``."""
+kernel's unrolled and remainder paths), empty matrices, the gradient of ``SpMM``, and row and
+column offsets past 2^31 rows."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -98,3 +99,31 @@ def test_spmm_csr_takes_int32_indices_as_cagnet_blocks_carry_them():
     from hpcgnn.comm.cagnet_wire import SparseBlock
     block = SparseBlock.from_scipy(a, torch.int32, "cpu")
     assert torch.equal(block @ x, want)
+
+
+def test_c_kernels_take_row_and_column_offsets_past_2_31_in_64_bits():
+    """A graph past 2^31 rows (or a row times the width past 2^31 elements) is addressed in
+    int64: ``x + indices[e] * w``, ``out + r * w`` and ``x + index[j] * width`` in the C kernels.
+    Without allocating 8 GiB: the arrays are passed as seen from a base ``FAR`` rows before
+    their memory, so only offsets computed in 64 bits land in them (an int product wraps to
+    another address)."""
+    lib, far, w = native.lib(), 1 << 31, 3
+    x = torch.arange(1, 4 * w + 1, dtype=torch.float32).reshape(4, w)
+    x_far = x.data_ptr() - far * w * 4                   # row FAR + i of x_far is x[i]
+    indptr = torch.tensor([0, 2, 3], dtype=torch.int64)
+    indices = torch.tensor([far + 1, far + 3, far], dtype=torch.int64)
+    values = torch.tensor([0.5, 2.0, -1.0])
+    want = torch.stack([0.5 * x[1] + 2.0 * x[3], -1.0 * x[0]])
+    out = torch.full((2, w), float("nan"))
+    lib.hpcgnn_spmm(indptr.data_ptr(), indices.data_ptr(), values.data_ptr(), 0, 2, x_far, w,
+                    out.data_ptr())
+    assert torch.equal(out, want)
+    # output rows FAR and FAR + 1: indptr and out seen from FAR rows before them as well
+    out = torch.full((2, w), float("nan"))
+    lib.hpcgnn_spmm(indptr.data_ptr() - far * 8, indices.data_ptr(), values.data_ptr(), far,
+                    far + 2, x_far, w, out.data_ptr() - far * w * 4)
+    assert torch.equal(out, want)
+    got = torch.full((3, w), float("nan"))
+    index = torch.tensor([far + 2, far, far + 3], dtype=torch.int64)
+    assert lib.hpcgnn_gather_rows(x_far, far + 4, index.data_ptr(), None, 3, w, got.data_ptr()) == 0
+    assert torch.equal(got, x[[2, 0, 3]])

@@ -6,6 +6,11 @@ exchange whose per-rank totals fit goes in ONE call (a non-blocking exchange sta
 non-blocking, as a stale layer needs), however large one block is next to ``max_message / P``;
 one whose totals do not fit goes in rounds on every rank, and the bytes arrive the same.
 The limits checked here are computed in the test from the byte counts, not by the transport.
+
+The trainer's own collectives take the same limit (``hpcgnn.comm.collectives``: the gradient
+``Allreduce``, the parameters' ``Bcast``, the checkpoint's bytes at ``--resume`` and ``predict``):
+on a communicator that records every call's buffer, each call moves at most ``max_message``
+bytes, and the values arrive as computed here and as one unsplit call gives them.
 This file is also the MPI worker."""
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ def test_rounds_only_when_a_call_would_pass_the_limit(transport):
                    env={"HPCGNN_MAX_MESSAGE": str(LIMIT), "HPCGNN_EXCHANGE": transport})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("rounds ok") == 3
+    if transport == "alltoallv":
+        assert proc.stdout.count("collectives ok") == 3
 
 
 # -- the worker (runs on every rank) --------------------------------------------------------
@@ -52,6 +59,69 @@ def _exchange(ctx, send: list[list[int]]):
     return lay, request is not None
 
 
+def _recording(world):
+    """``world`` as a communicator that records (name, bytes) of each Allreduce and Bcast it
+    makes (the same MPI communicator: the calls go through to it)."""
+    from mpi4py import MPI
+
+    class Recording(MPI.Intracomm):
+        calls: list = []
+
+        def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+            self.calls.append(("Allreduce", memoryview(recvbuf).nbytes))
+            return super().Allreduce(sendbuf, recvbuf, op)
+
+        def Bcast(self, buf, root=0):
+            self.calls.append(("Bcast", memoryview(buf).nbytes))
+            return super().Bcast(buf, root)
+    return Recording(world)
+
+
+def _collectives(world_ctx) -> None:
+    """allreduce_sum_, broadcast_params_ and bcast_bytes under HPCGNN_MAX_MESSAGE = LIMIT."""
+    from dataclasses import replace
+
+    import torch
+    from hpcgnn.comm.collectives import allreduce_sum_, broadcast_params_
+    from hpcgnn.comm.settings import CommSettings
+    from hpcgnn.train.build import with_comm_settings
+    ctx = with_comm_settings(world_ctx, CommSettings.resolve())      # as the trainer makes it
+    assert ctx.max_message == LIMIT
+    spy = _recording(ctx.comm)
+    ctx = replace(ctx, comm=spy)
+    me, size = ctx.rank, ctx.size
+    shapes = [(5, 7), (300,), (1,)]                   # 336 float32 = 1344 bytes > LIMIT
+
+    def values(r):      # multiples of 1/4 below 2^10: every sum over the ranks is exact
+        return [((torch.arange(int(torch.tensor(s).prod())) * (7 + r) + 3 * r) % 1021 * 0.25)
+                .to(torch.float32).reshape(s) for s in shapes]
+    mine = values(me)
+    sent = allreduce_sum_(ctx, mine)
+    want = [sum(values(r)[i].double() for r in range(size)).float() for i in range(len(shapes))]
+    assert all(torch.equal(a, b) for a, b in zip(mine, want)), me
+    whole = values(me)
+    allreduce_sum_(world_ctx, whole)                  # one unsplit call: the same bits
+    assert all(torch.equal(a, b) for a, b in zip(mine, whole)), me
+    assert sent == 1344
+    calls = [n for name, n in spy.calls if name == "Allreduce"]
+    assert sum(calls) == 1344 and max(calls) <= LIMIT and len(calls) == 2, calls
+    spy.calls.clear()
+    params = values(me)
+    broadcast_params_(ctx, params)
+    assert all(torch.equal(a, b) for a, b in zip(params, values(0))), me
+    calls = [n for name, n in spy.calls if name == "Bcast"]
+    assert sum(calls) == 1344 and max(calls) <= LIMIT, calls
+    from hpcgnn.comm.collectives import bcast_bytes
+    spy.calls.clear()
+    blob = bytes((i * 13 + 5) % 256 for i in range(2000))
+    got = bcast_bytes(ctx, blob if me == 0 else None)
+    assert bytes(got) == blob, me
+    calls = [n for name, n in spy.calls if name == "Bcast"]
+    assert max(calls) <= LIMIT and sum(calls) == 2000 + 8, calls    # the length, then the bytes
+    assert bcast_bytes(ctx, None) is None
+    print(f"rank {me}: collectives ok", flush=True)
+
+
 def _worker() -> None:
     from hpcgnn.comm.context import CommContext
     ctx = CommContext.from_world("cpu")
@@ -67,6 +137,9 @@ def _worker() -> None:
     lay, nonblocking = _exchange(ctx, [[0, 800, 10], [20, 0, 30], [40, 50, 0]])
     assert lay.rounds > 1 and not nonblocking, lay
     print(f"rank {ctx.rank}: rounds ok", flush=True)
+    import os
+    if os.environ["HPCGNN_EXCHANGE"] == "alltoallv":
+        _collectives(ctx)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import torch
 
 from hpcgnn.comm import gpu
 from hpcgnn.comm.gpu import mpi_library  # noqa: F401  (re-exported: the trainer records it)
+from hpcgnn.comm.settings import INT_MAX
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class CommContext:
     cuda_aware: bool        # device buffers may be handed to MPI directly
     thread_level: int = 0   # MPI.Query_thread(): CUDA autograd calls the backward exchange
                             # from its device thread, which needs THREAD_SERIALIZED or more
+    max_message: int = INT_MAX  # bytes one MPI call may move ([comm] max_message): the trainer's
+                                # Allreduce, its Bcasts and the checkpoint's go in pieces of it
 
     @classmethod
     def from_world(cls, device: str = "auto") -> "CommContext":

@@ -33,6 +33,7 @@ from hpcgnn.kernels.hash import col_seed, lowbias32
 HEADER = 6
 TILE = 4096             # elements of one program's (rows x channels) tile
 MAX_CW = 1024           # channels of one tile; wider rows loop over channel chunks
+MAX_SAMPLED_ROWS = 2**31 - 1   # the row sample's draws (index, slot) and block starts are int32
 SELECT_CHUNK = 1024     # the most scores per step of the select kernel (one program a block:
                         # few, wide steps; 8 warps from 512 on)
 OPTS = {"enable_fp_fusion": False}
@@ -188,6 +189,10 @@ def select(lay: Layout, keys: torch.Tensor) -> Selected:
     launch; none, and ``Selected()``, for a codec that draws nothing."""
     if not (lay.sample or lay.random):
         return _NOTHING
+    if lay.sample and lay.rows > MAX_SAMPLED_ROWS:
+        raise ValueError(f"the Triton row sample indexes a buffer's rows in int32, and this "
+                         f"exchange's buffer has {lay.rows} rows (past 2^31 - 1); set "
+                         f"HPCGNN_TRITON=0 (the torch path indexes in int64), or use more ranks")
     dev, p = keys.device, int(keys.shape[0])
     i32 = dict(dtype=torch.int32, device=dev)
     index = slot = chan = chan_pos = None
@@ -299,7 +304,7 @@ def _encode_kernel(x_ptr, out_ptr, index_ptr, block_ptr, chan_ptr, scale_ptr,
                    SCALE: tl.constexpr, BR: tl.constexpr, CW: tl.constexpr):
     """Wire rows ``[pid * BR, pid * BR + BR)``: fp32 (BITS 32) or quantised."""
     key = tl.cast(key, tl.uint32)             # a key of 1 arrives as a constexpr (no .to)
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)   # int32 wraps at 2^31 rows
     rmask = rows < n_rows
     src = tl.load(index_ptr + rows, mask=rmask, other=0) if SAMPLE else rows
     blk = tl.load(block_ptr + src, mask=rmask, other=0) if (RANDOM or SCALE) else rows
@@ -364,7 +369,7 @@ def _decode_kernel(buf_ptr, out_ptr, slot_ptr, block_ptr, chan_pos_ptr, scale_pt
                    BITS: tl.constexpr, SAMPLE: tl.constexpr, RANDOM: tl.constexpr,
                    SCALE: tl.constexpr, BR: tl.constexpr, CW: tl.constexpr):
     """Output rows ``[pid * BR, pid * BR + BR)``, every channel."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)   # int32 wraps at 2^31 rows
     rmask = rows < n_rows
     slot = tl.load(slot_ptr + rows, mask=rmask, other=-1) if SAMPLE else rows
     live = rmask & (slot >= 0)

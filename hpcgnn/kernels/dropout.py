@@ -33,7 +33,7 @@ def _row_hash(gid_ptr, src_ptr, rows, rmask, key, EDGE: tl.constexpr):
 def _dropout_kernel(x_ptr, out_ptr, gid_ptr, src_ptr, n_rows, width, key, threshold, scale,
                     EDGE: tl.constexpr, MASK_ONLY: tl.constexpr, BR: tl.constexpr, CW: tl.constexpr):
     """Rows ``[pid * BR, pid * BR + BR)``: ``out = x * (keep * scale)``, or the keep bits."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)   # int32 wraps at 2^31 rows
     rmask = rows < n_rows
     row_h = _row_hash(gid_ptr, src_ptr, rows, rmask, tl.cast(key, tl.uint32), EDGE)
     for c0 in range(0, width, CW):

@@ -194,8 +194,10 @@ def release_features(shard: Shard, x: torch.Tensor) -> None:
     shard.features = np.broadcast_to(np.zeros((), f.dtype), f.shape)
 
 
-def with_cuda_aware(ctx: CommContext, comm: CommSettings) -> CommContext:
-    """The context with ``[comm] cuda_aware`` applied (``auto`` keeps what the library said)."""
+def with_comm_settings(ctx: CommContext, comm: CommSettings) -> CommContext:
+    """The context with ``[comm] cuda_aware`` (``auto`` keeps what the library said) and
+    ``max_message`` (the trainer's own collectives go in pieces of it) applied."""
+    ctx = replace(ctx, max_message=comm.max_message)
     if comm.cuda_aware == "auto" or ctx.device.type != "cuda":
         return ctx
     return replace(ctx, cuda_aware=comm.cuda_aware == "true")
@@ -213,7 +215,7 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
     check_combination(cfg, policy, source)
     if ctx.device.type == "cpu":     # load the C kernels now (or build them, once: seconds), not
         native.lib()                 # inside epoch 0's timing where env/setup.sh did not build them
-    ctx = with_cuda_aware(ctx, CommSettings.resolve(cfg.comm))
+    ctx = with_comm_settings(ctx, CommSettings.resolve(cfg.comm))
     policy = policy.bind(cfg.train.epochs, cfg.model.layers, silent=silent_layers(cfg, ctx))
     shard_set = ShardSet.open(shards)                  # meta.json, read once
     setup = ALGORITHMS[cfg.parallel.algorithm](ctx, cfg, shard_set)

@@ -42,7 +42,9 @@ except ImportError:  # Python 3.10
 SCHEDULE_NAME = "schedule.toml"
 HARMLESS_KEYS = ("run.out", "run.checkpoint_every", "train.eval_every", "comm.transport",
                  "comm.max_message", "comm.progress", "comm.cuda_aware")
-"""Config keys a resume may change: none of them changes a loss, a weight or a byte sent."""
+"""Config keys a resume may change: none of them changes a loss, a weight or a byte sent (but
+for rounding: on 3 or more ranks a ``comm.max_message`` below the gradient buffer's bytes sums
+the gradients in pieces, which MPI may add in another order; docs/cluster.md)."""
 
 
 class ResumeMismatch(CheckpointError):

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 
 from hpcgnn.autotune import signature, steps_note
 from hpcgnn.codecs.base import CompressionPolicy
-from hpcgnn.comm.collectives import allreduce_sum_, broadcast_params_, max_float64, sum_float64
+from hpcgnn.comm.collectives import (allreduce_sum_, bcast_bytes, broadcast_params_, max_float64,
+                                     sum_float64)
 from hpcgnn.comm.context import CommContext, mpi_library
 from hpcgnn.comm.exchange import ExchangeSettings
 from hpcgnn.config import Config
@@ -165,8 +166,8 @@ class Trainer:
 
     def _load_resume_state(self) -> None:
         state = self.resume_state
-        if not self.cfg.train.staleness and self.ctx.size > 1:    # rank 0's bytes, one Bcast
-            data = self.ctx.comm.bcast(self.resume_bytes, root=0)
+        if not self.cfg.train.staleness and self.ctx.size > 1:    # rank 0's bytes, broadcast
+            data = bcast_bytes(self.ctx, self.resume_bytes)
             state = None if data is None else ckpt.decode_checkpoint(data, self.run_dir)
         if state is None:
             log.warning("--resume: no %s in %s; starting from epoch 0", ckpt.CHECKPOINT_NAME,
