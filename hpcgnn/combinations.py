@@ -29,9 +29,10 @@ What is refused, and why:
   first layer and no later one (``compress_last_layer = false`` on a 2-layer model), unless
   evaluation exchanges the first layer through it (``eval_codec = 'train'``,
   ``eval_features = 'exchange'``).
-- ``model.arch = 'gat'`` with a schedule whose ``sample`` stage is on at any epoch of any layer,
-  forward or backward: a dropped halo row would enter the softmax as a zero row, not as a
-  missing edge.
+- ``model.arch = 'gat'`` with ``train.staleness >= 1`` and a schedule whose ``sample`` stage is
+  on at any epoch of a stale layer (any but the first), forward or backward: a GAT layer removes
+  the edges of the halo rows not sent from its softmax, and a stale layer's rows are of an
+  earlier epoch (and, with ``train.smoothing``, of several), whose sample it does not track.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def check_combination(cfg, policy: CompressionPolicy | None = None,
     _check_kept_first_layer(cfg, bound, sched, where)
     if bound.adaptive:
         _check_auto(cfg, sched)
-    if cfg.model.arch == "gat":
+    if cfg.model.arch == "gat" and cfg.train.staleness:
         _check_gat_sampling(cfg, bound, sched)
 
 
@@ -198,15 +199,17 @@ def _check_keep_features(cfg, where: str) -> None:
 
 
 def _check_gat_sampling(cfg, policy: CompressionPolicy, sched: str) -> None:
-    """Refuse GAT when the schedule samples halo rows at any epoch, layer or direction."""
+    """Refuse GAT with staleness when the schedule samples the halo rows of a stale layer (any
+    but the first: a stale run's first layer keeps the features' rows) at any epoch or
+    direction."""
     layers = cfg.model.layers
     for epoch in range(cfg.train.epochs):
-        for layer in range(layers):
+        for layer in range(1, layers):
             for direction, codec in (("forward", policy.forward_codec(epoch, layer, layers, 64)),
                                      ("backward", policy.backward_codec(epoch, layer, layers, 64))):
                 _need(codec.keep == 1.0, sched, "codec", "sample",   # the stage, as files name it
                       f"layer {layer}: the schedule's 'sample' stage (BNS-GCN) is on from epoch "
-                      f"{epoch} ({direction}); it sends a fraction of the halo rows, scaled, and "
-                      f"GAT's softmax would take the missing rows as zero rows, not as absent "
-                      f"edges. With model.arch = 'gat' use truncate, random, learned or quant, or "
-                      f"sample with model.arch = 'gcn' or 'sage'")
+                      f"{epoch} ({direction}), and with model.arch = 'gat' and train.staleness = "
+                      f"{cfg.train.staleness} that layer attends over halo rows of an earlier "
+                      f"epoch, whose sample GAT's softmax does not track. Use train.staleness = "
+                      f"0 with sample, or truncate, random, learned or quant with staleness")

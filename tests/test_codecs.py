@@ -218,6 +218,27 @@ def test_sample_keeps_the_documented_rows_scaled(counts, keep, native, monkeypat
         start += c
 
 
+@pytest.mark.parametrize("native", (True, False), ids=("c", "torch"))
+def test_unscaled_sample_sends_the_same_rows_as_they_are(native, monkeypatch, dev):
+    """``scaled = False`` (GAT's): the documented rows, unscaled, and the adjoint returns the
+    gradients of exactly those rows, unscaled too."""
+    if not native:
+        monkeypatch.setenv("HPCGNN_NATIVE", "0")
+    counts = [10, 3, 0, 7]
+    keys = _keys(len(counts), base=3, device=dev)
+    x = torch.randn(sum(counts), 4, device=dev) + 5
+    codec = WireCodec(keep=0.3, scaled=False)
+    assert codec.name == "sample(0.3,unscaled)"
+    y = _roundtrip(codec, x, counts, keys)
+    g = _roundtrip(backward_codec(codec, IDENTITY), x, counts, keys)
+    start, sent = 0, torch.zeros(sum(counts), dtype=torch.bool)
+    for p, c in enumerate(counts):
+        sent[[start + r for r in ref_kept_rows(row_half(keys[p]), c, 0.3)]] = True
+        start += c
+    for got in (y, g):
+        assert torch.equal(got[sent.to(dev)], x[sent.to(dev)]) and not got[~sent.to(dev)].any()
+
+
 def test_sample_is_unbiased_and_its_scale_is_bounded(dev):
     x = torch.randn(10, 4, device=dev)
     est = sum(_roundtrip(WireCodec(keep=0.3), x, [10], keys=_keys(1, base=k + 1, device=dev)) for k in range(3000)) / 3000

@@ -35,8 +35,20 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
     # the same widths, every forward row 2-bit (AdaQP's quantiser), gradients fp32
     "quant": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4"),
               'codec = "quant"\nbits = 2\ncompress_last_layer = true\ncompress_backward = false\n'),
+    # BNS-GCN: half of every peer block's rows an epoch (the same rows in both layers), the
+    # others' edges out of the softmax, no rows/kept scale; attention dropout on
+    "sample": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+               'codec = "sample"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'),
+    "sample-truncate": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+                        'codec = "sample+truncate"\nkeep = 0.5\nkind = "constant"\nratio = 2.0\n'
+                        'compress_last_layer = true\n'),
+    # the kept rows 2-bit (each sender quantises its buffer of kept rows), gradients fp32
+    "sample-quant": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.3"),
+                     'codec = "sample+quant"\nbits = 2\nkind = "constant"\nratio = 2.0\n'
+                     'compress_last_layer = true\ncompress_backward = false\n'),
 }
-LAUNCHES = [(2, ("gat", "truncate", "quant", "predict:gat")), (3, ("gat", "gat-deep")), (4, ("gat",))]
+LAUNCHES = [(2, ("gat", "truncate", "quant", "sample", "sample-truncate", "predict:gat")),
+            (3, ("gat", "gat-deep", "sample-quant")), (4, ("gat",))]
 
 
 # -- an independent GAT: dense attention over the whole graph --------------------------------
@@ -220,17 +232,22 @@ def test_resume_check_takes_keys_added_since_as_defaults():
                                      "model.heads: checkpoint 1, now 4"]
 
 
-def test_sample_codec_is_refused(shards, tmp_path):
-    """Refused at start-up, before any exchange (issue 19: it used to fail at the first step
-    that sampled)."""
+def test_sample_codec_with_staleness_is_refused(shards, tmp_path):
+    """``sample`` with staleness is refused at start-up, before any exchange (a stale layer's
+    halo rows are of an earlier epoch's sample); without staleness it builds."""
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
     from hpcgnn.schedule import load_schedule
     from hpcgnn.train.build import prepare_trainer
-    with pytest.raises(ValueError, match="codec = 'sample' is not allowed; layer 0: the "
-                                         "schedule's 'sample' stage .* use truncate"):
-        prepare_trainer(CommContext.from_world("cpu"), load_config(None, ["model.arch=gat"]),
-                        shards(CSBM, 1), tmp_path, load_schedule("configs/schedules/sample-all.toml"))
+    sched = load_schedule("configs/schedules/sample-all.toml")
+    with pytest.raises(ValueError, match="codec = 'sample' is not allowed; layer 1: the "
+                                         "schedule's 'sample' stage .*train.staleness = 1 .*"
+                                         "Use train.staleness = 0 with sample"):
+        prepare_trainer(CommContext.from_world("cpu"),
+                        load_config(None, ["model.arch=gat", "train.staleness=1"]),
+                        shards(CSBM, 1), tmp_path / "stale", sched)
+    prepare_trainer(CommContext.from_world("cpu"), load_config(None, ["model.arch=gat"]),
+                    shards(CSBM, 1), tmp_path / "sync", sched)
 
 
 def test_config_checks():
@@ -279,15 +296,22 @@ def part_of(shard_dir: Path, ranks: int) -> torch.Tensor:
     return torch.from_numpy(parts)
 
 
-def whole_graph_losses(init: dict, parts: torch.Tensor, heads: int, hidden: int, seen) -> list[float]:
-    """2-layer GAT, no dropout, Adam (lr 0.01, wd 5e-4), mean CE on the training nodes.
+def whole_graph_losses(init: dict, parts: torch.Tensor, heads: int, hidden: int, seen,
+                       spec: str = CSBM, attn_dropout: float = 0.0) -> list[float]:
+    """2-layer GAT, no input dropout, Adam (lr 0.01, wd 5e-4), mean CE on the training nodes.
     ``seen(layer, h, q, t)``: the source rows ``(N, H, C)`` the rows of part ``q`` attend to at
-    epoch ``t`` (those of other parts are halo rows); ``after(t)`` runs after backward."""
-    g, adj = graph_of(CSBM)
+    epoch ``t`` (those of other parts are halo rows); ``seen.sources(q, t)``, where defined:
+    bool ``(N,)``, the nodes whose edges into part ``q`` exist at epoch ``t`` (the others' are
+    removed from the graph); ``after(t)`` runs after backward. ``attn_dropout``: the attention
+    coefficients dropped with the mask of the layer test above (seed 0)."""
+    from hpcgnn.nn.dropout import edge_keep_mask
+    g, adj = graph_of(spec)
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
     shapes = [(heads, hidden), (1, int(g.labels.max()) + 1)]
+    sources = getattr(seen, "sources", None)
+    ids = torch.arange(g.num_nodes)
     losses = []
     for t in range(EPOCHS):
         h_in = x
@@ -296,8 +320,15 @@ def whole_graph_losses(init: dict, parts: torch.Tensor, heads: int, hidden: int,
             out = torch.zeros(g.num_nodes, nh, c)
             for q in range(int(parts.max()) + 1):
                 rows = parts == q
-                out[rows] = dense_attention(h[rows], seen(i, h, q, t), adj[rows],
-                                            p[f"layers.{i}.att_src"], p[f"layers.{i}.att_dst"])[1]
+                a = adj[rows] if sources is None else adj[rows] & sources(q, t)[None, :]
+                src = seen(i, h, q, t)
+                alpha, _ = dense_attention(h[rows], src, a, p[f"layers.{i}.att_src"],
+                                           p[f"layers.{i}.att_dst"])
+                if attn_dropout:
+                    dst, j = torch.meshgrid(ids[rows], ids, indexing="ij")
+                    keep = edge_keep_mask(dst.reshape(-1), j.reshape(-1), nh, attn_dropout, 0, t, i)
+                    alpha = alpha * keep.view(*a.shape, nh) / (1 - attn_dropout)
+                out[rows] = torch.einsum("ijh,jhc->ihc", alpha, src)
             h_in = (out.flatten(1) if i == 0 else out.mean(1)) + p[f"layers.{i}.bias"]
             h_in = F.elu(h_in) if i == 0 else h_in
         loss = F.cross_entropy(h_in[g.train_idx], y[g.train_idx])
@@ -344,6 +375,68 @@ class Quantised:
         pass
 
 
+class Sampled:
+    """BNS-GCN's boundary sampling as GAT runs it (its reference code runs GAT on the epoch's
+    sampled graph): at epoch ``t`` part ``q`` receives, of each peer ``p``'s block, the
+    ``ceil(rows / 2)`` rows of smallest score under the block's row key (the documented hash,
+    in numpy: ``test_methods_exact._block_keys``, ``test_codecs.ref_kept_rows``), the same in
+    both layers; the edges from the other halo nodes into ``q`` are removed (``sources``), and
+    the kept rows arrive as they are (no ``rows / kept`` scale). ``truncate``: they keep their
+    first half of the channels; ``bits``: each sender quantises its buffer of kept rows (its
+    blocks in peer order) with the noise key ``mix(0, t, layer, 0, p)``, the gradient taking
+    the rounding as the identity. Autograd of this forward is the backward: only the kept rows'
+    gradients reach their owners."""
+
+    def __init__(self, parts, shard_dir, ranks, truncate: bool = False, bits: int = 0):
+        from hpcgnn.data.shard import read_shard
+        from test_methods_exact import _block_keys
+        from test_codecs import ref_kept_rows
+        self.parts, self.truncate, self.bits = parts, truncate, bits
+        self.shards = [read_shard(shard_dir / f"part-{r:05d}.h5") for r in range(ranks)]
+        self.kept: dict[tuple, list[int]] = {}      # (src, dst, t) -> kept rows of the block
+        for t in range(EPOCHS):
+            for q, sq in enumerate(self.shards):
+                for src, rows in enumerate(sq.recv_counts.tolist()):
+                    self.kept[src, q, t] = ref_kept_rows(_block_keys(0, 0, src, q, t)[0], rows, 0.5)
+
+    def _halo(self, q: int, src: int) -> np.ndarray:
+        """Global ids of part ``q``'s halo block from ``src``, in order."""
+        counts = self.shards[q].recv_counts
+        start = int(counts[:src].sum())
+        return self.shards[q].halo_global_id[start:start + int(counts[src])]
+
+    def sources(self, q: int, t: int) -> torch.Tensor:
+        ok = (self.parts == q).clone()
+        for src in range(len(self.shards)):
+            ok[torch.from_numpy(self._halo(q, src)[self.kept[src, q, t]])] = True
+        return ok
+
+    def __call__(self, layer, h, q, t):
+        flat = h.flatten(1)
+        rows = flat.clone()
+        if self.bits:
+            from test_codecs import ref_quant
+            from test_exchange_exact import mix
+            for src, sp_ in enumerate(self.shards):
+                if src == q or not sp_.send_counts[q]:
+                    continue
+                # sender src's buffer: the kept rows of its blocks, peer by peer
+                picks = [self._halo(d, src)[self.kept[src, d, t]] for d in range(len(self.shards))]
+                buf = flat.detach()[torch.from_numpy(np.concatenate(picks))].numpy()
+                deq = torch.from_numpy(ref_quant(buf, self.bits, mix(0, t, layer, 0, src)))
+                off = sum(len(k) for k in picks[:q])
+                gid = torch.from_numpy(picks[q])
+                rows[gid] = flat[gid] + (deq[off:off + len(gid)] - flat[gid]).detach()
+        if self.truncate:
+            k = flat.shape[1] // 2
+            halo = (self.parts != q)[:, None] & (torch.arange(flat.shape[1]) >= k)[None, :]
+            rows = rows.masked_fill(halo, 0.0)
+        return rows.view_as(h)
+
+    def after(self, t):
+        pass
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks,variants", LAUNCHES, ids=[f"{r}-ranks" for r, _ in LAUNCHES])
 def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
@@ -371,24 +464,51 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
             assert losses == pytest.approx(whole_graph_losses(
                 init, parts, 2, 4, Quantised(parts, shard_dir, ranks)), rel=2e-5)
             assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
+        elif variant.startswith("sample"):
+            check_sampled(variant, got, want, init, parts, shard_dir, ranks)
         else:
             assert losses == pytest.approx([r["loss"] for r in want], rel=1e-5), variant
             assert [r["val_acc"] for r in got] == pytest.approx([r["val_acc"] for r in want], abs=2e-3)
             assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
 
 
+def check_sampled(variant: str, got: list[dict], want: list[dict], init: dict, parts, shard_dir,
+                  ranks: int, spec: str = CSBM) -> None:
+    """A ``sample`` variant's losses equal the whole-graph GAT on each epoch's sampled graph
+    (``Sampled``), and not the uncompressed run's; the bytes are the kept rows' alone."""
+    sets = dict(s.split("=") for s in VARIANTS[variant][0])
+    ref = Sampled(parts, shard_dir, ranks, truncate="truncate" in variant,
+                  bits=2 if "quant" in variant else 0)
+    losses = [r["loss"] for r in got]
+    assert losses == pytest.approx(whole_graph_losses(
+        init, parts, 2, 4, ref, spec, float(sets["model.attn_dropout"])), rel=1e-5), variant
+    assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
+    assert all(0 < r["bytes_sent"] < r["bytes_full"] for r in got), variant
+
+
 @pytest.mark.mpi
 def test_gat_on_a_directed_graph_equals_one_rank(directed, shards, tmp_path):
     """The one-way lattice on 3 ranks (METIS parts, not symmetrised: a part receives halo rows
-    from a peer it sends nothing to) gives the 1-rank losses, dropout and attention dropout on."""
+    from a peer it sends nothing to) gives the 1-rank losses, dropout and attention dropout on;
+    with BNS-GCN's ``sample`` (the backward's peers are not the forward's), the whole-graph GAT
+    on each epoch's sampled graph."""
+    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
     from test_directed import assert_one_way, lattice_arrays, owners
     spec = directed[0]
     assert_one_way(lattice_arrays(), owners(shards(spec, 3), 3, directed[1].num_nodes), 3)
-    check_ok(run_mpi(3, [__file__, str(shards(spec, 3)), str(tmp_path), "gat"], timeout=240))
+    check_ok(run_mpi(3, [__file__, str(shards(spec, 3)), str(tmp_path), "gat", "sample"],
+                     timeout=240))
     want = train_here(shards(spec, 1), tmp_path / "one", *VARIANTS["gat"][0], config=None)
     got = read_metrics(tmp_path / "gat")
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-5)
     assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
+    sets = VARIANTS["sample"][0]
+    train_here(shards(spec, 1), tmp_path / "init", *sets, "train.epochs=1", "train.lr=1e-30",
+               config=None)
+    init = torch.load(tmp_path / "init" / CHECKPOINT_NAME, weights_only=True)["model"]
+    want = train_here(shards(spec, 1), tmp_path / "one-sample", *sets, config=None)
+    check_sampled("sample", read_metrics(tmp_path / "sample"), want, init,
+                  part_of(shards(spec, 3), 3), shards(spec, 3), 3, spec)
 
 
 def check_predictions(pred_dir: Path, run_dir: Path) -> None:

@@ -26,10 +26,12 @@ CASES = [(1, (5,)), (7, (3, 0, 11)), (8, (0, 0)), (37, (1, 2, 0, 4)), (16, (6, 0
 FORWARD = [WireCodec(bits=1), WireCodec(bits=2), WireCodec(bits=4), WireCodec(bits=8),
            WireCodec(keep=0.4), WireCodec(keep=0.3, bits=2), WireCodec(channels="random", k=3),
            WireCodec(channels="random", k=5, bits=1), WireCodec(channels="truncate", k=5, bits=4),
-           WireCodec(keep=0.5, channels="random", k=5, bits=8)]
+           WireCodec(keep=0.5, channels="random", k=5, bits=8),
+           WireCodec(keep=0.4, bits=2, scaled=False)]                  # GAT's: rows unscaled
 CODECS = FORWARD + [backward_codec(FORWARD[4], WireCodec(bits=2)), backward_codec(FORWARD[6], IDENTITY),
                     backward_codec(FORWARD[8], WireCodec(bits=1)),
-                    backward_codec(FORWARD[9], WireCodec(bits=8))]
+                    backward_codec(FORWARD[9], WireCodec(bits=8)),
+                    backward_codec(FORWARD[10], IDENTITY)]
 
 
 @pytest.fixture(params=[
@@ -78,10 +80,10 @@ def ref_codec(codec: WireCodec, x: np.ndarray, counts, keys, noise: int):
     idx, chans, scales = np.array(rows, dtype=np.int64), np.array(chans, dtype=np.int64).reshape(-1, k), \
         np.array(scales, dtype=np.float32)
     sent = x[idx[:, None], chans].astype(np.float32)
-    if codec.adjoint and codec.keep < 1:
+    if codec.adjoint and codec.keep < 1 and codec.scaled:
         sent = sent * scales[:, None]
     got = sent if codec.bits == 32 or not len(idx) else ref_quant(sent, codec.bits, noise)
-    if not codec.adjoint and codec.keep < 1:
+    if not codec.adjoint and codec.keep < 1 and codec.scaled:
         got = got * scales[:, None]
     out = np.zeros_like(x, dtype=np.float32)
     out[idx[:, None], chans] = got

@@ -13,7 +13,9 @@ stages that always nest in this order:
 3. **values**: fp32 (``bits = 32``) or ``b``-bit stochastic rounding (``quant``).
 
 The receiver undoes the stages: the values are decoded, the channels and rows that did not
-travel are zeros, and the kept rows of a sampled block are scaled by ``rows / kept``.
+travel are zeros, and the kept rows of a sampled block are scaled by ``rows / kept`` — unless
+the codec is ``scaled = False`` (GAT's layers ask for that: their receiver masks the rows that
+did not travel out of the attention instead, ``hpcgnn.nn.gat``), both ways.
 
 **The backward exchange is the adjoint of the forward.** The forward computes
 ``y = S^T V(S x)`` (S: the selection of stages 1-2 with its scale; V: the value stage, whose
@@ -70,6 +72,7 @@ class WireCodec:
     k: int = 0                 # channels sent when channels != "all"
     bits: int = FP32           # values stage: 32 (fp32) or 1, 2, 4, 8 (quant)
     adjoint: bool = False      # the backward of a selecting forward: the sender scales
+    scaled: bool = True        # rows stage: kept rows scaled by rows / kept (GAT: False)
 
     def __post_init__(self):
         if not 0.0 < self.keep <= 1.0:
@@ -83,7 +86,8 @@ class WireCodec:
 
     @property
     def name(self) -> str:
-        parts = ([f"sample({self.keep:g})"] if self.keep < 1 else []) + \
+        unscaled = "" if self.scaled else ",unscaled"
+        parts = ([f"sample({self.keep:g}{unscaled})"] if self.keep < 1 else []) + \
                 ([f"{self.channels}(k={self.k})"] if self.channels != "all" else []) + \
                 ([f"quant({self.bits})"] if self.bits != FP32 else [])
         return ("adjoint:" if self.adjoint else "") + ("+".join(parts) or "none")
@@ -142,7 +146,7 @@ class WireCodec:
         return Selection(index, scale, chan, rows)
 
     def _gather(self, x: torch.Tensor, sel: Selection) -> torch.Tensor:
-        scale = sel.scale if self.adjoint else None
+        scale = sel.scale if self.adjoint and self.scaled else None
         if sel.index is not None and native.takes(x):        # the rows and their scale, one pass
             y = native.gather_rows(x, sel.index, scale)
         else:
@@ -160,7 +164,7 @@ class WireCodec:
             y = torch.nn.functional.pad(y, (0, width - y.shape[1]))
         if sel.index is None:
             return y
-        scale = None if self.adjoint else sel.scale
+        scale = sel.scale if self.scaled and not self.adjoint else None
         if native.takes(y):                      # zeros, the rows and their scale in one pass
             return native.place_rows(y, sel.index, scale, rows)
         if scale is not None:

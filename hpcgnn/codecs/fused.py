@@ -71,6 +71,8 @@ def _make_layout(codec, blocks: Blocks, width: int):
     n_out = blocks.rows
     if codec.keep < 1.0:
         kept, kept_start, scale, n_out = _sample_plan(blocks.counts, codec.keep, blocks.device)
+        if not codec.scaled:          # rows as they are (GAT): a scale of 1 is exact
+            scale = torch.ones_like(scale)
     return _kernels().Layout(
         counts=blocks.counts_t, starts=blocks.starts_t, block_of_row=blocks.block_of_row,
         kept=kept, kept_start=kept_start, scale=scale, rows=blocks.rows, n_out=n_out,

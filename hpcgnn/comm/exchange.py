@@ -220,6 +220,19 @@ class HaloExchanger:
         """Blocking convenience: ``finish(start(x_owned, settings))``."""
         return self.finish(self.start(x_owned, settings))
 
+    def received_rows(self, settings: ExchangeSettings, width: int) -> torch.Tensor | None:
+        """bool ``(n_halo,)``: the halo rows the forward exchange of ``settings`` (rows of
+        ``width`` channels) delivers, the rest being zeros; None where it delivers every row
+        (no ``sample`` stage, or no halo). The receiver's own draw of the rows each peer's
+        block sent (the block keys both ends share): nothing crosses the wire for it."""
+        codec = settings.forward
+        if codec.keep >= 1.0 or self.plan.n_halo == 0:
+            return None
+        keys = epoch_keys(self._pairs_in, settings.epoch)
+        index = codec.select(self._recv_blocks, keys, width).index   # the decode's selection
+        mask = torch.zeros(self.plan.n_halo, dtype=torch.bool, device=index.device)
+        return mask.index_fill_(0, index, True)
+
     # -- the two directions -------------------------------------------------------------
     def post(self, rows: torch.Tensor, direction: int, settings: ExchangeSettings,
              noise_epoch: int | None = None, nonblocking: bool | None = None,

@@ -30,10 +30,17 @@ As GCN's layers do (``choose_order``), a layer whose input needs no gradient (th
 narrower than ``2 H C`` exchanges its input ``x_j`` instead (forward only) and the receiver
 transforms the halo rows itself: ``h_j = x_j W``.
 
-Codecs: truncate, random, learned and quant apply to the exchanged rows as for GCN; a schedule
-whose ``sample`` stage (BNS-GCN) is on at any epoch is refused at start-up
-(``hpcgnn.combinations``): a dropped halo row would enter the softmax as a zero row, not as a
-missing edge, and a kept row's ``rows / kept`` scale would scale its attention logit.
+Codecs: truncate, random, learned and quant apply to the exchanged rows as for GCN. With a
+``sample`` stage (BNS-GCN) on, the layer runs on the epoch's sampled graph, as BNS-GCN's code
+runs GAT: the receiver draws which halo rows each peer sent from the shared block keys
+(``HaloExchanger.received_rows``; nothing extra crosses the wire) and sets the logits of the
+edges from the others to ``-inf`` (``attend``'s ``kept``), so each softmax runs over the
+in-neighbours kept and the dropped rows add nothing to the sums nor receive a gradient; the
+exchange runs the stage unscaled (``unscaled``: ``WireCodec.scaled = False``, forward and the
+adjoint backward), since a ``rows / kept`` scale would scale the row's logit and message.
+BNS-GCN's code scales the rows after the first layer and carries a TODO that GAT should not
+(``get_send_size``); this follows the TODO. Refused with ``sample`` (``hpcgnn.combinations``):
+staleness, whose rows are of an earlier epoch's sample.
 
 Staleness (PipeGCN): a stale step exchanges the layer's input ``x`` (before dropout), drops out
 ``[x; x_halo]`` on the receiving side and computes ``h = [x; x_halo] W`` and the attention with
@@ -46,6 +53,7 @@ the same size (through the exchanger's autograd functions, as for GCN and SAGE).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +81,17 @@ def edges_with_self_loops(graph: LocalGraph) -> tuple[torch.Tensor, torch.Tensor
     dst, src = torch.cat([d_own, d_halo, loop]), torch.cat([s_own, s_halo, loop])
     order = torch.argsort(dst * (graph.n_owned + graph.n_halo) + src)
     return dst[order], src[order]
+
+
+def unscaled(step: LayerStep) -> LayerStep:
+    """``step`` with its exchange's ``sample`` stage unscaled (``WireCodec.scaled = False``,
+    forward and the adjoint backward): a GAT layer removes the edges of the rows not sent
+    from its softmax (``attend``'s ``kept``) rather than scaling the rows sent by ``rows /
+    kept``."""
+    fwd = step.exchange.forward
+    if fwd.keep >= 1.0 or not fwd.scaled:
+        return step
+    return replace(step, exchange=replace(step.exchange, forward=replace(fwd, scaled=False)))
 
 
 def use_spmm() -> bool:
@@ -194,11 +213,14 @@ class GATLayer(HaloLayer):
         rows; ``x`` is then not read: this layer transforms first)."""
         if src is None:
             src = x @ self.weight if self.transform_first else x
+        step = unscaled(step)
         # one exchange: h (or x) of the boundary rows; the owned rows' transform overlaps it
         h, halo = self.halo_rows(src, step, lambda: src if self.transform_first else x @ self.weight)
+        kept = None
         if halo is not None:
             h = torch.cat([h, halo if self.transform_first else halo @ self.weight])
-        return self.output(self.attend(h.view(-1, self.heads, self.out_dim), step))
+            kept = self.prop.received_rows(step.exchange, src.shape[1])
+        return self.output(self.attend(h.view(-1, self.heads, self.out_dim), step, kept))
 
     def sync_forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
         """Transforming first, the dropout in the product where it runs as one (sparse
@@ -231,14 +253,22 @@ class GATLayer(HaloLayer):
         """``(n_owned, H, C)`` -> heads concatenated or averaged, plus the bias."""
         return (out.flatten(1) if self.concat else out.mean(dim=1)) + self.bias
 
-    def attend(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        """``(n_owned + n_halo, H, C)`` transformed rows -> ``(n_owned, H, C)`` attention sums."""
+    def attend(self, h: torch.Tensor, step: LayerStep,
+               kept: torch.Tensor | None = None) -> torch.Tensor:
+        """``(n_owned + n_halo, H, C)`` transformed rows -> ``(n_owned, H, C)`` attention sums.
+        ``kept``: bool ``(n_halo,)``, the halo rows this step's ``sample`` stage delivered
+        (None: all); the edges from the others leave the softmax and the sums (BNS-GCN's
+        sampled graph)."""
         n = self.graph.n_owned
         s = (h * self.att_src).sum(dim=-1)                       # (n_owned + n_halo, H)
         d = (h[:n] * self.att_dst).sum(dim=-1)                   # (n_owned, H)
         # index_select, not h[idx]: its backward is an index_add_; advanced indexing's is an
         # index_put_ that sorts the edge list first (a radix sort per gather on CUDA)
         e = F.leaky_relu(s.index_select(0, self.src) + d.index_select(0, self.dst), NEGATIVE_SLOPE)
+        if kept is not None:
+            # -inf: exp gives an exact 0 (and no gradient); every row keeps its self-loop
+            dropped = ~torch.cat([kept.new_ones(n), kept]).index_select(0, self.src)
+            e = e.masked_fill(dropped[:, None], float("-inf"))
         alpha = edge_softmax(e, self.dst, n)                     # (E + n_owned, H)
         if step is not None and step.training and self.attn_dropout:
             alpha = edge_dropout(alpha, self.dst_id, self.src_id, self.attn_dropout, step.seed,

@@ -113,6 +113,11 @@ class HaloPropagation:
         halo = self.exchanger.finish(handle, decoder)           # wait, decode
         return out, (None if self.single else halo)
 
+    def received_rows(self, settings: ExchangeSettings, width: int) -> torch.Tensor | None:
+        """bool ``(n_halo,)``: the halo rows ``halo_rows`` delivers under ``settings`` (rows of
+        ``width`` channels; None: every row, or one rank). ``HaloExchanger.received_rows``."""
+        return None if self.single else self.exchanger.received_rows(settings, width)
+
     def aggregate(self, graph, src: torch.Tensor, settings: ExchangeSettings,
                   modules: Modules = (None, None)) -> torch.Tensor:
         """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
