@@ -2,23 +2,28 @@
 lattice (messages flow ``i -> i+1 .. i+3``; METIS parts, not symmetrised, uneven) on 3 real
 ranks, where a part receives halo rows from its predecessor only and sends its halo gradients
 back the other way. Staleness 1 (GCN, SAGE with three layers, GAT with attention dropout) and 2
-with smoothing (3-layer GCN on the neighbourhood collective), dropout 0.5, against the
-single-process PipeGCN of ``tests/_pipegcn.py`` on the npz's graph; RETEXO (GCN; SAGE on the
-neighbourhood collective) against the 1-rank run; ``hpcgnn predict`` of a synchronous 3-layer
-GCN run and of the RETEXO GCN run, on 3 ranks, against dense whole-graph stacks of their
-checkpoints (``test_retexo``'s stage-wise one for RETEXO). One ``mpiexec`` job
+(3-layer GCN with smoothing on the neighbourhood collective, 3-layer GAT), dropout 0.5, against
+the single-process PipeGCN of ``tests/_pipegcn.py`` on the npz's graph; Sylvie (staleness 1,
+1-bit rows and gradients) against that PipeGCN fed what a numpy quantiser written in the tests
+delivers; VARCO's ``learned`` codec against ``test_methods_exact``'s whole-graph computation;
+three of the stale runs stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE
+on the neighbourhood collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``);
+``hpcgnn predict`` of synchronous 3-layer GCN, SAGE and GAT runs and of the RETEXO GCN run, on
+3 ranks, against dense whole-graph stacks of their checkpoints (``test_retexo``'s stage-wise
+one for RETEXO). Initial parameters: ``conftest.initial_params``. One ``mpiexec`` job
 (``conftest.run_together``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
 
-from conftest import check_ok, read_metrics, run_together, train_here
-from test_directed import assert_one_way, lattice_arrays, owners
+from conftest import check_ok, initial_params, read_metrics, run_together, train_here
+from test_directed import RETEXO, assert_one_way, lattice_arrays, owners
 
 pytestmark = pytest.mark.mpi
 
@@ -31,10 +36,24 @@ STALE = {  # name -> (model --set list, staleness, smoothing, transport); dropou
     # the dist-graph communicator's in- and out-peers differ on a chain
     "gcn3-s2-smooth-neighbor": (("model.arch=gcn", "model.layers=3", "model.hidden=8"), 2, 0.5,
                                 "neighbor"),
+    "gat3-s2": (("model.arch=gat", "model.layers=3", "model.heads=2", "model.hidden=4",
+                 "model.attn_dropout=0.3"), 2, 0.0, "alltoallv"),
 }
-RETEXO = ("train.method=retexo", "model.layers=3", "model.hidden=8", "train.rounds_per_layer=3",
-          "train.epochs=9", "train.lr=0.05", "model.dropout=0.0")
-SYNC = ("model.arch=gcn", "model.layers=3", "model.hidden=6", "train.epochs=4")
+# Sylvie: configs/sylvie.toml's staleness 1 and its schedule, 1-bit rows and gradients
+SYLVIE = ("model.arch=gcn", "model.layers=3", "model.hidden=8", "model.dropout=0.5",
+          f"train.epochs={EPOCHS}", "train.staleness=1")
+SYLVIE_SCHEDULE = Path(__file__).resolve().parent.parent / "configs/schedules/quant1-all.toml"
+LEARNED_SCHEDULE = "learned.toml"           # test_methods_exact.LEARNED, written by the fixture
+# synchronous runs whose predictions are checked against dense stacks (GCN, SAGE, GAT)
+PREDICT = {"sync": ("model.arch=gcn", "model.layers=3", "model.hidden=6", "train.epochs=4"),
+           "sync-sage": ("model.arch=sage", "model.layers=3", "model.hidden=6", "train.epochs=4"),
+           "sync-gat": ("model.arch=gat", "model.layers=3", "model.heads=2", "model.hidden=4",
+                        "model.attn_dropout=0.3", "train.epochs=4")}
+
+
+# stale runs also stopped after that many epochs and resumed: the rows and gradients in flight
+# (a rank file each) travel one way down the chain, the other way up it
+RESUMED = {"stale-gcn3-s2-smooth-neighbor": 3, "stale-gat3-s2": 4, "sylvie": 3}
 
 
 def stale_sets(name: str) -> tuple[str, ...]:
@@ -42,13 +61,19 @@ def stale_sets(name: str) -> tuple[str, ...]:
 
 
 @pytest.fixture(scope="module")
-def lattice(shards, tmp_path_factory):
-    """(arrays, graph, 1-part and 3-part shard dirs) of the one-way lattice, from its npz."""
-    from hpcgnn.data.datasets import load_dataset
+def lattice_spec(tmp_path_factory) -> str:
+    """The ``--dataset`` spec of the one-way lattice's npz."""
     path = tmp_path_factory.mktemp("lattice") / "lattice.npz"
     np.savez(path, **lattice_arrays())
-    return (lattice_arrays(), load_dataset(f"npz:{path}"), shards(f"npz:{path}", 1),
-            shards(f"npz:{path}", RANKS, "metis"))
+    return f"npz:{path}"
+
+
+@pytest.fixture(scope="module")
+def lattice(shards, lattice_spec):
+    """(arrays, graph, 1-part and 3-part shard dirs) of the one-way lattice, from its npz."""
+    from hpcgnn.data.datasets import load_dataset
+    return (lattice_arrays(), load_dataset(lattice_spec), shards(lattice_spec, 1),
+            shards(lattice_spec, RANKS, "metis"))
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +87,10 @@ def runs(lattice, tmp_path_factory):
     def add(name, argv):
         out[name] = work / name
         commands.append((argv + ["--out", out[name]], {}))
+        if name in RESUMED:                      # the same run stopped, then resumed
+            out[f"resumed-{name}"] = work / f"resumed-{name}"
+            for more in (["--stop-after", str(RESUMED[name])], ["--resume"]):
+                commands.append((argv + ["--out", out[f"resumed-{name}"], *more], {}))
 
     def train(name, sets):
         add(name, ["train", "--shards", three, *(a for s in sets for a in ("--set", s))])
@@ -71,9 +100,16 @@ def runs(lattice, tmp_path_factory):
                                 f"train.smoothing={m}", f"comm.transport={transport}"))
     for arch, transport in (("gcn", "alltoallv"), ("sage", "neighbor")):
         train(f"retexo-{arch}", (*RETEXO, f"model.arch={arch}", f"comm.transport={transport}"))
-    train("sync", SYNC)
-    for name in ("sync", "retexo-gcn"):
+    for name, sets in PREDICT.items():
+        train(name, sets)
+    for name in (*PREDICT, "retexo-gcn"):
         add(f"predict-{name}", ["predict", "--run", out[name], "--shards", three])
+    add("sylvie", ["train", "--shards", three, "--schedule", SYLVIE_SCHEDULE,
+                   *(a for s in SYLVIE for a in ("--set", s))])
+    from test_methods_exact import LEARNED, SETS
+    (work / LEARNED_SCHEDULE).write_text(LEARNED)
+    add("learned", ["train", "--shards", three, "--schedule", work / LEARNED_SCHEDULE,
+                    *(a for s in SETS for a in ("--set", s))])
     for proc in run_together(RANKS, commands, work / "batch"):
         check_ok(proc)
     return out
@@ -86,18 +122,6 @@ def test_the_parts_are_one_way_and_uneven(lattice):
     assert len(set(np.bincount(own).tolist())) > 1
 
 
-def initial(shard_dir, tmp_path, sets) -> dict:
-    """A fresh model's parameters: a 1-rank run's after one epoch at lr 1e-30, its layers'
-    biases put back to the zeros they start at. The step moves them to +-1e-30, which is
-    ReLU's derivative 1 instead of 0 on a row whose dropped-out, aggregated input is all zero
-    (the lattice's first node has no in-edge): 5e-5 apart by epoch 5 at 1 rank already."""
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
-    train_here(shard_dir, tmp_path / "init", *sets, "train.epochs=1", "train.lr=1e-30",
-               "train.weight_decay=0", config=None)
-    state = torch.load(tmp_path / "init" / CHECKPOINT_NAME, weights_only=True)["model"]
-    return {k: torch.zeros_like(v) if k.endswith(".bias") else v for k, v in state.items()}
-
-
 @pytest.mark.parametrize("name", list(STALE))
 def test_stale_training_equals_pipegcn(name, lattice, runs, tmp_path):
     """Halo rows posted s epochs ago flow down the chain, their gradients up it s epochs
@@ -105,7 +129,7 @@ def test_stale_training_equals_pipegcn(name, lattice, runs, tmp_path):
     from _pipegcn import pipegcn_losses
     from test_methods_exact import reference_model
     _, graph, one, three = lattice
-    init = initial(one, tmp_path, stale_sets(name))
+    init = initial_params(one, *stale_sets(name))    # (the lattice's first node has no in-edge)
     got = [r["loss"] for r in read_metrics(runs[f"stale-{name}"])]
     parts = owners(three, RANKS, graph.num_nodes)
     model_sets, s, m, transport = STALE[name]
@@ -116,6 +140,52 @@ def test_stale_training_equals_pipegcn(name, lattice, runs, tmp_path):
     assert got[s:] != pytest.approx(sync[s:], rel=1e-4)    # staleness changed the trajectory
     summary = json.loads((runs[f"stale-{name}"] / "summary.json").read_text())
     assert summary["transport"] == transport
+
+
+@pytest.mark.parametrize("name", list(RESUMED))
+def test_stopped_and_resumed_stale_runs_continue_exactly(name, runs):
+    """``--stop-after`` then ``--resume`` of a stale run ends where the uninterrupted run does,
+    bit for bit: metrics (timings aside), checkpoint tensors, summary's accuracies and bytes."""
+    from test_resume_exact import same_runs
+    same_runs(runs[name], runs[f"resumed-{name}"], EPOCHS)
+
+
+def test_sylvie_equals_pipegcn_with_one_bit_rows(lattice, runs):
+    """Sylvie (configs/sylvie.toml's staleness 1 with quant1-all: every exchange's rows and
+    gradients stochastically rounded to 1 bit) where halo rows flow down the chain and their
+    gradients up it: PipeGCN over the same parts fed what the numpy quantiser of
+    docs/compression.md (``test_codecs.ref_quant``, keys ``test_exchange_exact.mix``) gives,
+    each sender's whole buffer quantised with its own key and each receiver's gradients with
+    its own."""
+    from _pipegcn import pipegcn_losses
+    from test_methods_exact import quantised_rows, reference_model
+    _, graph, one, three = lattice
+    init = initial_params(one, *SYLVIE)
+    got = [r["loss"] for r in read_metrics(runs["sylvie"])]
+    parts, model = owners(three, RANKS, graph.num_nodes), reference_model(SYLVIE[:3])
+    received, returned = quantised_rows(three, RANKS, 1)
+    want = pipegcn_losses(graph, parts, init, model, 1, 0.0, EPOCHS, received=received,
+                          returned=returned)
+    assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
+    fp32 = pipegcn_losses(graph, parts, init, model, 1, 0.0, EPOCHS)
+    assert got != pytest.approx(fp32, rel=1e-3)              # the 1-bit rows changed the run
+
+
+def test_learned_codec_equals_whole_graph_computation(lattice, lattice_spec, runs):
+    """VARCO's learned encoder/decoder pair on the cut edges of the directed graph (its halo
+    rows' gradients reach the pair through the backward's other peers): the losses of
+    ``test_methods_exact.learned_reference``'s whole-graph GCN, and the checkpoint's pair is
+    the one that computation trained."""
+    from test_methods_exact import SETS, learned_reference
+    _, _, one, three = lattice
+    got = [r["loss"] for r in read_metrics(runs["learned"])]
+    want, codec = learned_reference(three, RANKS, initial_params(one, *SETS), lattice_spec)
+    assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
+    state = torch.load(runs["learned"] / "checkpoint.pt", weights_only=True)["model"]
+    for name, value in codec.items():
+        assert not torch.equal(value.detach(), torch.eye(value.shape[0]) if value.ndim == 2
+                               else torch.zeros_like(value)), name       # it trained
+        torch.testing.assert_close(state[name], value.detach(), rtol=1e-3, atol=1e-4)
 
 
 def gcn_operator(arrays: dict) -> torch.Tensor:
@@ -140,21 +210,52 @@ def test_retexo_equals_one_rank(arch, lattice, runs, tmp_path):
         assert [r[key] for r in got] == pytest.approx([r[key] for r in want], abs=1e-9)
 
 
-def test_predict_equals_dense_stacks(lattice, runs):
-    """``hpcgnn predict`` on 3 ranks: a synchronous GCN's logits and last hidden rows, and the
-    RETEXO GCN's logits and embedding, as dense whole-graph products of the checkpoints'
-    weights with the directed operator (not its transpose)."""
+def dense_stack(sets: tuple[str, ...], state: dict, arrays: dict):
+    """(last hidden layer's output after its activation, logits) of the model of ``sets`` with
+    ``state``'s weights on the whole graph of ``arrays``, in evaluation (no dropout of either
+    kind): ``tests/_pipegcn.py``'s whole-graph layers (GCN, SAGE's mean over in-neighbours,
+    GAT's dense softmax over in-neighbours and the node itself), not hpcgnn's."""
+    from dataclasses import replace
+
     from _graphs import dense_gcn
+    from _pipegcn import graph_ops, layer_fn
+    from test_directed import as_graph
+    from test_methods_exact import reference_model
+    model = replace(reference_model(sets), dropout=0.0, attn_dropout=0.0)
+    if model.arch == "gcn":
+        return dense_gcn(arrays, state)                       # float64, Kipf & Welling's formula
+    ops, h, hidden = graph_ops(as_graph(arrays)), torch.from_numpy(arrays["features"]), None
+    act = torch.nn.functional.elu if model.arch == "gat" else torch.relu
+    with torch.no_grad():
+        for layer in range(model.layers):
+            h = layer_fn(h, state, layer, model, ops, 0)
+            if layer < model.layers - 1:
+                h = hidden = act(h)
+    return hidden.numpy(), h.numpy()
+
+
+@pytest.mark.parametrize("name", list(PREDICT))
+def test_predict_equals_dense_stacks(name, lattice, runs):
+    """``hpcgnn predict`` on 3 ranks of a synchronous run: its logits and last hidden rows are
+    dense whole-graph products of the checkpoint's weights with the directed graph's operator,
+    not its transpose's."""
+    from hpcgnn.predict import read_predictions
+    arrays = lattice[0]
+    state = torch.load(runs[name] / "checkpoint.pt", weights_only=True)["model"]
+    hidden, logits = dense_stack(PREDICT[name], state, arrays)
+    got = read_predictions(runs[f"predict-{name}"])
+    np.testing.assert_allclose(got["logits"], logits, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["embedding"], hidden, rtol=1e-4, atol=1e-5)
+    transposed = dense_stack(PREDICT[name], state, {**arrays, **transpose(arrays)})[1]
+    assert not np.allclose(transposed, logits, rtol=1e-3, atol=1e-3)     # direction matters
+
+
+def test_predict_of_retexo_equals_dense_stages(lattice, runs):
+    """``hpcgnn predict`` of the 3-rank RETEXO GCN run: logits and embedding of
+    ``test_retexo``'s stage-wise dense stack with the directed operator."""
     from hpcgnn.predict import read_predictions
     from test_retexo import dense_stage
     arrays = lattice[0]
-    state = torch.load(runs["sync"] / "checkpoint.pt", weights_only=True)["model"]
-    hidden, logits = dense_gcn(arrays, state)
-    got = read_predictions(runs["predict-sync"])
-    np.testing.assert_allclose(got["logits"], logits, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got["embedding"], hidden, rtol=1e-4, atol=1e-5)
-    transposed = dense_gcn({**arrays, **transpose(arrays)}, state)[1]
-    assert not np.allclose(transposed, logits, rtol=1e-3, atol=1e-3)     # direction matters
     state = torch.load(runs["retexo-gcn"] / "checkpoint.pt", weights_only=True)["model"]
     op = gcn_operator(arrays)
     x = torch.from_numpy(arrays["features"])

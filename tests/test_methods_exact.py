@@ -358,7 +358,9 @@ def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0):
     def returned(layer: int, epoch: int, grad: torch.Tensor, q: int) -> torch.Tensor:
         gid = torch.from_numpy(shards[q].halo_global_id)
         out = torch.zeros_like(grad)
-        out[gid] = torch.from_numpy(ref_quant(grad[gid].numpy(), bits, mix(seed, epoch, layer, 1, q)))
+        if len(gid):                        # a part without halo rows (a chain's first) sends none
+            out[gid] = torch.from_numpy(ref_quant(grad[gid].numpy(), bits,
+                                                  mix(seed, epoch, layer, 1, q)))
         return out
 
     def received(layer: int, epoch: int, h: torch.Tensor, q: int) -> torch.Tensor:
@@ -409,17 +411,18 @@ LEARNED = ('codec = "learned"\nkind = "linear"\nmax_ratio = 4.0\nmin_ratio = 1.0
            'compress_last_layer = true\n')
 
 
-def learned_reference(shard_dir, ranks: int, init: dict) -> list[float]:
+def learned_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM) -> list[float]:
     """The same GCN on the whole graph, every halo row of layer ``l`` at epoch ``t`` replaced by
     ``D_l([E_l(row)[:k], 0])``: ``E_l``, ``D_l`` linear maps ``F -> F`` that start as the
     identity and train with the model (Adam, no weight decay: train.weight_decay_codec is
     false), ``k = floor(F / r_t)`` with VARCO's ``r_t = max(1, 4 - t * 3 / (EPOCHS - 2))``; no
-    map at all where ``k = F`` (ratio 1). Owned rows never pass through the maps."""
-    g, a_loc, a_halo = _split_operator(shard_dir, ranks)
+    map at all where ``k = F`` (ratio 1). Owned rows never pass through the maps. ``spec``: the
+    graph of ``shard_dir`` (layer 1 sends ``H W1``, as wide as its classes)."""
+    g, a_loc, a_halo = _split_operator(shard_dir, ranks, spec)
     a_cross = sum(a_halo[1:], a_halo[0]).coalesce()
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     codec = {}
-    for layer, width in enumerate((g.dense_features().shape[1], 4)):
+    for layer, width in enumerate((g.dense_features().shape[1], int(g.labels.max()) + 1)):
         for name in ("encoder", "decoder"):
             codec[f"layers.{layer}.{name}.weight"] = torch.eye(width).requires_grad_(True)
             codec[f"layers.{layer}.{name}.bias"] = torch.zeros(width).requires_grad_(True)
