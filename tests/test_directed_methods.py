@@ -5,10 +5,12 @@ back the other way. Staleness 1 (GCN, SAGE with three layers, GAT with attention
 (3-layer GCN with smoothing on the neighbourhood collective, 3-layer GAT), dropout 0.5, against
 the single-process PipeGCN of ``tests/_pipegcn.py`` on the npz's graph; Sylvie (staleness 1,
 1-bit rows and gradients) against that PipeGCN fed what a numpy quantiser written in the tests
-delivers; VARCO's ``learned`` codec against ``test_methods_exact``'s whole-graph computation;
-three of the stale runs stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE
-on the neighbourhood collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``);
-``hpcgnn predict`` of synchronous 3-layer GCN, SAGE and GAT runs and of the RETEXO GCN run, on
+delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
+``sample+random`` under GCN against ``test_methods_exact``'s whole-graph computations; the last
+evaluation of those runs against a dense stack of their checkpoint; three of the stale runs
+stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE on the neighbourhood
+collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``); ``hpcgnn predict`` of
+synchronous 3-layer GCN, SAGE and GAT runs, of the Sylvie run and of the RETEXO GCN run, on
 3 ranks, against dense whole-graph stacks of their checkpoints (``test_retexo``'s stage-wise
 one for RETEXO). Initial parameters: ``conftest.initial_params``. One ``mpiexec`` job
 (``conftest.run_together``)."""
@@ -24,6 +26,10 @@ import torch
 
 from conftest import check_ok, initial_params, read_metrics, run_together, train_here
 from test_directed import RETEXO, assert_one_way, lattice_arrays, owners
+from test_methods_exact import COMPRESSED, LEARNED
+from test_methods_exact import SETS as EXACT_SETS
+
+SAMPLE = 'codec = "sample"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'
 
 pytestmark = pytest.mark.mpi
 
@@ -43,7 +49,12 @@ STALE = {  # name -> (model --set list, staleness, smoothing, transport); dropou
 SYLVIE = ("model.arch=gcn", "model.layers=3", "model.hidden=8", "model.dropout=0.5",
           f"train.epochs={EPOCHS}", "train.staleness=1")
 SYLVIE_SCHEDULE = Path(__file__).resolve().parent.parent / "configs/schedules/quant1-all.toml"
-LEARNED_SCHEDULE = "learned.toml"           # test_methods_exact.LEARNED, written by the fixture
+# name -> (--set list, schedule, (channels, arch) of test_methods_exact.compressed_reference or
+# None for the learned codec): test_methods_exact's 2-layer model, its schedules
+SELECTED = {"learned": (EXACT_SETS, LEARNED, None),
+            # BNS-GCN's sample under SAGE's mean: 1 / the whole in-degree (not the out-degree)
+            "sample-sage": (("model.arch=sage", *EXACT_SETS[1:]), SAMPLE, (False, "sage")),
+            "sample-random-gcn": (EXACT_SETS, COMPRESSED, (True, "gcn"))}
 # synchronous runs whose predictions are checked against dense stacks (GCN, SAGE, GAT)
 PREDICT = {"sync": ("model.arch=gcn", "model.layers=3", "model.hidden=6", "train.epochs=4"),
            "sync-sage": ("model.arch=sage", "model.layers=3", "model.hidden=6", "train.epochs=4"),
@@ -106,10 +117,11 @@ def runs(lattice, tmp_path_factory):
         add(f"predict-{name}", ["predict", "--run", out[name], "--shards", three])
     add("sylvie", ["train", "--shards", three, "--schedule", SYLVIE_SCHEDULE,
                    *(a for s in SYLVIE for a in ("--set", s))])
-    from test_methods_exact import LEARNED, SETS
-    (work / LEARNED_SCHEDULE).write_text(LEARNED)
-    add("learned", ["train", "--shards", three, "--schedule", work / LEARNED_SCHEDULE,
-                    *(a for s in SETS for a in ("--set", s))])
+    add("predict-sylvie", ["predict", "--run", out["sylvie"], "--shards", three])
+    for name, (sets, text, _) in SELECTED.items():
+        (work / f"{name}.toml").write_text(text)
+        add(name, ["train", "--shards", three, "--schedule", work / f"{name}.toml",
+                   *(a for s in sets for a in ("--set", s))])
     for proc in run_together(RANKS, commands, work / "batch"):
         check_ok(proc)
     return out
@@ -140,6 +152,20 @@ def test_stale_training_equals_pipegcn(name, lattice, runs, tmp_path):
     assert got[s:] != pytest.approx(sync[s:], rel=1e-4)    # staleness changed the trajectory
     summary = json.loads((runs[f"stale-{name}"] / "summary.json").read_text())
     assert summary["transport"] == transport
+    assert_last_evaluation_is_dense(runs[f"stale-{name}"], model_sets, lattice[0])
+
+
+def assert_last_evaluation_is_dense(run, sets, arrays) -> None:
+    """The last epoch's evaluation (exchanges of the current rows, uncompressed: a stale or
+    compressed run evaluates synchronously) gives the accuracies of the dense whole-graph
+    stack of the final checkpoint."""
+    state = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
+    pred = dense_stack(sets, state, arrays)[1].argmax(1)
+    last = read_metrics(run)[-1]
+    for split in ("train", "val", "test"):
+        idx = arrays[f"{split}_idx"]
+        assert last[f"{split}_acc"] == pytest.approx(float((pred[idx] == arrays["labels"][idx]).mean()),
+                                                     abs=1e-9), (run.name, split)
 
 
 @pytest.mark.parametrize("name", list(RESUMED))
@@ -169,6 +195,7 @@ def test_sylvie_equals_pipegcn_with_one_bit_rows(lattice, runs):
     assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
     fp32 = pipegcn_losses(graph, parts, init, model, 1, 0.0, EPOCHS)
     assert got != pytest.approx(fp32, rel=1e-3)              # the 1-bit rows changed the run
+    assert_last_evaluation_is_dense(runs["sylvie"], SYLVIE[:3], lattice[0])
 
 
 def test_learned_codec_equals_whole_graph_computation(lattice, lattice_spec, runs):
@@ -176,16 +203,33 @@ def test_learned_codec_equals_whole_graph_computation(lattice, lattice_spec, run
     rows' gradients reach the pair through the backward's other peers): the losses of
     ``test_methods_exact.learned_reference``'s whole-graph GCN, and the checkpoint's pair is
     the one that computation trained."""
-    from test_methods_exact import SETS, learned_reference
+    from test_methods_exact import learned_reference
     _, _, one, three = lattice
     got = [r["loss"] for r in read_metrics(runs["learned"])]
-    want, codec = learned_reference(three, RANKS, initial_params(one, *SETS), lattice_spec)
+    want, codec = learned_reference(three, RANKS, initial_params(one, *EXACT_SETS), lattice_spec)
     assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
     state = torch.load(runs["learned"] / "checkpoint.pt", weights_only=True)["model"]
     for name, value in codec.items():
         assert not torch.equal(value.detach(), torch.eye(value.shape[0]) if value.ndim == 2
                                else torch.zeros_like(value)), name       # it trained
         torch.testing.assert_close(state[name], value.detach(), rtol=1e-3, atol=1e-4)
+    assert_last_evaluation_is_dense(runs["learned"], EXACT_SETS, lattice[0])
+
+
+@pytest.mark.parametrize("name", [k for k, v in SELECTED.items() if v[2]])
+def test_row_selection_equals_whole_graph_computation(name, lattice, lattice_spec, runs):
+    """BNS-GCN's ``sample`` (SAGE: the kept halo rows scaled, the sum over the whole
+    in-degree) and ``sample+random`` (GCN) where a part receives from its predecessor only:
+    ``test_methods_exact.compressed_reference``'s whole-graph model fed the documented
+    selection."""
+    from test_methods_exact import compressed_reference
+    sets, _, (channels, arch) = SELECTED[name]
+    _, _, one, three = lattice
+    got = [r["loss"] for r in read_metrics(runs[name])]
+    want = compressed_reference(three, RANKS, initial_params(one, *sets), lattice_spec,
+                                channels=channels, arch=arch)
+    assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
+    assert_last_evaluation_is_dense(runs[name], sets, lattice[0])
 
 
 def gcn_operator(arrays: dict) -> torch.Tensor:
@@ -234,19 +278,20 @@ def dense_stack(sets: tuple[str, ...], state: dict, arrays: dict):
     return hidden.numpy(), h.numpy()
 
 
-@pytest.mark.parametrize("name", list(PREDICT))
+@pytest.mark.parametrize("name", [*PREDICT, "sylvie"])
 def test_predict_equals_dense_stacks(name, lattice, runs):
-    """``hpcgnn predict`` on 3 ranks of a synchronous run: its logits and last hidden rows are
-    dense whole-graph products of the checkpoint's weights with the directed graph's operator,
-    not its transpose's."""
+    """``hpcgnn predict`` on 3 ranks of a synchronous run (and of the Sylvie run, whose
+    features' halo rows training kept): its logits and last hidden rows are dense whole-graph
+    products of the checkpoint's weights with the directed graph's operator, not its
+    transpose's."""
     from hpcgnn.predict import read_predictions
-    arrays = lattice[0]
+    arrays, sets = lattice[0], {**PREDICT, "sylvie": SYLVIE[:3]}[name]
     state = torch.load(runs[name] / "checkpoint.pt", weights_only=True)["model"]
-    hidden, logits = dense_stack(PREDICT[name], state, arrays)
+    hidden, logits = dense_stack(sets, state, arrays)
     got = read_predictions(runs[f"predict-{name}"])
     np.testing.assert_allclose(got["logits"], logits, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["embedding"], hidden, rtol=1e-4, atol=1e-5)
-    transposed = dense_stack(PREDICT[name], state, {**arrays, **transpose(arrays)})[1]
+    transposed = dense_stack(sets, state, {**arrays, **transpose(arrays)})[1]
     assert not np.allclose(transposed, logits, rtol=1e-3, atol=1e-3)     # direction matters
 
 
