@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from _pipegcn import torch_sparse
-from conftest import CSBM, check_ok, read_metrics, together, train, train_here, train_together
+from conftest import CSBM, check_ok, initial_params, read_metrics, together, train, train_together
 from test_codecs import np_hash32, ref_channels, ref_kept_rows
 
 EPOCHS = 8
@@ -32,12 +32,8 @@ def _gcn_operator(g) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def init_params(shards, tmp_path_factory):
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
-    out = tmp_path_factory.mktemp("init")
-    train_here(shards(CSBM, 1), out, *SETS[:4], "train.epochs=1", "train.lr=1e-30",
-               "train.weight_decay=0", config=None)
-    return torch.load(out / CHECKPOINT_NAME, weights_only=True)["model"]
+def init_params(shards):
+    return initial_params(shards(CSBM, 1), *SETS[:4])
 
 
 def _parts(shard_dir, ranks: int) -> np.ndarray:
@@ -84,16 +80,13 @@ def reference_model(model_sets: tuple[str, ...]):
 
 
 @pytest.fixture(scope="module")
-def init_of(shards, tmp_path_factory):
-    """``init_of(spec, sets)``: the initial parameters of that model (a 1-rank run's)."""
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
+def init_of(shards):
+    """``init_of(spec, sets)``: the initial parameters of that model (a fresh model's)."""
     cache = {}
 
     def get(spec, sets):
         if (spec, sets) not in cache:
-            out = tmp_path_factory.mktemp("init")
-            train_here(shards(spec, 1), out, *sets, "train.epochs=1", "train.lr=1e-30", config=None)
-            cache[spec, sets] = torch.load(out / CHECKPOINT_NAME, weights_only=True)["model"]
+            cache[spec, sets] = initial_params(shards(spec, 1), *sets)
         return cache[spec, sets]
 
     return get
