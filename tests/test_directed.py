@@ -175,14 +175,22 @@ def test_every_transport_on_a_one_way_partition(lattice, ranks, worker_jobs):
 
 @pytest.fixture(scope="module")
 def retexo_one_rank(lattice, tmp_path_factory):
-    """arch -> the 1-rank RETEXO run's metrics records (trained once)."""
+    """arch -> the 1-rank RETEXO run's metrics records (trained once), checked against
+    ``test_retexo``'s dense stage-wise training on the npz's graph: the in-neighbour operators
+    (the lattice's first node has none), not their transposes."""
+    from test_retexo import dense_retexo
     _, dirs = lattice
     done = {}
 
     def get(arch: str) -> list[dict]:
         if arch not in done:
-            done[arch] = train_here(dirs[1], tmp_path_factory.mktemp(f"retexo-{arch}"), *RETEXO,
-                                    f"model.arch={arch}", config=None)
+            sets = (*RETEXO, f"model.arch={arch}")
+            done[arch] = train_here(dirs[1], tmp_path_factory.mktemp(f"retexo-{arch}"), *sets,
+                                    config=None)
+            losses, vals, _ = dense_retexo(arch, initial_params(dirs[1], *sets),
+                                           spec=f"npz:{dirs[1].parent / 'lattice.npz'}")
+            assert [r["loss"] for r in done[arch]] == pytest.approx(losses, rel=2e-5), arch
+            assert [r["val_acc"] for r in done[arch]] == pytest.approx(vals, abs=1e-6), arch  # fp32
         return done[arch]
 
     return get

@@ -4,7 +4,7 @@ ranks, where a part receives halo rows from its predecessor only and sends its h
 back the other way. Staleness 1 (GCN, SAGE with three layers, GAT with attention dropout) and 2
 (3-layer GCN with smoothing on the neighbourhood collective, 3-layer GAT), dropout 0.5, against
 the single-process PipeGCN of ``tests/_pipegcn.py`` on the npz's graph; Sylvie (staleness 1,
-1-bit rows and gradients) against that PipeGCN fed what a numpy quantiser written in the tests
+1-bit rows and gradients; GCN and GAT) against that PipeGCN fed what a numpy quantiser written in the tests
 delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
 ``sample+random`` under GCN against ``test_methods_exact``'s whole-graph computations; the last
 evaluation of those runs against a dense stack of their checkpoint; three of the stale runs
@@ -48,6 +48,9 @@ STALE = {  # name -> (model --set list, staleness, smoothing, transport); dropou
 # Sylvie: configs/sylvie.toml's staleness 1 and its schedule, 1-bit rows and gradients
 SYLVIE = ("model.arch=gcn", "model.layers=3", "model.hidden=8", "model.dropout=0.5",
           f"train.epochs={EPOCHS}", "train.staleness=1")
+# GAT under the same (its stale layers send their input, which attention reads on both sides)
+SYLVIE_GAT = ("model.arch=gat", "model.heads=2", "model.hidden=4", "model.attn_dropout=0.3",
+              *SYLVIE[3:])
 SYLVIE_SCHEDULE = Path(__file__).resolve().parent.parent / "configs/schedules/quant1-all.toml"
 # name -> (--set list, schedule, (channels, arch) of test_methods_exact.compressed_reference or
 # None for the learned codec): test_methods_exact's 2-layer model, its schedules
@@ -118,6 +121,8 @@ def runs(lattice, tmp_path_factory):
     add("sylvie", ["train", "--shards", three, "--schedule", SYLVIE_SCHEDULE,
                    *(a for s in SYLVIE for a in ("--set", s))])
     add("predict-sylvie", ["predict", "--run", out["sylvie"], "--shards", three])
+    add("sylvie-gat", ["train", "--shards", three, "--schedule", SYLVIE_SCHEDULE,
+                       *(a for s in SYLVIE_GAT for a in ("--set", s))])
     for name, (sets, text, _) in SELECTED.items():
         (work / f"{name}.toml").write_text(text)
         add(name, ["train", "--shards", three, "--schedule", work / f"{name}.toml",
@@ -176,7 +181,8 @@ def test_stopped_and_resumed_stale_runs_continue_exactly(name, runs):
     same_runs(runs[name], runs[f"resumed-{name}"], EPOCHS)
 
 
-def test_sylvie_equals_pipegcn_with_one_bit_rows(lattice, runs):
+@pytest.mark.parametrize("name", ["sylvie", "sylvie-gat"])
+def test_sylvie_equals_pipegcn_with_one_bit_rows(name, lattice, runs):
     """Sylvie (configs/sylvie.toml's staleness 1 with quant1-all: every exchange's rows and
     gradients stochastically rounded to 1 bit) where halo rows flow down the chain and their
     gradients up it: PipeGCN over the same parts fed what the numpy quantiser of
@@ -186,16 +192,18 @@ def test_sylvie_equals_pipegcn_with_one_bit_rows(lattice, runs):
     from _pipegcn import pipegcn_losses
     from test_methods_exact import quantised_rows, reference_model
     _, graph, one, three = lattice
-    init = initial_params(one, *SYLVIE)
-    got = [r["loss"] for r in read_metrics(runs["sylvie"])]
-    parts, model = owners(three, RANKS, graph.num_nodes), reference_model(SYLVIE[:3])
+    sets = {"sylvie": SYLVIE, "sylvie-gat": SYLVIE_GAT}[name]
+    model_sets = sets[:-3]                                 # the model's keys, dropout aside
+    init = initial_params(one, *sets)
+    got = [r["loss"] for r in read_metrics(runs[name])]
+    parts, model = owners(three, RANKS, graph.num_nodes), reference_model(model_sets)
     received, returned = quantised_rows(three, RANKS, 1)
     want = pipegcn_losses(graph, parts, init, model, 1, 0.0, EPOCHS, received=received,
                           returned=returned)
     assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
     fp32 = pipegcn_losses(graph, parts, init, model, 1, 0.0, EPOCHS)
     assert got != pytest.approx(fp32, rel=1e-3)              # the 1-bit rows changed the run
-    assert_last_evaluation_is_dense(runs["sylvie"], SYLVIE[:3], lattice[0])
+    assert_last_evaluation_is_dense(runs[name], model_sets, lattice[0])
 
 
 def test_learned_codec_equals_whole_graph_computation(lattice, lattice_spec, runs):
