@@ -1,8 +1,9 @@
 """The methods beyond synchronous training on a directed graph: ``test_directed``'s one-way
 lattice (messages flow ``i -> i+1 .. i+3``; METIS parts, not symmetrised, uneven) on 3 real
 ranks, where a part receives halo rows from its predecessor only and sends its halo gradients
-back the other way. Staleness 1 (GCN, SAGE with three layers, GAT with attention dropout) and 2
-(3-layer GCN with smoothing on the neighbourhood collective, 3-layer GAT), dropout 0.5, against
+back the other way. Staleness 1 (GCN, SAGE with three layers, GAT with attention dropout and a
+progress thread) and 2 (3-layer GCN with smoothing on the neighbourhood collective, 3-layer GAT
+in rounds), dropout 0.5, against
 the single-process PipeGCN of ``tests/_pipegcn.py`` on the npz's graph; Sylvie (staleness 1,
 1-bit rows and gradients; GCN and GAT) against that PipeGCN fed what a numpy quantiser written in the tests
 delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
@@ -37,13 +38,15 @@ RANKS, EPOCHS = 3, 8
 STALE = {  # name -> (model --set list, staleness, smoothing, transport); dropout 0.5
     "gcn": (("model.arch=gcn", "model.hidden=8"), 1, 0.0, "alltoallv"),
     "sage3": (("model.arch=sage", "model.layers=3", "model.hidden=8"), 1, 0.0, "alltoallv"),
-    "gat": (("model.arch=gat", "model.heads=2", "model.hidden=8", "model.attn_dropout=0.3"), 1,
-            0.0, "alltoallv"),
+    # a progress thread moves the posted exchanges
+    "gat": (("model.arch=gat", "model.heads=2", "model.hidden=8", "model.attn_dropout=0.3",
+             "comm.progress=thread"), 1, 0.0, "alltoallv"),
     # the dist-graph communicator's in- and out-peers differ on a chain
     "gcn3-s2-smooth-neighbor": (("model.arch=gcn", "model.layers=3", "model.hidden=8"), 2, 0.5,
                                 "neighbor"),
+    # in rounds of 16 bytes a block (every exchange: 3 ranks x 16 = 48 bytes a call)
     "gat3-s2": (("model.arch=gat", "model.layers=3", "model.heads=2", "model.hidden=4",
-                 "model.attn_dropout=0.3"), 2, 0.0, "alltoallv"),
+                 "model.attn_dropout=0.3", "comm.max_message=48"), 2, 0.0, "alltoallv"),
 }
 # Sylvie: configs/sylvie.toml's staleness 1 and its schedule, 1-bit rows and gradients
 SYLVIE = ("model.arch=gcn", "model.layers=3", "model.hidden=8", "model.dropout=0.5",
