@@ -13,8 +13,10 @@ call, SAGE in rounds; GCN on the all-to-all too) gives the 1-rank per-epoch loss
 plain-torch whole-graph model of the input arrays (``tests/test_model.py``'s), so the input is
 not read transposed at every rank count alike; a 3-layer GCN with staleness 1 on the 8-part
 chain, in the same job, gives the losses of ``tests/_pipegcn.py``'s PipeGCN over those parts
-(halo rows one way, late gradients the other). RETEXO on 2, 4 and 8 ranks, trained by the
-exchange checks' workers after those, gives the 1-rank losses and accuracies. This file is also
+(halo rows one way, late gradients the other). The exchange checks' workers then train
+synchronous GCN, SAGE and GAT on 2 and 4 ranks, GAT on 8, and RETEXO on 2, 4 and 8 ranks: the
+1-rank losses and accuracies (1-rank RETEXO against ``test_retexo``'s dense stage-wise
+training). This file is also
 the MPI worker.
 """
 from __future__ import annotations
@@ -45,6 +47,23 @@ RETEXO = ("train.method=retexo", "model.layers=3", "model.hidden=8", "train.roun
           "train.epochs=9", "train.lr=0.05", "model.dropout=0.0")
 RETEXO_RUNS = {"gcn": "alltoallv", "sage": "neighbor"}
 RETEXO_RANKS = (2, 4, 8)
+# synchronous runs in the same worker jobs (8 ranks: GCN and SAGE in runs_on_8 below; 3 ranks:
+# tests/test_pyg_layers.py), against 1 rank
+GAT_SETS = ("model.arch=gat", "model.heads=2", "model.hidden=4", "model.attn_dropout=0.3",
+            "train.epochs=6")
+SYNC_RUNS = {2: ("gcn", "sage", "gat"), 4: ("gcn", "sage", "gat"), 8: ("gat",)}
+
+
+def worker_trainings(ranks: int) -> dict[str, tuple[str, ...]]:
+    """name -> --set list of the runs the worker job of ``ranks`` trains after its checks."""
+    runs = {f"retexo-{arch}": (*RETEXO, f"model.arch={arch}", f"comm.transport={transport}")
+            for arch, transport in RETEXO_RUNS.items()} if ranks in RETEXO_RANKS else {}
+    runs.update({f"sync-{arch}": sync_sets(arch) for arch in SYNC_RUNS.get(ranks, ())})
+    return runs
+
+
+def sync_sets(arch: str) -> tuple[str, ...]:
+    return GAT_SETS if arch == "gat" else train_sets(arch)
 
 
 def lattice_arrays(n: int = NODES, reach: int = REACH, seed: int = 4) -> dict:
@@ -139,8 +158,7 @@ def worker_jobs(lattice, tmp_path_factory):
     def get(ranks: int) -> Path:
         if ranks not in done:
             out = tmp_path_factory.mktemp(f"worker-{ranks}")
-            proc = run_mpi(ranks, [__file__, str(dirs[ranks]), str(out),
-                                   str(int(ranks in RETEXO_RANKS))], timeout=300)
+            proc = run_mpi(ranks, [__file__, str(dirs[ranks]), str(out)], timeout=300)
             assert proc.returncode == 0, proc.stdout + proc.stderr
             done[ranks] = out
         return done[ranks]
@@ -259,6 +277,20 @@ def plain_torch_losses(arrays: dict, arch: str, init: dict) -> list[float]:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("ranks,arch", [(r, a) for r, archs in SYNC_RUNS.items() for a in archs])
+def test_synchronous_training_equals_1_rank(lattice, ranks, arch, worker_jobs, tmp_path):
+    """GCN, SAGE and GAT (attention dropout) on 2 and 4 ranks, GAT on 8: the 1-rank losses
+    and accuracies (1 rank against whole-graph models: the test below for GCN and SAGE,
+    tests/test_pyg_layers.py's PyG GAT on a directed graph)."""
+    _, dirs = lattice
+    want = train_here(dirs[1], tmp_path / "one", *sync_sets(arch), config=None)
+    got = read_metrics(worker_jobs(ranks) / f"sync-{arch}")
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-5)
+    for key in ("train_acc", "val_acc", "test_acc"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in want], abs=1e-9), key
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("arch", list(TRAIN_TRANSPORTS))
 def test_training_on_8_ranks_equals_1_rank_across_the_transports(lattice, arch, runs_on_8, tmp_path):
     """The 1-rank run equals a plain-torch whole-graph model of the directed input (not its
@@ -297,7 +329,7 @@ def test_stale_training_on_8_ranks_equals_pipegcn(lattice, runs_on_8):
 
 # -- the worker (runs on every rank) ------------------------------------------------------------
 
-def _worker(shard_dir: str, out: str, retexo: bool) -> None:
+def _worker(shard_dir: str, out: str) -> None:
     import os
 
     import torch
@@ -330,17 +362,15 @@ def _worker(shard_dir: str, out: str, retexo: bool) -> None:
     np.savez(Path(out, f"rank-{ctx.rank}.npz"), **results)
     for name in ("HPCGNN_EXCHANGE", "HPCGNN_MAX_MESSAGE"):
         os.environ.pop(name, None)
-    if retexo:
-        from hpcgnn.__main__ import main
-        for arch, transport in RETEXO_RUNS.items():
-            sets = (*RETEXO, f"model.arch={arch}", f"comm.transport={transport}")
-            rc = main(["train", "--shards", shard_dir, "--out", str(Path(out, f"retexo-{arch}")),
-                       *(a for s in sets for a in ("--set", s))])
-            assert rc == 0, (arch, rc)
+    from hpcgnn.__main__ import main
+    for name, sets in worker_trainings(ctx.size).items():
+        rc = main(["train", "--shards", shard_dir, "--out", str(Path(out, name)),
+                   *(a for s in sets for a in ("--set", s))])
+        assert rc == 0, (name, rc)
     print(f"rank {ctx.rank}: done", flush=True)
 
 
 if __name__ == "__main__":
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here.parent), str(here)]     # this checkout's hpcgnn, then the helpers
-    _worker(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
+    _worker(sys.argv[1], sys.argv[2])
