@@ -11,7 +11,7 @@ delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
 evaluation of those runs against a dense stack of their checkpoint; three of the stale runs
 stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE on the neighbourhood
 collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``); ``hpcgnn predict`` of
-synchronous 3-layer GCN, SAGE and GAT runs, of the Sylvie run and of the RETEXO GCN run, on
+synchronous 3-layer GCN, SAGE and GAT runs, of the Sylvie run and of the RETEXO runs, on
 3 ranks, against dense whole-graph stacks of their checkpoints (``test_retexo``'s stage-wise
 one for RETEXO). Initial parameters: ``conftest.initial_params``. One ``mpiexec`` job
 (``conftest.run_together``)."""
@@ -119,7 +119,7 @@ def runs(lattice, tmp_path_factory):
         train(f"retexo-{arch}", (*RETEXO, f"model.arch={arch}", f"comm.transport={transport}"))
     for name, sets in PREDICT.items():
         train(name, sets)
-    for name in (*PREDICT, "retexo-gcn"):
+    for name in (*PREDICT, "retexo-gcn", "retexo-sage"):
         add(f"predict-{name}", ["predict", "--run", out[name], "--shards", three])
     add("sylvie", ["train", "--shards", three, "--schedule", SYLVIE_SCHEDULE,
                    *(a for s in SYLVIE for a in ("--set", s))])
@@ -243,16 +243,6 @@ def test_row_selection_equals_whole_graph_computation(name, lattice, lattice_spe
     assert_last_evaluation_is_dense(runs[name], sets, lattice[0])
 
 
-def gcn_operator(arrays: dict) -> torch.Tensor:
-    """Dense ``D^-1/2 (A + I) D^-1/2`` from the npz arrays (row ``i``: the nodes whose messages
-    reach ``i``; D the in-degree + 1)."""
-    n = int(arrays["num_nodes"])
-    a = sp.csr_matrix((np.ones(len(arrays["adj_indices"])), arrays["adj_indices"],
-                       arrays["adj_indptr"]), shape=(n, n)).toarray()
-    d = 1.0 / np.sqrt(a.sum(1) + 1.0)
-    return torch.from_numpy(d[:, None] * (a + np.eye(n)) * d[None, :]).float()
-
-
 @pytest.mark.parametrize("arch", ["gcn", "sage"])
 def test_retexo_equals_one_rank(arch, lattice, runs, tmp_path):
     """RETEXO's per-stage embeddings cross the cut one way: 3 ranks give the 1-rank losses and
@@ -306,20 +296,21 @@ def test_predict_equals_dense_stacks(name, lattice, runs):
     assert not np.allclose(transposed, logits, rtol=1e-3, atol=1e-3)     # direction matters
 
 
-def test_predict_of_retexo_equals_dense_stages(lattice, runs):
-    """``hpcgnn predict`` of the 3-rank RETEXO GCN run: logits and embedding of
+@pytest.mark.parametrize("arch", ["gcn", "sage"])
+def test_predict_of_retexo_equals_dense_stages(arch, lattice, lattice_spec, runs):
+    """``hpcgnn predict`` of the 3-rank RETEXO runs: logits and embedding of
     ``test_retexo``'s stage-wise dense stack with the directed operator."""
     from hpcgnn.predict import read_predictions
-    from test_retexo import dense_stage
+    from test_retexo import dense_stage, operator
     arrays = lattice[0]
-    state = torch.load(runs["retexo-gcn"] / "checkpoint.pt", weights_only=True)["model"]
-    op = gcn_operator(arrays)
+    state = torch.load(runs[f"retexo-{arch}"] / "checkpoint.pt", weights_only=True)["model"]
+    op = operator(arch, lattice_spec)[0]
     x = torch.from_numpy(arrays["features"])
     with torch.no_grad():
         for s in range(2):
-            x = dense_stage("gcn", state, s, op, x)[1]
-        logits = dense_stage("gcn", state, 2, op, x)[0]
-    got = read_predictions(runs["predict-retexo-gcn"])
+            x = dense_stage(arch, state, s, op, x)[1]
+        logits = dense_stage(arch, state, 2, op, x)[0]
+    got = read_predictions(runs[f"predict-retexo-{arch}"])
     np.testing.assert_allclose(got["embedding"], x.numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["logits"], logits.numpy(), rtol=1e-4, atol=1e-5)
 
