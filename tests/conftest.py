@@ -150,6 +150,25 @@ def check_ok(proc) -> None:
     assert proc.returncode == 0, f"rc {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
 
+def initial_params(shard_dir: Path, *sets: str, config: str | None = None) -> dict:
+    """A fresh model's parameters (and buffers) as ``hpcgnn train --shards SHARD_DIR --set
+    SETS`` on ONE rank starts from them: the trainer's model before any step, the state dict's
+    keys as a checkpoint's ``model``. (A 1-epoch run at lr 1e-30 is not that: Adam moves every
+    parameter by about the lr, so the zero biases become +-1e-30, which is ReLU's derivative 1
+    instead of 0 on a row whose aggregated input is all zero, e.g. a node without in-edges.)"""
+    import tempfile
+
+    from hpcgnn.comm.context import CommContext
+    from hpcgnn.config import load_config
+    from hpcgnn.train.build import prepare_trainer
+    ctx = CommContext.from_world("cpu")
+    assert ctx.size == 1
+    with tempfile.TemporaryDirectory() as run_dir:
+        model = prepare_trainer(ctx, load_config(config, list(sets)), shard_dir,
+                                Path(run_dir) / "run").model
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 def train_here(shard_dir: Path, out: Path, *sets: str, config: str | None = "configs/cora.toml",
                resume: bool = False, stop_after: int | None = None, force: bool = False
                ) -> list[dict]:

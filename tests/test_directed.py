@@ -13,7 +13,11 @@ call, SAGE in rounds; GCN on the all-to-all too) gives the 1-rank per-epoch loss
 plain-torch whole-graph model of the input arrays (``tests/test_model.py``'s), so the input is
 not read transposed at every rank count alike; a 3-layer GCN with staleness 1 on the 8-part
 chain, in the same job, gives the losses of ``tests/_pipegcn.py``'s PipeGCN over those parts
-(halo rows one way, late gradients the other). This file is also the MPI worker.
+(halo rows one way, late gradients the other). The exchange checks' workers then train
+synchronous GCN, SAGE and GAT on 2 and 4 ranks, GAT on 8, and RETEXO on 2, 4 and 8 ranks: the
+1-rank losses and accuracies (1-rank RETEXO against ``test_retexo``'s dense stage-wise
+training). This file is also
+the MPI worker.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import numpy as np
 import pytest
 
 from _mpi import mpi_env
-from conftest import check_ok, read_metrics, run_mpi, together, train_here
+from conftest import check_ok, initial_params, read_metrics, run_mpi, together, train_here
 
 NODES, REACH, FEATURES, WIDTH = 240, 3, 6, 5
 RANKS = (2, 3, 4, 8)
@@ -36,6 +40,30 @@ TRANSPORTS = {"alltoallv": {"HPCGNN_EXCHANGE": "alltoallv"},
               "neighbor": {"HPCGNN_EXCHANGE": "neighbor"},
               "alltoallv-rounds": {"HPCGNN_EXCHANGE": "alltoallv", "HPCGNN_MAX_MESSAGE": "16"},
               "neighbor-rounds": {"HPCGNN_EXCHANGE": "neighbor", "HPCGNN_MAX_MESSAGE": "16"}}
+# RETEXO (3 stages of 3 rounds); the worker jobs of 2, 4 and 8 ranks train it after the exchange
+# checks, GCN on the all-to-all and SAGE on the neighbourhood collective
+# (tests/test_directed_methods.py: 3 ranks)
+RETEXO = ("train.method=retexo", "model.layers=3", "model.hidden=8", "train.rounds_per_layer=3",
+          "train.epochs=9", "train.lr=0.05", "model.dropout=0.0")
+RETEXO_RUNS = {"gcn": "alltoallv", "sage": "neighbor"}
+RETEXO_RANKS = (2, 4, 8)
+# synchronous runs in the same worker jobs (8 ranks: GCN and SAGE in runs_on_8 below; 3 ranks:
+# tests/test_pyg_layers.py), against 1 rank
+GAT_SETS = ("model.arch=gat", "model.heads=2", "model.hidden=4", "model.attn_dropout=0.3",
+            "train.epochs=6")
+SYNC_RUNS = {2: ("gcn", "sage", "gat"), 4: ("gcn", "sage", "gat"), 8: ("gat",)}
+
+
+def worker_trainings(ranks: int) -> dict[str, tuple[str, ...]]:
+    """name -> --set list of the runs the worker job of ``ranks`` trains after its checks."""
+    runs = {f"retexo-{arch}": (*RETEXO, f"model.arch={arch}", f"comm.transport={transport}")
+            for arch, transport in RETEXO_RUNS.items()} if ranks in RETEXO_RANKS else {}
+    runs.update({f"sync-{arch}": sync_sets(arch) for arch in SYNC_RUNS.get(ranks, ())})
+    return runs
+
+
+def sync_sets(arch: str) -> tuple[str, ...]:
+    return GAT_SETS if arch == "gat" else train_sets(arch)
 
 
 def lattice_arrays(n: int = NODES, reach: int = REACH, seed: int = 4) -> dict:
@@ -121,18 +149,34 @@ def assert_one_way(arrays: dict, own: np.ndarray, parts: int) -> None:
 
 # -- the tests ----------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def worker_jobs(lattice, tmp_path_factory):
+    """``get(ranks) -> output dir`` of the worker's job on that many ranks (run once)."""
+    _, dirs = lattice
+    done = {}
+
+    def get(ranks: int) -> Path:
+        if ranks not in done:
+            out = tmp_path_factory.mktemp(f"worker-{ranks}")
+            proc = run_mpi(ranks, [__file__, str(dirs[ranks]), str(out)], timeout=300)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            done[ranks] = out
+        return done[ranks]
+
+    return get
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", RANKS)
-def test_every_transport_on_a_one_way_partition(lattice, ranks, tmp_path):
+def test_every_transport_on_a_one_way_partition(lattice, ranks, worker_jobs):
     arrays, dirs = lattice
     own = owners(dirs[ranks], ranks, NODES)
     assert_one_way(arrays, own, ranks)
     halos, grad = reference(arrays, own, ranks)
-    proc = run_mpi(ranks, [__file__, str(dirs[ranks]), str(tmp_path)], timeout=240)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = worker_jobs(ranks)
     from hpcgnn.data.shard import read_shard
     for r in range(ranks):
-        got = np.load(tmp_path / f"rank-{r}.npz")
+        got = np.load(out / f"rank-{r}.npz")
         s = read_shard(dirs[ranks] / f"part-{r:05d}.h5")
         assert set(s.halo_global_id.tolist()) == halos[r]
         for name in TRANSPORTS:
@@ -145,6 +189,45 @@ def test_every_transport_on_a_one_way_partition(lattice, ranks, tmp_path):
                                            atol=1e-5, err_msg=f"{key} owned-row grads, rank {r}")
                 if name.endswith("rounds"):
                     assert int(got[f"{key}-rounds"]) > 1, key
+
+
+@pytest.fixture(scope="module")
+def retexo_one_rank(lattice, tmp_path_factory):
+    """arch -> the 1-rank RETEXO run's metrics records (trained once), checked against
+    ``test_retexo``'s dense stage-wise training on the npz's graph: the in-neighbour operators
+    (the lattice's first node has none), not their transposes."""
+    from test_retexo import dense_retexo
+    _, dirs = lattice
+    done = {}
+
+    def get(arch: str) -> list[dict]:
+        if arch not in done:
+            sets = (*RETEXO, f"model.arch={arch}")
+            done[arch] = train_here(dirs[1], tmp_path_factory.mktemp(f"retexo-{arch}"), *sets,
+                                    config=None)
+            losses, vals, _ = dense_retexo(arch, initial_params(dirs[1], *sets),
+                                           spec=f"npz:{dirs[1].parent / 'lattice.npz'}")
+            assert [r["loss"] for r in done[arch]] == pytest.approx(losses, rel=2e-5), arch
+            assert [r["val_acc"] for r in done[arch]] == pytest.approx(vals, abs=1e-6), arch  # fp32
+        return done[arch]
+
+    return get
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", RETEXO_RANKS)
+@pytest.mark.parametrize("arch", list(RETEXO_RUNS))
+def test_retexo_equals_one_rank(lattice, arch, ranks, worker_jobs, retexo_one_rank):
+    """RETEXO's stage embeddings cross the chain's cuts one way (each stage exchanges its
+    fixed input once): every rank count gives the 1-rank losses and accuracies."""
+    run = worker_jobs(ranks) / f"retexo-{arch}"
+    want, got = retexo_one_rank(arch), read_metrics(run)
+    assert [r["stage"] for r in got] == [e // 3 for e in range(9)]
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=2e-5)
+    for key in ("val_acc", "test_acc"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in want], abs=1e-9)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["transport"] == RETEXO_RUNS[arch], summary["transport"]
 
 
 # each architecture trains on the neighbourhood collective (the path of the original defect: 27 %
@@ -194,18 +277,26 @@ def plain_torch_losses(arrays: dict, arch: str, init: dict) -> list[float]:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("ranks,arch", [(r, a) for r, archs in SYNC_RUNS.items() for a in archs])
+def test_synchronous_training_equals_1_rank(lattice, ranks, arch, worker_jobs, tmp_path):
+    """GCN, SAGE and GAT (attention dropout) on 2 and 4 ranks, GAT on 8: the 1-rank losses
+    and accuracies (1 rank against whole-graph models: the test below for GCN and SAGE,
+    tests/test_pyg_layers.py's PyG GAT on a directed graph)."""
+    _, dirs = lattice
+    want = train_here(dirs[1], tmp_path / "one", *sync_sets(arch), config=None)
+    got = read_metrics(worker_jobs(ranks) / f"sync-{arch}")
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-5)
+    for key in ("train_acc", "val_acc", "test_acc"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in want], abs=1e-9), key
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("arch", list(TRAIN_TRANSPORTS))
 def test_training_on_8_ranks_equals_1_rank_across_the_transports(lattice, arch, runs_on_8, tmp_path):
     """The 1-rank run equals a plain-torch whole-graph model of the directed input (not its
     transpose), and the 8-rank runs equal both."""
-    import torch
-
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
     arrays, dirs = lattice
-    # the initial weights: a 1-rank run's after a step of (practically) nothing
-    train_here(dirs[1], tmp_path / "init", *train_sets(arch), "train.epochs=1", "train.lr=1e-30",
-               "train.weight_decay=0", config=None)
-    init = torch.load(tmp_path / "init" / CHECKPOINT_NAME, weights_only=True)["model"]
+    init = initial_params(dirs[1], *train_sets(arch))
     want = [r["loss"] for r in train_here(dirs[1], tmp_path / "one", *train_sets(arch), config=None)]
     assert len(want) == 6
     assert want == pytest.approx(plain_torch_losses(arrays, arch, init), rel=1e-5), arch
@@ -219,17 +310,16 @@ def test_training_on_8_ranks_equals_1_rank_across_the_transports(lattice, arch, 
 
 
 @pytest.mark.mpi
-def test_stale_training_on_8_ranks_equals_pipegcn(lattice, runs_on_8, tmp_path):
+def test_stale_training_on_8_ranks_equals_pipegcn(lattice, runs_on_8):
     """Staleness 1 on the 8-part chain: each part's halo rows of the epoch before come from its
     predecessor, its halo gradients reach that predecessor an epoch later; the losses of
     ``tests/_pipegcn.py``'s whole-graph PipeGCN over the same parts."""
     from _pipegcn import Model, pipegcn_losses
-    from test_directed_methods import initial
     arrays, dirs = lattice
     proc, out = runs_on_8(("gcn", "stale"))
     check_ok(proc)
     got = [r["loss"] for r in read_metrics(out)]
-    init, parts = initial(dirs[1], tmp_path, STALE_SETS), owners(dirs[8], 8, NODES)
+    init, parts = initial_params(dirs[1], *STALE_SETS), owners(dirs[8], 8, NODES)
     model = Model("gcn", 3, dropout=0.5)
     assert got == pytest.approx(pipegcn_losses(as_graph(arrays), parts, init, model, 1, 0.0, 6),
                                 rel=2e-5)
@@ -270,6 +360,13 @@ def _worker(shard_dir: str, out: str) -> None:
                             f"{key}-mode": np.array(exch._transport.mode),
                             f"{key}-rounds": np.array(exch._layout(IDENTITY, WIDTH, False)[0].rounds)})
     np.savez(Path(out, f"rank-{ctx.rank}.npz"), **results)
+    for name in ("HPCGNN_EXCHANGE", "HPCGNN_MAX_MESSAGE"):
+        os.environ.pop(name, None)
+    from hpcgnn.__main__ import main
+    for name, sets in worker_trainings(ctx.size).items():
+        rc = main(["train", "--shards", shard_dir, "--out", str(Path(out, name)),
+                   *(a for s in sets for a in ("--set", s))])
+        assert rc == 0, (name, rc)
     print(f"rank {ctx.rank}: done", flush=True)
 
 

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from conftest import check_ok, read_metrics, run_mpi, train_here
+from conftest import check_ok, initial_params, read_metrics, run_mpi, train_here
 
 CSBM = "csbm:nodes=799,classes=4,degree=8,features=24,seed=3"   # small (dense references); odd: uneven parts
 EPOCHS = 6
@@ -271,15 +271,12 @@ def test_config_checks():
 @pytest.fixture(scope="module")
 def one_rank(shards, tmp_path_factory):
     """Per variant: the 1-rank metrics (trained in this process) and initial parameters."""
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
     cache: dict = {}
 
     def get(variant: str):
         if variant not in cache:
             sets, sched = VARIANTS[variant]
-            init = tmp_path_factory.mktemp("init")
-            train_here(shards(CSBM, 1), init, *sets, "train.epochs=1", "train.lr=1e-30", config=None)
-            state = torch.load(init / CHECKPOINT_NAME, weights_only=True)["model"]
+            state = initial_params(shards(CSBM, 1), *sets)
             out = tmp_path_factory.mktemp("ref")
             metrics = train_here(shards(CSBM, 1), out, *sets, config=None)   # 1 rank: no halo
             cache[variant] = (metrics, state)

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from _graphs import dense_gcn, partly_labelled_npz
-from conftest import CSBM, check_ok, read_metrics, run_together, together, train_here, train_together
+from conftest import CSBM, check_ok, initial_params, read_metrics, run_together, together, train_together
 from test_directed import lattice_arrays
 from test_methods_exact import EPOCHS, GAT_GRAPH, _parts, reference_model
 
@@ -175,15 +175,11 @@ def keep_runs(shards, spec_of, tmp_path_factory):
 def test_kept_features_train_the_whole_graph_model(case, shards, spec_of, keep_runs, tmp_path):
     from _pipegcn import pipegcn_losses
     from hpcgnn.data.datasets import load_dataset
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
     spec, ranks, partitioner, model_sets = KEEP_CASES[case]
     spec = spec_of(spec)
     proc, run = keep_runs(case)
     check_ok(proc)
-    init_dir = tmp_path / "init"                       # the initial parameters (a 1-rank run's)
-    train_here(shards(spec, 1), init_dir, *_keep_sets(case)[:-1], "train.epochs=1",
-               "train.lr=1e-30", config=None)
-    init = torch.load(init_dir / CHECKPOINT_NAME, weights_only=True)["model"]
+    init = initial_params(shards(spec, 1), *_keep_sets(case)[:-1])     # a fresh model's
     shard_dir = shards(spec, ranks, partitioner)
     g, parts = load_dataset(spec), _parts(shard_dir, ranks)
     if partitioner == "metis" and spec == "cora":

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import check_ok, read_metrics, run_mpi, train_here  # noqa: E402
+from conftest import check_ok, initial_params, read_metrics, run_mpi  # noqa: E402
 
 # the ranks' worker: test_compressed.py's (hpcgnn train with each schedule in turn, into OUT/NAME)
 TRAIN_SCHEDULES = Path(__file__).resolve().with_name("test_compressed.py")
@@ -97,10 +97,7 @@ def test_learned_pair_only_while_compressing(shards, tmp_path):
     m = {name: read_metrics(tmp_path / name) for name in SCHEDULES}
     # against the whole-graph computation, from a 1-rank run's initial weights
     from hpcgnn.data.shard import read_shard
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
-    train_here(shards(GRAPH, 1), tmp_path / "init", "train.epochs=1", "train.lr=1e-30",
-               "train.weight_decay=0", config=str(tmp_path / "run.toml"))
-    init = torch.load(tmp_path / "init" / CHECKPOINT_NAME, weights_only=True)["model"]
+    init = initial_params(shards(GRAPH, 1), config=str(tmp_path / "run.toml"))
     parts = torch.zeros(3000, dtype=torch.int64)
     parts[torch.from_numpy(read_shard(shard_dir / "part-00001.h5").global_id)] = 1
     for name, learned in (("truncate", False), ("learned", True)):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from _pipegcn import torch_sparse
-from conftest import CSBM, check_ok, read_metrics, together, train, train_here, train_together
+from conftest import CSBM, check_ok, initial_params, read_metrics, together, train, train_together
 from test_codecs import np_hash32, ref_channels, ref_kept_rows
 
 EPOCHS = 8
@@ -32,12 +32,8 @@ def _gcn_operator(g) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def init_params(shards, tmp_path_factory):
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
-    out = tmp_path_factory.mktemp("init")
-    train_here(shards(CSBM, 1), out, *SETS[:4], "train.epochs=1", "train.lr=1e-30",
-               "train.weight_decay=0", config=None)
-    return torch.load(out / CHECKPOINT_NAME, weights_only=True)["model"]
+def init_params(shards):
+    return initial_params(shards(CSBM, 1), *SETS[:4])
 
 
 def _parts(shard_dir, ranks: int) -> np.ndarray:
@@ -84,16 +80,13 @@ def reference_model(model_sets: tuple[str, ...]):
 
 
 @pytest.fixture(scope="module")
-def init_of(shards, tmp_path_factory):
-    """``init_of(spec, sets)``: the initial parameters of that model (a 1-rank run's)."""
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
+def init_of(shards):
+    """``init_of(spec, sets)``: the initial parameters of that model (a fresh model's)."""
     cache = {}
 
     def get(spec, sets):
         if (spec, sets) not in cache:
-            out = tmp_path_factory.mktemp("init")
-            train_here(shards(spec, 1), out, *sets, "train.epochs=1", "train.lr=1e-30", config=None)
-            cache[spec, sets] = torch.load(out / CHECKPOINT_NAME, weights_only=True)["model"]
+            cache[spec, sets] = initial_params(shards(spec, 1), *sets)
         return cache[spec, sets]
 
     return get
@@ -358,7 +351,9 @@ def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0):
     def returned(layer: int, epoch: int, grad: torch.Tensor, q: int) -> torch.Tensor:
         gid = torch.from_numpy(shards[q].halo_global_id)
         out = torch.zeros_like(grad)
-        out[gid] = torch.from_numpy(ref_quant(grad[gid].numpy(), bits, mix(seed, epoch, layer, 1, q)))
+        if len(gid):                        # a part without halo rows (a chain's first) sends none
+            out[gid] = torch.from_numpy(ref_quant(grad[gid].numpy(), bits,
+                                                  mix(seed, epoch, layer, 1, q)))
         return out
 
     def received(layer: int, epoch: int, h: torch.Tensor, q: int) -> torch.Tensor:
@@ -409,17 +404,18 @@ LEARNED = ('codec = "learned"\nkind = "linear"\nmax_ratio = 4.0\nmin_ratio = 1.0
            'compress_last_layer = true\n')
 
 
-def learned_reference(shard_dir, ranks: int, init: dict) -> list[float]:
+def learned_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM) -> list[float]:
     """The same GCN on the whole graph, every halo row of layer ``l`` at epoch ``t`` replaced by
     ``D_l([E_l(row)[:k], 0])``: ``E_l``, ``D_l`` linear maps ``F -> F`` that start as the
     identity and train with the model (Adam, no weight decay: train.weight_decay_codec is
     false), ``k = floor(F / r_t)`` with VARCO's ``r_t = max(1, 4 - t * 3 / (EPOCHS - 2))``; no
-    map at all where ``k = F`` (ratio 1). Owned rows never pass through the maps."""
-    g, a_loc, a_halo = _split_operator(shard_dir, ranks)
+    map at all where ``k = F`` (ratio 1). Owned rows never pass through the maps. ``spec``: the
+    graph of ``shard_dir`` (layer 1 sends ``H W1``, as wide as its classes)."""
+    g, a_loc, a_halo = _split_operator(shard_dir, ranks, spec)
     a_cross = sum(a_halo[1:], a_halo[0]).coalesce()
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     codec = {}
-    for layer, width in enumerate((g.dense_features().shape[1], 4)):
+    for layer, width in enumerate((g.dense_features().shape[1], int(g.labels.max()) + 1)):
         for name in ("encoder", "decoder"):
             codec[f"layers.{layer}.{name}.weight"] = torch.eye(width).requires_grad_(True)
             codec[f"layers.{layer}.{name}.bias"] = torch.zeros(width).requires_grad_(True)

@@ -11,7 +11,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from conftest import train_here
+from conftest import initial_params, train_here
 from hpcgnn.nn.dropout import counter_dropout, keep_mask
 
 EPOCHS = 5
@@ -400,13 +400,8 @@ def _reference_losses(arch: str, init: dict, layers: int, p: float, seed: int, g
 
 @pytest.mark.parametrize("arch", ["gcn", "sage"])
 def test_one_rank_training_matches_plain_torch(arch, shards, tmp_path):
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
     sets = (f"model.arch={arch}", "model.layers=2", "model.hidden=16")
-    # the initial weights: the trainer's own after 0 steps are those of a fresh model
-    init_run = tmp_path / "init"
-    train_here(shards("cora", 1), init_run, *sets, "train.epochs=1", "train.lr=1e-30",
-               "train.weight_decay=0")
-    init = torch.load(init_run / CHECKPOINT_NAME, weights_only=True)["model"]
+    init = initial_params(shards("cora", 1), *sets, config="configs/cora.toml")
     got = train_here(shards("cora", 1), tmp_path / "run", *sets, f"train.epochs={EPOCHS}")
     want = _reference_losses(arch, init, layers=2, p=0.5, seed=0)
     assert [r["loss"] for r in got] == pytest.approx(want, rel=1e-5)

@@ -356,14 +356,11 @@ def test_training_on_ranks_equals_pyg(graph, tmp_path):
     """1 rank and 3 real ranks (METIS parts of the directed graph) train the
     PyG model's losses and accuracies, epoch by epoch, for GCN, SAGE and GAT with dropout; GCN
     with three layers and the features' halo rows kept, SAGE with the exchange overlapped."""
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
+    from conftest import initial_params
     arrays, _, one, three = graph
     check_ok(run_mpi(3, [__file__, str(three), str(tmp_path), *RUNS], timeout=300))
     for name, (arch, sets, p, attn_p) in RUNS.items():
-        # the initial parameters: a fresh model's (lr 1e-30 for one epoch leaves them)
-        train_here(one, tmp_path / f"init-{name}", *sets, *TRAIN_SETS, "train.epochs=1",
-                   "train.lr=1e-30", "train.weight_decay=0", config=None)
-        init = torch.load(tmp_path / f"init-{name}" / CHECKPOINT_NAME, weights_only=True)["model"]
+        init = initial_params(one, *sets, *TRAIN_SETS)          # a fresh model's parameters
         want = pyg_training(arch, init, arrays, p, attn_p)
         got1 = train_here(one, tmp_path / f"one-{name}", *sets, *TRAIN_SETS, config=None)
         got3 = read_metrics(tmp_path / name)

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from conftest import CSBM, check_ok, read_metrics, run_mpi, train, train_here
+from conftest import CSBM, check_ok, initial_params, read_metrics, run_mpi, train, train_here
 
 LAYERS, HIDDEN, ROUNDS, CLASSES, FEATS = 3, 8, 3, 4, 24
 SETS = ("train.method=retexo", f"model.layers={LAYERS}", f"model.hidden={HIDDEN}",
@@ -26,11 +26,11 @@ def retexo_sets(arch: str, dropout: float) -> tuple[str, ...]:
 
 # -- the single-process reference -----------------------------------------------------------
 
-def operator(arch: str) -> tuple[torch.Tensor, object]:
+def operator(arch: str, spec: str = CSBM) -> tuple[torch.Tensor, object]:
     """Dense ``(N, N)``: GCN ``D^-1/2 (A + I) D^-1/2`` (D = in-degree + 1), SAGE the mean over
-    in-neighbours; and the graph."""
+    in-neighbours; and the graph ``spec``."""
     from hpcgnn.data.datasets import load_dataset
-    g = load_dataset(CSBM)
+    g = load_dataset(spec)
     a = sp.csr_matrix((np.ones(g.num_edges), g.indices, g.indptr), shape=(g.num_nodes,) * 2).toarray()
     deg = a.sum(1)
     if arch == "gcn":
@@ -53,16 +53,17 @@ def dense_stage(arch: str, p: dict, s: int, op: torch.Tensor, x: torch.Tensor):
     return e @ p[f"heads.{s}.weight"].T + p[f"heads.{s}.bias"], e
 
 
-def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4, dropout: float = 0.0):
+def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4, dropout: float = 0.0,
+                 spec: str = CSBM):
     """RETEXO written out: per stage a fresh Adam, ROUNDS full-batch steps on the fixed input,
     the best-validation state kept (strictly greater), its embedding the next input.
     ``dropout``: a fresh mask every round on the whole stage input (every node, the neighbours'
     rows too), nothing dropped after the convolution, none for evaluation or the embedding; the
     bits are hpcgnn's counter-based ones (``keep_mask``, keyed by node id, epoch and stage) so
     the runs can be compared exactly, where they are applied is written here.
-    Returns (losses per round, val accuracy per round, final parameters)."""
+    ``spec``: the graph. Returns (losses per round, val accuracy per round, final parameters)."""
     from hpcgnn.nn.dropout import keep_mask
-    op, g = operator(arch)
+    op, g = operator(arch, spec)
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
     tr, va = torch.from_numpy(g.train_idx), torch.from_numpy(g.val_idx)
     ids = torch.arange(g.num_nodes)
@@ -97,16 +98,9 @@ def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4, drop
 
 
 @pytest.fixture(scope="module")
-def init_params(shards, tmp_path_factory):
-    """The model's initial parameters per arch: one round per stage at lr 1e-30."""
-    from hpcgnn.train.checkpoint import CHECKPOINT_NAME
-    out = {}
-    for arch in ("gcn", "sage"):
-        run = tmp_path_factory.mktemp(f"init-{arch}")
-        train_here(shards(CSBM, 1), run, *retexo_sets(arch, 0.0), "train.rounds_per_layer=1",
-                   f"train.epochs={LAYERS}", "train.lr=1e-30", "train.weight_decay=0", config=None)
-        out[arch] = torch.load(run / CHECKPOINT_NAME, weights_only=True)["model"]
-    return out
+def init_params(shards):
+    """The model's initial parameters per arch (a fresh model's)."""
+    return {arch: initial_params(shards(CSBM, 1), *retexo_sets(arch, 0.0)) for arch in ("gcn", "sage")}
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.5])
