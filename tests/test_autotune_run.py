@@ -220,3 +220,26 @@ def test_auto_start_decides_no_backward_where_the_first_layer_sends_the_features
     fetch = rows * (_row_bytes(48, start["0/forward"]) + _row_bytes(4, start["1/forward"])
                     + _row_bytes(4, start["1/backward"]))
     assert epoch0["bytes_sent"] == fetch
+
+
+@pytest.mark.mpi
+def test_auto_start_says_nothing_is_sent_where_the_parts_share_no_edge(tmp_path):
+    """Two parts that each own a whole component exchange no row: the start's log said
+    'auto: epoch 0 sends' with nothing after it. It must say that nothing is sent, and the
+    run must train with no halo byte."""
+    from conftest import train
+    from _graphs import two_components
+
+    import numpy as np
+
+    from preprocess import write_shards
+    shard_dir = tmp_path / "islands"              # the triangle on part 0, the path on part 1
+    write_shards(two_components(), np.array([0, 0, 0, 1, 1, 1, 1, 1]), shard_dir,
+                 partitioner="metis", seed=0, force=False, num_parts=2)
+    (tmp_path / "auto.toml").write_text(SCHEDULES["auto"])
+    proc = train(2, shard_dir, tmp_path / "run", "train.epochs=2", "model.hidden=8",
+                 extra=("--schedule", str(tmp_path / "auto.toml")))
+    check_ok(proc)
+    told = [line for line in (proc.stdout + proc.stderr).splitlines() if "epoch 0 sends" in line]
+    assert len(told) == 1 and told[0].rstrip().endswith("no rank sends a halo row)"), told
+    assert all(r["bytes_sent"] == 0 for r in read_metrics(tmp_path / "run"))

@@ -330,9 +330,10 @@ class Trainer:
                 wire = self._auto_start["wire"]        # the bytes objective times nothing
                 link = (f"link {1e3 * wire['alpha_s']:.3g} ms + {1e9 * wire['beta_s_per_byte']:.3g}"
                         " ns/B (timed before epoch 0); " if self._auto_start["samples"] else "")
+                bits = self._auto_start["bits"]       # empty: the parts share no edge
                 log.info("auto: %sepoch 0 sends %s", link,
-                         ", ".join(f"{k} {v if v != 32 else 'fp32'}"
-                                   for k, v in self._auto_start["bits"].items()))
+                         ", ".join(f"{k} {v if v != 32 else 'fp32'}" for k, v in bits.items())
+                         or "nothing (no rank sends a halo row)")
         for epoch in range(self.progress.epochs_done, end):
             record, stop = self.run_epoch(epoch)
             with fatal_if_unwritable(self.ctx, self.sink.path, self._kept()):
