@@ -6,7 +6,8 @@ learned codec (its encoder, decoder and their Adam state are in the compared che
 PipeGCN's staleness 1 with smoothing, and a synchronous run that keeps the features' halo rows
 for evaluation (``train.eval_features = "kept"``) stopped between two evaluations of
 ``train.eval_every = 3``; and CAGNET's 1.5D (c = 2) and 2D on 4 ranks. Compared: every metrics line (timings aside), the final checkpoint's
-model and optimiser tensors, and summary.json's accuracies and byte counts. The runs of each
+model and optimiser tensors, and summary.json's accuracies and byte counts (each rank's too,
+``per_rank``: a line's window across the stop between two evaluations included). The runs of each
 rank count are one mpiexec job (``conftest.train_together``)."""
 from __future__ import annotations
 
@@ -62,7 +63,13 @@ def runs(shards, tmp_path_factory):
 
 
 def untimed(run_dir) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in read_metrics(run_dir)]
+    """The metrics lines without timings (``per_rank``'s too: its byte counts stay)."""
+    return [{k: (_untimed_ranks(v) if k == "per_rank" else v) for k, v in r.items()
+             if k not in TIMINGS} for r in read_metrics(run_dir)]
+
+
+def _untimed_ranks(figures: dict) -> dict:
+    return {k: v for k, v in figures.items() if k not in ("step_s", "comm_s")}
 
 
 def same_tensors(a, b, where: str) -> None:
@@ -100,6 +107,8 @@ def same_runs(full, part, epochs: int) -> None:
         same_tensors(cw[key], cg[key], key)
     sw, sg = (json.loads((d / "summary.json").read_text()) for d in (full, part))
     assert {k: sg[k] for k in SUMMARY_KEYS} == {k: sw[k] for k in SUMMARY_KEYS}
+    # each rank's bytes over the whole run, carried through the checkpoint
+    assert _untimed_ranks(sg["per_rank"]) == _untimed_ranks(sw["per_rank"])
 
 
 def test_cagnet_stopped_and_resumed_equals_the_uninterrupted_run(shards, tmp_path):
