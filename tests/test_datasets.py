@@ -156,7 +156,78 @@ def test_ogb_reader_from_a_local_directory(tmp_path):
     assert edge_keys(g.indptr, g.indices, 6).tolist() == [d * 6 + s for d, s in simple]
     np.testing.assert_array_equal(g.features[:, 1], np.arange(6) + 0.5)
     assert g.labels.tolist() == [0, 1, 2, 3, 0, 1] and g.train_idx.tolist() == [0, 1, 2]
+    assert (g.val_idx.tolist(), g.test_idx.tolist()) == ([3], [4, 5])
     assert load_dataset(f"ogbn-arxiv:root={tmp_path}", symmetrize=True).num_edges == 12
+
+
+def test_ogb_copy_preprocesses_into_shards_that_train(tmp_path):
+    """`python -m preprocess --dataset ogbn-arxiv:root=DIR` on OGB's on-disk layout, no
+    network: the shards hold the labels and splits written, and a run trains on them."""
+    pytest.importorskip("ogb")
+    import json
+    import subprocess
+    import sys
+
+    from conftest import train_here
+    from hpcgnn.data.shard import read_shard
+    write_ogb_arxiv(tmp_path)
+    out = tmp_path / "shards"
+    proc = subprocess.run([sys.executable, "-m", "preprocess", "--dataset",
+                           f"ogbn-arxiv:root={tmp_path}", "--parts", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["num_nodes"], meta["num_classes"], meta["feature_dim"]) == (6, 4, 2)
+    got = {}
+    for p in range(2):
+        shard = read_shard(out / f"part-{p:05d}.h5")
+        for i, gid in enumerate(shard.global_id.tolist()):
+            got[gid] = (int(shard.label[i]), bool(shard.train_mask[i]), bool(shard.val_mask[i]),
+                        bool(shard.test_mask[i]), float(shard.features[i, 1]))
+    assert got == {i: (i % 4, i < 3, i == 3, i > 3, i + 0.5) for i in range(6)}
+    rows = train_here(out, tmp_path / "run", "train.epochs=5", "model.hidden=4",
+                      "model.dropout=0", "train.weight_decay=0")
+    assert [r["epoch"] for r in rows] == list(range(5))
+    assert rows[-1]["loss"] < rows[0]["loss"] and (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_ogb_is_imported_without_its_pypi_version_check(tmp_path):
+    """``import ogb`` starts a thread asking PyPI for ogb's latest version (``outdated``,
+    ``requests.get`` without a timeout) that the process waits for at exit: a compute node
+    without network held preprocessing's exit for minutes. A stand-in ``outdated`` records
+    whether the check ran; the read must not run it."""
+    pytest.importorskip("ogb")
+    import os
+    import subprocess
+    import sys
+    write_ogb_arxiv(tmp_path)
+    fake = tmp_path / "fake" / "outdated"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import os\n"
+        "def check_outdated(package, version):\n"
+        "    open(os.environ['CHECKED'], 'a').write(package + '\\n')\n"
+        "    return False, version\n")
+    env = {**os.environ, "CHECKED": str(tmp_path / "checked"),
+           "PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path])}
+    code = (f"from hpcgnn.data.datasets import load_dataset; "
+            f"print(load_dataset('ogbn-arxiv:root={tmp_path}').num_nodes)")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "6", proc.stderr
+    assert not (tmp_path / "checked").exists()
+    proc = subprocess.run([sys.executable, "-c", "import ogb.version"], env=env, timeout=120)
+    assert proc.returncode == 0 and (tmp_path / "checked").read_text() == "ogb\n"   # the stand-in works
+
+
+def test_ogb_not_installed_names_the_package_to_install(tmp_path, monkeypatch):
+    import sys
+    write_ogb_arxiv(tmp_path)
+    monkeypatch.setitem(sys.modules, "ogb", None)
+    monkeypatch.setitem(sys.modules, "ogb.nodeproppred", None)
+    with pytest.raises(DatasetError, match=r"ogbn-arxiv: the 'ogb' package is not installed; "
+                                           r"pip install ogb \(or pip install 'hpcgnn\[ogb\]'\)"):
+        load_dataset(f"ogbn-arxiv:root={tmp_path}")
 
 
 def test_ogb_missing_directory_names_it_and_the_fix(tmp_path):

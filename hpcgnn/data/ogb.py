@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import zipfile
 import zlib
 from pathlib import Path
@@ -26,10 +27,27 @@ DOWNLOAD_HINT = ("download it on a machine with internet (python -c \"from ogb.n
                  "{root} here")
 
 
+def _import_ogb():
+    """``ogb.nodeproppred``, imported without ogb's version check: ``import ogb`` starts a
+    thread that asks PyPI for the latest version (the ``outdated`` package, ``requests.get``
+    without a timeout), and the process waits for it at exit, which on a compute node whose
+    firewall drops the packets is minutes after the work is done. With ``outdated`` unimportable
+    while ogb is first imported, ogb skips the check (it expects ``outdated`` to be optional)."""
+    hide = "outdated" not in sys.modules and "ogb" not in sys.modules
+    if hide:
+        sys.modules["outdated"] = None        # `from outdated import ...` raises ImportError
+    try:
+        import ogb.nodeproppred as onp
+    finally:
+        if hide:
+            del sys.modules["outdated"]
+    return onp
+
+
 def _meta_info(name: str) -> dict:
     try:
         import pandas as pd
-        import ogb.nodeproppred as onp
+        onp = _import_ogb()
     except ImportError as exc:
         raise DatasetError(f"{name}: the 'ogb' package is not installed; pip install ogb "
                            f"(or pip install 'hpcgnn[ogb]')") from exc
