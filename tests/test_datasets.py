@@ -337,6 +337,12 @@ CHECKED = [
     ({"features": None}, "no features"),
     ({**SPARSE, "feat_data": np.ones(3, np.float32)},
      r"feat_data has shape \(3,\).*one float32 value per entry of feat_indices \(shape \(5,\)\)"),
+    # a decreasing feat_indptr (the h5 reader refused it) was read into garbled rows
+    ({**SPARSE, "feat_indptr": np.array([0, 3, 2, 3, 4, 5]), "feat_data": np.ones(5, np.float32)},
+     r"feat_indptr/feat_indices are not a CSR matrix of shape \(5, 2\) \(feat_indptr: 5 \+ 1 "
+     r"offsets from 0, never decreasing"),
+    ({**SPARSE, "feat_indices": np.array([[0], [1], [0], [1], [0]]),
+      "feat_data": np.ones((5, 1), np.float32)}, "feat_indptr/feat_indices are not a CSR matrix"),
 ])
 def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
     path = save_npz(tmp_path / "bad.npz", **override)
@@ -350,6 +356,9 @@ def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
      r"\(dataset 'feat_data'\): features hold NaN or inf \(in 1 rows, first row 1\)"),
     ({**SPARSE, "feat_data": np.ones(3, np.float32)},
      "feat_indices holds 5 entries and feat_data 3"),
+    # a 2-D feat_data of the right length was scipy's ValueError traceback
+    ({**SPARSE, "feat_data": np.ones((5, 1), np.float32)},
+     r"feat_indices has shape \(5,\) and feat_data \(5, 1\); each must be 1-D"),
 ])
 def test_bad_h5_inputs_get_the_npz_checks(tmp_path, override, message):
     path = save_h5(tmp_path / "bad.h5", **override)

@@ -159,6 +159,10 @@ def _slice_features(f, path: Path, lo: int, hi: int) -> np.ndarray:
                            f"F) rows (feat_shape {shape}); {H5_HINT}")
     cols = _int(f, path, "feat_indices", slice(ptr[0], ptr[-1]))
     data = np.asarray(_dataset(f, path, "feat_data", "fiub")[ptr[0]:ptr[-1]], dtype=np.float32)
+    if cols.ndim != 1 or data.ndim != 1:          # scipy's ValueError traceback otherwise
+        raise DatasetError(f"{path}: feat_indices has shape {f['feat_indices'].shape} and "
+                           f"feat_data {f['feat_data'].shape}; each must be 1-D, one entry per "
+                           f"stored feature value; {H5_HINT}")
     if len(cols) != ptr[-1] - ptr[0] or len(data) != len(cols):
         raise DatasetError(f"{path}: feat_indices holds {f['feat_indices'].shape[0]} entries "
                            f"and feat_data {f['feat_data'].shape[0]}; feat_indptr needs "
