@@ -250,7 +250,8 @@ def _per_rank_line(r: dict) -> str:
     parts = [f"sent {span(r['bytes_sent'], '{:,}'.format)}"]
     if r.get("bytes_received"):
         parts.append(f"received {span(r['bytes_received'], '{:,}'.format)}")
-    parts.append(f"training time {span(r['step_s'], '{:.2f} s'.format)}")
+    if r.get("compute_s"):
+        parts.append(f"compute {span(r['compute_s'], '{:.2f} s'.format)}")
     since = f" from epoch {r['from_epoch']}" if r.get("from_epoch") else ""
     return f"  per rank{since}: " + "; ".join(parts)
 

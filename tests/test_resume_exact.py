@@ -69,7 +69,7 @@ def untimed(run_dir) -> list[dict]:
 
 
 def _untimed_ranks(figures: dict) -> dict:
-    return {k: v for k, v in figures.items() if k not in ("step_s", "comm_s")}
+    return {k: v for k, v in figures.items() if k not in ("step_s", "comm_s", "compute_s")}
 
 
 def same_tensors(a, b, where: str) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from hpcgnn.comm.collectives import gather_float64
 from hpcgnn.comm.context import CommContext
 
-FIELDS = ("bytes_sent", "bytes_received", "step_s", "comm_s")
+FIELDS = ("bytes_sent", "bytes_received", "step_s", "comm_s", "compute_s")
 
 
 class RankWindow:

@@ -401,7 +401,8 @@ class Trainer:
         ran = self.auto_setting(epoch)                 # kind = "auto": the setting this step ran
         local = [0.0, stats.bytes_sent, stats.bytes_full,
                  stats.comm_s + step["allreduce_s"], stats.codec_s, step["epoch_s"]]
-        self.rank_window.add(stats.bytes_sent, stats.bytes_received, step["epoch_s"], local[3])
+        self.rank_window.add(stats.bytes_sent, stats.bytes_received, step["epoch_s"], local[3],
+                             step["epoch_s"] - local[3])         # compute_s: the step less MPI
         t_eval = time.perf_counter()
         accs = self.evaluate(epoch) if self._eval_due(epoch) else {}
         eval_s = time.perf_counter() - t_eval
