@@ -343,6 +343,14 @@ CHECKED = [
      r"offsets from 0, never decreasing"),
     ({**SPARSE, "feat_indices": np.array([[0], [1], [0], [1], [0]]),
       "feat_data": np.ones((5, 1), np.float32)}, "feat_indptr/feat_indices are not a CSR matrix"),
+    # a scalar where an array belongs was a TypeError traceback (a 2-D adj_indices was called a
+    # bad adj_indptr)
+    ({**SPARSE, "feat_data": np.ones(5, np.float32), "feat_shape": np.int64(5)},
+     r"feat_shape is \(5,\), expected \(num_nodes, F\)"),
+    ({"adj_indices": np.int64(1), "adj_indptr": np.array([0, 0, 0, 0, 0, 1])},
+     r"adj_indices has shape \(\), expected 1-D; it lists every row's neighbour ids"),
+    ({"adj_indices": np.array([[1, 4, 0, 2, 1, 3, 2, 4, 3, 0]])},
+     r"adj_indices has shape \(1, 10\), expected 1-D"),
 ])
 def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
     path = save_npz(tmp_path / "bad.npz", **override)
@@ -356,9 +364,14 @@ def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
      r"\(dataset 'feat_data'\): features hold NaN or inf \(in 1 rows, first row 1\)"),
     ({**SPARSE, "feat_data": np.ones(3, np.float32)},
      "feat_indices holds 5 entries and feat_data 3"),
-    # a 2-D feat_data of the right length was scipy's ValueError traceback
+    # a 2-D feat_data of the right length was scipy's ValueError traceback, a scalar where an
+    # array belongs h5py's ValueError
     ({**SPARSE, "feat_data": np.ones((5, 1), np.float32)},
-     r"feat_indices has shape \(5,\) and feat_data \(5, 1\); each must be 1-D"),
+     r"dataset 'feat_data' has shape \(5, 1\), expected 1-D"),
+    ({**SPARSE, "feat_data": np.ones(5, np.float32), "feat_shape": np.int64(5)},
+     r"dataset 'feat_shape' has shape \(\), expected 1-D"),
+    ({"adj_indices": np.int64(1), "adj_indptr": np.array([0, 0, 0, 0, 0, 1])},
+     r"dataset 'adj_indices' has shape \(\), expected 1-D"),
 ])
 def test_bad_h5_inputs_get_the_npz_checks(tmp_path, override, message):
     path = save_h5(tmp_path / "bad.h5", **override)

@@ -52,9 +52,10 @@ def _features(z, path: Path, num_nodes: int) -> np.ndarray | sp.csr_matrix:
             raise DatasetError(f"{path}: key 'features' has dtype {x.dtype}, expected float32")
         return x.astype(np.float32, copy=False)
     if all(k in keys for k in SPARSE_FEATURES):
-        shape = tuple(int(s) for s in _int_array(z, path, "feat_shape"))
+        shape = tuple(int(s) for s in _int_array(z, path, "feat_shape").reshape(-1))
         if len(shape) != 2:
-            raise DatasetError(f"{path}: feat_shape is {shape}, expected (num_nodes, F)")
+            raise DatasetError(f"{path}: feat_shape is {shape}, expected (num_nodes, F); store "
+                               f"the sparse features' shape as two integers ({FORMAT_HINT})")
         indptr, indices = _int_array(z, path, "feat_indptr"), _int_array(z, path, "feat_indices")
         # a decreasing feat_indptr (a row of negative length) was taken, its rows garbled
         if indptr.ndim != 1 or indices.ndim != 1 or len(indptr) != shape[0] + 1 or \
