@@ -232,8 +232,11 @@ def test_ogb_not_installed_names_the_package_to_install(tmp_path, monkeypatch):
 
 def test_ogb_missing_directory_names_it_and_the_fix(tmp_path):
     pytest.importorskip("ogb")
-    with pytest.raises(DatasetError, match=r"ogbn_products: no such directory.*download"):
+    with pytest.raises(DatasetError, match=r"ogbn_products: no such directory.*download") as err:
         load_dataset(f"ogbn-products:root={tmp_path}")
+    assert (f"D('ogbn-products', root='{tmp_path}')\"), then copy the directory it makes, "
+            f"{tmp_path}/ogbn_products (its raw/ and split/), to {tmp_path}/ogbn_products here; "
+            f"hpcgnn reads it offline") in str(err.value)
     with pytest.raises(DatasetError, match="not an OGB node-property dataset"):
         load_dataset(f"ogbn-nothing:root={tmp_path}")
 
