@@ -165,17 +165,14 @@ def test_ogb_copy_preprocesses_into_shards_that_train(tmp_path):
     network: the shards hold the labels and splits written, and a run trains on them."""
     pytest.importorskip("ogb")
     import json
-    import subprocess
-    import sys
 
     from conftest import train_here
     from hpcgnn.data.shard import read_shard
+    from preprocess.__main__ import main
     write_ogb_arxiv(tmp_path)
     out = tmp_path / "shards"
-    proc = subprocess.run([sys.executable, "-m", "preprocess", "--dataset",
-                           f"ogbn-arxiv:root={tmp_path}", "--parts", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
+    assert main(["--dataset", f"ogbn-arxiv:root={tmp_path}", "--parts", "2", "--out", str(out),
+                 "-q"]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert (meta["num_nodes"], meta["num_classes"], meta["feature_dim"]) == (6, 4, 2)
     got = {}
