@@ -80,15 +80,17 @@ def test_a_run_killed_past_its_checkpoint_is_described_by_the_checkpoint(shards,
             f"--resume continues from epoch 2 and drops the {done - 2} after it)")
     assert describe_run(run).startswith(want)
     again = train(2, shard_dir, run, *sets, config="configs/cora.toml")
-    assert again.returncode == 2 and want in again.stderr, again.stderr[-2000:]
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert "holds a run stopped after 2 epochs as checkpointed (metrics.jsonl records " in again.stderr
     check_ok(train(2, shard_dir, run, *sets, config="configs/cora.toml",
                    extra=("--resume", "--stop-after", "3")))
     assert [r["epoch"] for r in read_metrics(run)] == [0, 1, 2]        # it went on from 2
     assert describe_run(run).startswith("a run stopped after 3 epochs (checkpoint.pt")
 
 
-def _settled(path, quiet: float = 2.0, timeout: float = 60) -> list[str]:
-    """The lines of ``path`` once it has not changed for ``quiet`` seconds."""
+def _settled(path, quiet: float = 3.0, timeout: float = 60) -> list[str]:
+    """The lines of ``path`` once it has not changed for ``quiet`` seconds (the ranks of a
+    killed mpiexec go on for about a second before they notice)."""
     end, last, since = time.monotonic() + timeout, None, time.monotonic()
     while time.monotonic() < end:
         text = path.read_text()
