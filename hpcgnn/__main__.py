@@ -238,7 +238,22 @@ def cmd_summary(run_dir: Path) -> int:
         dev = (f", GPU {s['peak_device_bytes'] / 2**20:,.0f} MiB"
                if "peak_device_bytes" in s else "")
         print(f"  peak memory of the largest rank: resident {s['peak_rss_bytes'] / 2**20:,.0f} MiB{dev}")
+    if s.get("per_rank"):                       # runs written before it was recorded lack it
+        print(_per_rank_line(s["per_rank"]))
     return 0
+
+
+def _per_rank_line(r: dict) -> str:
+    """``summary.json``'s ``per_rank``: each figure's range over the ranks, and whose."""
+    def span(f: dict, fmt) -> str:
+        return f"{fmt(f['min'])} (rank {f['min_rank']}) to {fmt(f['max'])} (rank {f['max_rank']})"
+    parts = [f"sent {span(r['bytes_sent'], '{:,}'.format)}"]
+    if r.get("bytes_received"):
+        parts.append(f"received {span(r['bytes_received'], '{:,}'.format)}")
+    if r.get("compute_s"):
+        parts.append(f"compute {span(r['compute_s'], '{:.2f} s'.format)}")
+    since = f" from epoch {r['from_epoch']}" if r.get("from_epoch") else ""
+    return f"  per rank{since}: " + "; ".join(parts)
 
 
 SUMMARY_KEYS = ("ranks", "epochs", "device", "test_acc", "best_val_acc", "final_test_acc",

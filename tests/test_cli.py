@@ -47,6 +47,15 @@ def test_summary_prints_accuracy_and_bytes(tmp_path):
     assert "peak memory" not in cagnet.stdout                  # a run from before it was recorded
     (tmp_path / "summary.json").write_text(json.dumps({**s, "peak_rss_bytes": 3 * 2**29}))
     assert "peak memory of the largest rank: resident 1,536 MiB" in _run("summary", str(tmp_path)).stdout
+    assert "per rank" not in cagnet.stdout                     # a run from before it was recorded
+    fig = {"min_rank": 2, "max_rank": 0}
+    per_rank = {"from_epoch": 0, "epochs": 200, "compute_s": {**fig, "min": 2.5, "max": 2.75},
+                "bytes_sent": {**fig, "min": 1000, "max": 250000, "mean": 9},
+                "bytes_received": {**fig, "min": 2000, "max": 125000, "mean": 9}}
+    (tmp_path / "summary.json").write_text(json.dumps({**s, "per_rank": per_rank}))
+    assert ("per rank: sent 1,000 (rank 2) to 250,000 (rank 0); received 2,000 (rank 2) to "
+            "125,000 (rank 0); compute 2.50 s (rank 2) to 2.75 s (rank 0)"
+            in _run("summary", str(tmp_path)).stdout)
     missing = _run("summary", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "summary.json: not found" in missing.stderr
     assert "holds no run" in missing.stderr and "metrics.jsonl)" not in missing.stderr

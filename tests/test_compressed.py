@@ -55,28 +55,59 @@ def ratio_of(epoch: int, layer: int) -> float:
     return max(1.0, 16.0 - epoch * 15.0 / (EPOCHS - 2)) if layer == 0 else 2.0
 
 
-def expected_bytes(shard_dir: Path, epoch: int) -> tuple[int, int]:
-    """(bytes_sent, bytes_full) of one epoch of RICH, by hand from the shards' counts and the
-    documented codecs (not the codec classes): layer 0 sends ``k = max(1, floor(16 / r))``
-    channels in 4 bits, ``6 + ceil(4 k / 8)`` bytes a row, and gets their gradients back in 1
-    bit (``[backward]``'s ratio 32), ``6 + ceil(k / 8)``; layer 1 (4 wide) sends
-    ``ceil(rows / 2)`` rows of each block (keep 1/2) fp32 and gets their gradients back in
-    1 bit (``[backward]`` holds for every layer), ``6 + ceil(4 / 8)`` bytes a row."""
+def expected_per_part(shard_dir: Path, epoch: int) -> list[tuple[int, int, int]]:
+    """Per part, (bytes sent, bytes received, bytes_full) of one epoch of RICH, by hand from
+    the shards' counts and the documented codecs (not the codec classes): layer 0 sends ``k =
+    max(1, floor(16 / r))`` channels in 4 bits, ``6 + ceil(4 k / 8)`` bytes a row, and gets
+    their gradients back in 1 bit (``[backward]``'s ratio 32), ``6 + ceil(k / 8)``; layer 1
+    (4 wide) sends ``ceil(rows / 2)`` rows of each block (keep 1/2) fp32 and gets their
+    gradients back in 1 bit (``[backward]`` holds for every layer), ``6 + ceil(4 / 8)`` bytes a
+    row. A part receives the forward rows of its halo blocks (``recv_counts``) and the
+    gradients of the rows it sent (``send_counts``)."""
     parts = read_meta(shard_dir)["num_parts"]
     k = max(1, math.floor(HIDDEN / ratio_of(epoch, 0)))
 
     def kept(rows: int) -> int:
         return 0 if rows == 0 else min(rows, max(1, math.ceil(rows / 2)))
 
-    sent = full = 0
+    def forward(counts) -> int:
+        return sum(c * (6 + math.ceil(4 * k / 8)) + kept(c) * 4 * CLASSES for c in counts)
+
+    def backward(counts) -> int:
+        return sum(c * (6 + math.ceil(k / 8)) + kept(c) * (6 + math.ceil(CLASSES / 8))
+                   for c in counts)
+
+    out = []
     for p in range(parts):
         shard = read_shard(shard_dir / f"part-{p:05d}.h5")
-        for c in shard.send_counts.tolist():                   # forward: rows out
-            sent += c * (6 + math.ceil(4 * k / 8)) + kept(c) * 4 * CLASSES
-        for c in shard.recv_counts.tolist():                   # backward: gradients back
-            sent += c * (6 + math.ceil(k / 8)) + kept(c) * (6 + math.ceil(CLASSES / 8))
-        full += 4 * sum(WIDTHS) * int(shard.send_counts.sum() + shard.recv_counts.sum())
-    return sent, full
+        sends, recvs = shard.send_counts.tolist(), shard.recv_counts.tolist()
+        full = 4 * sum(WIDTHS) * int(sum(sends) + sum(recvs))
+        out.append((forward(sends) + backward(recvs), forward(recvs) + backward(sends), full))
+    return out
+
+
+def expected_bytes(shard_dir: Path, epoch: int) -> tuple[int, int]:
+    """(bytes_sent, bytes_full) of one epoch of RICH: ``expected_per_part`` summed."""
+    per_part = expected_per_part(shard_dir, epoch)
+    return sum(p[0] for p in per_part), sum(p[2] for p in per_part)
+
+
+def check_per_rank(figures: dict, shard_dir: Path, epochs: list[int]) -> None:
+    """A ``per_rank`` record (one rank per part) against ``expected_per_part`` summed over
+    ``epochs``: min, max, mean and their ranks of the bytes each rank sent and received."""
+    per_part = [expected_per_part(shard_dir, e) for e in epochs]
+    assert figures["epochs"] == len(epochs)
+    for i, name in enumerate(("bytes_sent", "bytes_received")):
+        want = [sum(pp[p][i] for pp in per_part) for p in range(len(per_part[0]))]
+        assert min(want) < max(want)                 # uneven parts: the figures tell them apart
+        assert figures[name] == {"min": min(want), "max": max(want),
+                                 "mean": pytest.approx(sum(want) / len(want)),
+                                 "min_rank": want.index(min(want)),
+                                 "max_rank": want.index(max(want))}, name
+    for name in ("step_s", "comm_s", "compute_s"):
+        f = figures[name]
+        assert 0 <= f["min"] <= f["mean"] <= f["max"], name
+        assert {f["min_rank"], f["max_rank"]} <= set(range(len(per_part[0]))), name
 
 
 @pytest.mark.mpi
@@ -103,6 +134,14 @@ def test_compressed_run_counts_bytes_exactly(ranks, shards, tmp_path):
     per_eval = 4 * rows_out * sum(WIDTHS)
     assert [r.get("eval_bytes") for r in rows] == [None, None, per_eval] * 2
     assert summary["eval_bytes"] == 2 * per_eval
+    # per rank: each evaluated line covers the epochs since the previous one, the summary all
+    assert [r["epoch"] for r in rows if "per_rank" in r] == [2, 5]
+    check_per_rank(rows[2]["per_rank"], shard_dir, [0, 1, 2])
+    check_per_rank(rows[5]["per_rank"], shard_dir, [3, 4, 5])
+    check_per_rank(summary["per_rank"], shard_dir, list(range(EPOCHS)))
+    assert summary["per_rank"]["from_epoch"] == 0
+    assert summary["per_rank"]["comm_s"]["mean"] == pytest.approx(
+        sum(r["comm_s"] for r in rows))                # the lines' comm_s: the ranks' mean
 
 
 # Communication matters here: weak features (signal 0.5), 8 classes, random parts (3/4 of the

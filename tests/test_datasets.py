@@ -156,13 +156,84 @@ def test_ogb_reader_from_a_local_directory(tmp_path):
     assert edge_keys(g.indptr, g.indices, 6).tolist() == [d * 6 + s for d, s in simple]
     np.testing.assert_array_equal(g.features[:, 1], np.arange(6) + 0.5)
     assert g.labels.tolist() == [0, 1, 2, 3, 0, 1] and g.train_idx.tolist() == [0, 1, 2]
+    assert (g.val_idx.tolist(), g.test_idx.tolist()) == ([3], [4, 5])
     assert load_dataset(f"ogbn-arxiv:root={tmp_path}", symmetrize=True).num_edges == 12
+
+
+def test_ogb_copy_preprocesses_into_shards_that_train(tmp_path):
+    """`python -m preprocess --dataset ogbn-arxiv:root=DIR` on OGB's on-disk layout, no
+    network: the shards hold the labels and splits written, and a run trains on them."""
+    pytest.importorskip("ogb")
+    import json
+
+    from conftest import train_here
+    from hpcgnn.data.shard import read_shard
+    from preprocess.__main__ import main
+    write_ogb_arxiv(tmp_path)
+    out = tmp_path / "shards"
+    assert main(["--dataset", f"ogbn-arxiv:root={tmp_path}", "--parts", "2", "--out", str(out),
+                 "-q"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["num_nodes"], meta["num_classes"], meta["feature_dim"]) == (6, 4, 2)
+    got = {}
+    for p in range(2):
+        shard = read_shard(out / f"part-{p:05d}.h5")
+        for i, gid in enumerate(shard.global_id.tolist()):
+            got[gid] = (int(shard.label[i]), bool(shard.train_mask[i]), bool(shard.val_mask[i]),
+                        bool(shard.test_mask[i]), float(shard.features[i, 1]))
+    assert got == {i: (i % 4, i < 3, i == 3, i > 3, i + 0.5) for i in range(6)}
+    rows = train_here(out, tmp_path / "run", "train.epochs=5", "model.hidden=4",
+                      "model.dropout=0", "train.weight_decay=0")
+    assert [r["epoch"] for r in rows] == list(range(5))
+    assert rows[-1]["loss"] < rows[0]["loss"] and (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_ogb_is_imported_without_its_pypi_version_check(tmp_path):
+    """``import ogb`` starts a thread asking PyPI for ogb's latest version (``outdated``,
+    ``requests.get`` without a timeout) that the process waits for at exit: a compute node
+    without network held preprocessing's exit for minutes. A stand-in ``outdated`` records
+    whether the check ran; the read must not run it."""
+    pytest.importorskip("ogb")
+    import os
+    import subprocess
+    import sys
+    write_ogb_arxiv(tmp_path)
+    fake = tmp_path / "fake" / "outdated"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import os\n"
+        "def check_outdated(package, version):\n"
+        "    open(os.environ['CHECKED'], 'a').write(package + '\\n')\n"
+        "    return False, version\n")
+    env = {**os.environ, "CHECKED": str(tmp_path / "checked"),
+           "PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path])}
+    code = (f"from hpcgnn.data.datasets import load_dataset; "
+            f"print(load_dataset('ogbn-arxiv:root={tmp_path}').num_nodes)")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "6", proc.stderr
+    assert not (tmp_path / "checked").exists()
+    proc = subprocess.run([sys.executable, "-c", "import ogb.version"], env=env, timeout=120)
+    assert proc.returncode == 0 and (tmp_path / "checked").read_text() == "ogb\n"   # the stand-in works
+
+
+def test_ogb_not_installed_names_the_package_to_install(tmp_path, monkeypatch):
+    import sys
+    write_ogb_arxiv(tmp_path)
+    monkeypatch.setitem(sys.modules, "ogb", None)
+    monkeypatch.setitem(sys.modules, "ogb.nodeproppred", None)
+    with pytest.raises(DatasetError, match=r"ogbn-arxiv: the 'ogb' package is not installed; "
+                                           r"pip install ogb \(or pip install 'hpcgnn\[ogb\]'\)"):
+        load_dataset(f"ogbn-arxiv:root={tmp_path}")
 
 
 def test_ogb_missing_directory_names_it_and_the_fix(tmp_path):
     pytest.importorskip("ogb")
-    with pytest.raises(DatasetError, match=r"ogbn_products: no such directory.*download"):
+    with pytest.raises(DatasetError, match=r"ogbn_products: no such directory.*download") as err:
         load_dataset(f"ogbn-products:root={tmp_path}")
+    assert (f"D('ogbn-products', root='{tmp_path}')\"), then copy the directory it makes, "
+            f"{tmp_path}/ogbn_products (its raw/ and split/), to {tmp_path}/ogbn_products here; "
+            f"hpcgnn reads it offline") in str(err.value)
     with pytest.raises(DatasetError, match="not an OGB node-property dataset"):
         load_dataset(f"ogbn-nothing:root={tmp_path}")
 
@@ -266,6 +337,20 @@ CHECKED = [
     ({"features": None}, "no features"),
     ({**SPARSE, "feat_data": np.ones(3, np.float32)},
      r"feat_data has shape \(3,\).*one float32 value per entry of feat_indices \(shape \(5,\)\)"),
+    # a decreasing feat_indptr (the h5 reader refused it) was read into garbled rows
+    ({**SPARSE, "feat_indptr": np.array([0, 3, 2, 3, 4, 5]), "feat_data": np.ones(5, np.float32)},
+     r"feat_indptr/feat_indices are not a CSR matrix of shape \(5, 2\) \(feat_indptr: 5 \+ 1 "
+     r"offsets from 0, never decreasing"),
+    ({**SPARSE, "feat_indices": np.array([[0], [1], [0], [1], [0]]),
+      "feat_data": np.ones((5, 1), np.float32)}, "feat_indptr/feat_indices are not a CSR matrix"),
+    # a scalar where an array belongs was a TypeError traceback (a 2-D adj_indices was called a
+    # bad adj_indptr)
+    ({**SPARSE, "feat_data": np.ones(5, np.float32), "feat_shape": np.int64(5)},
+     r"feat_shape is \(5,\), expected \(num_nodes, F\)"),
+    ({"adj_indices": np.int64(1), "adj_indptr": np.array([0, 0, 0, 0, 0, 1])},
+     r"adj_indices has shape \(\), expected 1-D; it lists every row's neighbour ids"),
+    ({"adj_indices": np.array([[1, 4, 0, 2, 1, 3, 2, 4, 3, 0]])},
+     r"adj_indices has shape \(1, 10\), expected 1-D"),
 ])
 def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
     path = save_npz(tmp_path / "bad.npz", **override)
@@ -279,6 +364,14 @@ def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
      r"\(dataset 'feat_data'\): features hold NaN or inf \(in 1 rows, first row 1\)"),
     ({**SPARSE, "feat_data": np.ones(3, np.float32)},
      "feat_indices holds 5 entries and feat_data 3"),
+    # a 2-D feat_data of the right length was scipy's ValueError traceback, a scalar where an
+    # array belongs h5py's ValueError
+    ({**SPARSE, "feat_data": np.ones((5, 1), np.float32)},
+     r"dataset 'feat_data' has shape \(5, 1\), expected 1-D"),
+    ({**SPARSE, "feat_data": np.ones(5, np.float32), "feat_shape": np.int64(5)},
+     r"dataset 'feat_shape' has shape \(\), expected 1-D"),
+    ({"adj_indices": np.int64(1), "adj_indptr": np.array([0, 0, 0, 0, 0, 1])},
+     r"dataset 'adj_indices' has shape \(\), expected 1-D"),
 ])
 def test_bad_h5_inputs_get_the_npz_checks(tmp_path, override, message):
     path = save_h5(tmp_path / "bad.h5", **override)

@@ -7,7 +7,8 @@ PipeGCN's staleness 1 with smoothing, a synchronous run that keeps the features'
 for evaluation (``train.eval_features = "kept"``) stopped between two evaluations of
 ``train.eval_every = 3``, and halves run with ``HPCGNN_MAX_MESSAGE=4096`` (every collective and
 the checkpoint's broadcast in pieces) against an uninterrupted run without it; and CAGNET's 1.5D (c = 2) and 2D on 4 ranks. Compared: every metrics line (timings aside), the final checkpoint's
-model and optimiser tensors, and summary.json's accuracies and byte counts. The runs of each
+model and optimiser tensors, and summary.json's accuracies and byte counts (each rank's too,
+``per_rank``: a line's window across the stop between two evaluations included). The runs of each
 rank count are one mpiexec job (``conftest.train_together``)."""
 from __future__ import annotations
 
@@ -70,7 +71,13 @@ def runs(shards, tmp_path_factory):
 
 
 def untimed(run_dir) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in read_metrics(run_dir)]
+    """The metrics lines without timings (``per_rank``'s too: its byte counts stay)."""
+    return [{k: (_untimed_ranks(v) if k == "per_rank" else v) for k, v in r.items()
+             if k not in TIMINGS} for r in read_metrics(run_dir)]
+
+
+def _untimed_ranks(figures: dict) -> dict:
+    return {k: v for k, v in figures.items() if k not in ("step_s", "comm_s", "compute_s")}
 
 
 def same_tensors(a, b, where: str) -> None:
@@ -108,6 +115,8 @@ def same_runs(full, part, epochs: int) -> None:
         same_tensors(cw[key], cg[key], key)
     sw, sg = (json.loads((d / "summary.json").read_text()) for d in (full, part))
     assert {k: sg[k] for k in SUMMARY_KEYS} == {k: sw[k] for k in SUMMARY_KEYS}
+    # each rank's bytes over the whole run, carried through the checkpoint
+    assert _untimed_ranks(sg["per_rank"]) == _untimed_ranks(sw["per_rank"])
 
 
 def test_cagnet_stopped_and_resumed_equals_the_uninterrupted_run(shards, tmp_path):

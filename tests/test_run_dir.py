@@ -4,10 +4,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
+from _mpi import mpi_command, mpi_env
 from conftest import check_ok, read_metrics, refused_before_torch, train
+from test_train_resume import _wait_for_epochs
 
 SETS = ("train.epochs=3", "model.hidden=8")
 
@@ -46,6 +52,54 @@ def test_a_stopped_run_is_refused_then_resumed_then_replaced(shards, tmp_path):
     assert json.loads((run / "summary.json").read_text())["epochs"] == 2
     commands = json.loads((run / "run.json").read_text())["commands"]
     assert len(commands) == 1 and "--force" in commands[0]["argv"]
+
+
+@pytest.mark.mpi
+def test_a_run_killed_past_its_checkpoint_is_described_by_the_checkpoint(shards, tmp_path):
+    """A resumed run killed (SIGKILL: a time limit, a lost node) after its last checkpoint has
+    more lines in metrics.jsonl than the checkpoint holds: `train` and `summary` said 'stopped
+    after <the lines> epochs' while --resume went on from the checkpoint's, dropping the rest."""
+    from hpcgnn.train.metrics import record_epoch
+    from hpcgnn.train.rundir import describe_run
+    shard_dir, run = shards("cora", 2), tmp_path / "run"
+    sets = ("train.epochs=2000", "model.hidden=8")
+    check_ok(train(2, shard_dir, run, *sets, config="configs/cora.toml", extra=("--stop-after", "2")))
+    args = ["-m", "hpcgnn", "train", "--shards", str(shard_dir), "--config", "configs/cora.toml",
+            "--out", str(run), "--resume", *sum((["--set", s] for s in sets), [])]
+    proc = subprocess.Popen(mpi_command(2, args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=mpi_env(), start_new_session=True)
+    try:
+        _wait_for_epochs(run / "metrics.jsonl", 6, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)          # mpiexec, its daemon: no checkpoint
+        proc.wait(timeout=30)
+    lines = _settled(run / "metrics.jsonl")          # the ranks die once they see it gone
+    done = len([e for e in map(record_epoch, lines) if e is not None])   # a torn last line
+    assert done >= 6 and not (run / "preempted.json").exists()
+    want = (f"a run stopped after 2 epochs as checkpointed (metrics.jsonl records {done}; "
+            f"--resume continues from epoch 2 and drops the {done - 2} after it)")
+    assert describe_run(run).startswith(want)
+    again = train(2, shard_dir, run, *sets, config="configs/cora.toml")
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert "holds a run stopped after 2 epochs as checkpointed (metrics.jsonl records " in again.stderr
+    check_ok(train(2, shard_dir, run, *sets, config="configs/cora.toml",
+                   extra=("--resume", "--stop-after", "3")))
+    assert [r["epoch"] for r in read_metrics(run)] == [0, 1, 2]        # it went on from 2
+    assert describe_run(run).startswith("a run stopped after 3 epochs (checkpoint.pt")
+
+
+def _settled(path, quiet: float = 3.0, timeout: float = 60) -> list[str]:
+    """The lines of ``path`` once it has not changed for ``quiet`` seconds (the ranks of a
+    killed mpiexec go on for about a second before they notice)."""
+    end, last, since = time.monotonic() + timeout, None, time.monotonic()
+    while time.monotonic() < end:
+        text = path.read_text()
+        if text != last:
+            last, since = text, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return text.splitlines()
+        time.sleep(0.2)
+    raise AssertionError(f"{path}: still written {timeout} s after the job was killed")
 
 
 @pytest.mark.mpi

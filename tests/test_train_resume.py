@@ -130,7 +130,13 @@ def test_a_resume_on_another_rank_count_says_so_and_is_recorded(shards, tmp_path
     assert "--resume on 4 ranks of a run checkpointed on 2" in proc.stderr
     commands = json.loads((out / "run.json").read_text())["commands"]
     assert [c["ranks"] for c in commands] == [2, 4]
-    assert [r["epoch"] for r in read_metrics(out)] == [0, 1, 2, 3]
+    lines = read_metrics(out)
+    assert [r["epoch"] for r in lines] == [0, 1, 2, 3]
+    # the per-rank figures of 2 ranks do not go on with 4: they start again at the resume
+    per_rank = json.loads((out / "summary.json").read_text())["per_rank"]
+    assert (per_rank["from_epoch"], per_rank["epochs"]) == (2, 2)
+    assert per_rank["bytes_sent"]["mean"] * 4 == pytest.approx(sum(r["bytes_sent"] for r in lines[2:]))
+    assert lines[2]["per_rank"]["epochs"] == 1 and lines[1]["per_rank"]["epochs"] == 1
 
 
 @pytest.mark.mpi

@@ -102,3 +102,14 @@ def max_float64(ctx: CommContext, values: list[float]) -> list[float]:
         ctx.comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.MAX)
     return arr.tolist()
 
+
+
+def gather_float64(ctx: CommContext, values: list[float]) -> np.ndarray | None:
+    """Every rank's ``values`` on rank 0, one row per rank (``(size, len(values))``; one small
+    Gather); None on the other ranks."""
+    arr = np.asarray(values, dtype=np.float64)
+    if ctx.size == 1:
+        return arr[None, :]
+    out = np.empty((ctx.size, arr.size), dtype=np.float64) if ctx.is_root else None
+    ctx.comm.Gather(arr, out, root=0)
+    return out

@@ -125,6 +125,7 @@ class ExchangeStats:
 
     bytes_sent: int = 0      # bytes this rank handed to MPI, forward and backward
     bytes_full: int = 0      # what fp32 rows would have taken for the same exchanges
+    bytes_received: int = 0  # bytes MPI handed this rank (the halo exchange; CAGNET counts none)
     comm_s: float = 0.0      # time in MPI calls (post + wait)
     codec_s: float = 0.0     # time in encode/decode (the probes' excluded)
     exchanges: int = 0
@@ -132,7 +133,7 @@ class ExchangeStats:
     wire: list = field(default_factory=list)     # WireSample of every probed exchange, in order
 
     def reset(self) -> None:
-        self.bytes_sent = self.bytes_full = self.exchanges = 0
+        self.bytes_sent = self.bytes_full = self.bytes_received = self.exchanges = 0
         self.comm_s = self.codec_s = 0.0
         self.probes, self.wire = {}, []
 
@@ -276,6 +277,7 @@ class HaloExchanger:
         self.stats.comm_s += t2 - t1
         self.stats.bytes_sent += lay.send_total
         self.stats.bytes_full += full
+        self.stats.bytes_received += lay.recv_total
         self.stats.exchanges += 1
         sample = None
         if probe:                                 # measured after the post: off the books

@@ -36,6 +36,7 @@ from hpcgnn.data.validate import (FORMAT_HINT, check_features_shape, check_label
                                    num_classes_value, scalar_value, warn_unlabelled)
 
 SPLITS = ("train_idx", "val_idx", "test_idx")
+ONE_D = ("adj_indices", "feat_indices", "feat_data", "feat_shape")   # others' shapes: checked apart
 READ_CHUNK = 1 << 22          # split-array entries read at once
 CHECK_BYTES = 1 << 24         # feature bytes checked for NaN/inf at once
 H5_HINT = "write it with `python -m preprocess convert --dataset SPEC --out FILE.h5`"
@@ -113,6 +114,10 @@ def h5_num_nodes(path: str | os.PathLike) -> int:
         if "features" not in f and not all(k in f for k in SPARSE_FEATURES):
             raise DatasetError(f"{path}: no features: add 'features' (float32 N x F) or "
                                f"{list(SPARSE_FEATURES)}; {H5_HINT}")
+        for key in ONE_D:             # read by slices: a scalar was h5py's ValueError traceback
+            if key in f and isinstance(f[key], h5py.Dataset) and f[key].ndim != 1:
+                raise DatasetError(f"{path}: dataset '{key}' has shape {f[key].shape}, expected "
+                                   f"1-D; {H5_HINT} ({FORMAT_HINT})")
         n = scalar_value(str(path), "num_nodes", np.asarray(f["num_nodes"][()]))
         if n >= 1:
             _check_row_counts(f, path, n)

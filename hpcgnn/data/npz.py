@@ -52,14 +52,19 @@ def _features(z, path: Path, num_nodes: int) -> np.ndarray | sp.csr_matrix:
             raise DatasetError(f"{path}: key 'features' has dtype {x.dtype}, expected float32")
         return x.astype(np.float32, copy=False)
     if all(k in keys for k in SPARSE_FEATURES):
-        shape = tuple(int(s) for s in _int_array(z, path, "feat_shape"))
+        shape = tuple(int(s) for s in _int_array(z, path, "feat_shape").reshape(-1))
         if len(shape) != 2:
-            raise DatasetError(f"{path}: feat_shape is {shape}, expected (num_nodes, F)")
+            raise DatasetError(f"{path}: feat_shape is {shape}, expected (num_nodes, F); store "
+                               f"the sparse features' shape as two integers ({FORMAT_HINT})")
         indptr, indices = _int_array(z, path, "feat_indptr"), _int_array(z, path, "feat_indices")
-        if len(indptr) != shape[0] + 1 or indptr[-1] != len(indices) or \
-                (indices.size and (indices.min() < 0 or indices.max() >= shape[1])):
+        # a decreasing feat_indptr (a row of negative length) was taken, its rows garbled
+        if indptr.ndim != 1 or indices.ndim != 1 or len(indptr) != shape[0] + 1 or \
+                indptr[0] != 0 or indptr[-1] != len(indices) or bool(np.any(np.diff(indptr) < 0)) \
+                or (indices.size and (indices.min() < 0 or indices.max() >= shape[1])):
             raise DatasetError(f"{path}: feat_indptr/feat_indices are not a CSR matrix of shape "
-                               f"{shape}; {FORMAT_HINT}")
+                               f"{shape} (feat_indptr: {shape[0]} + 1 offsets from 0, never "
+                               f"decreasing, to len(feat_indices); feat_indices: columns in "
+                               f"0..F-1); {FORMAT_HINT}")
         data = _array(z, path, "feat_data")
         if data.dtype.kind not in "fiub" or data.shape != indices.shape:
             raise DatasetError(f"{path}: feat_data has shape {data.shape} and dtype {data.dtype}; "

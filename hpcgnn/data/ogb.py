@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import zipfile
 import zlib
 from pathlib import Path
@@ -22,14 +23,32 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.data.validate import check_graph
 
 DOWNLOAD_HINT = ("download it on a machine with internet (python -c \"from ogb.nodeproppred "
-                 "import NodePropPredDataset as D; D('{name}', root='{root}')\") and copy "
-                 "{root} here")
+                 "import NodePropPredDataset as D; D('{name}', root='{root}')\"), then copy "
+                 "the directory it makes, {root}/{dir} (its raw/ and split/), to {root}/{dir} "
+                 "here; hpcgnn reads it offline")
+
+
+def _import_ogb():
+    """``ogb.nodeproppred``, imported without ogb's version check: ``import ogb`` starts a
+    thread that asks PyPI for the latest version (the ``outdated`` package, ``requests.get``
+    without a timeout), and the process waits for it at exit, which on a compute node whose
+    firewall drops the packets is minutes after the work is done. With ``outdated`` unimportable
+    while ogb is first imported, ogb skips the check (it expects ``outdated`` to be optional)."""
+    hide = "outdated" not in sys.modules and "ogb" not in sys.modules
+    if hide:
+        sys.modules["outdated"] = None        # `from outdated import ...` raises ImportError
+    try:
+        import ogb.nodeproppred as onp
+    finally:
+        if hide:
+            del sys.modules["outdated"]
+    return onp
 
 
 def _meta_info(name: str) -> dict:
     try:
         import pandas as pd
-        import ogb.nodeproppred as onp
+        onp = _import_ogb()
     except ImportError as exc:
         raise DatasetError(f"{name}: the 'ogb' package is not installed; pip install ogb "
                            f"(or pip install 'hpcgnn[ogb]')") from exc
@@ -48,7 +67,7 @@ def _meta_info(name: str) -> dict:
 
 def _dataset_dir(name: str, root: str | os.PathLike, info: dict) -> Path:
     d = Path(root) / name.replace("-", "_")
-    hint = DOWNLOAD_HINT.format(name=name, root=root)
+    hint = DOWNLOAD_HINT.format(name=name, root=root, dir=d.name)
     if not d.is_dir():
         raise DatasetError(f"{d}: no such directory, so {name} is not in root={root}; {hint}")
     for raw in _raw_files(d, info):
@@ -117,7 +136,7 @@ def read_ogb(name: str, root: str = "data/ogb") -> Graph:
             pickle.UnpicklingError) as exc:   # a truncated .gz (EOFError) or .npz, ogb's ...
         raise DatasetError(f"{d}: cannot read its files ({type(exc).__name__}: {exc}), so the "
                            f"copy is incomplete or damaged; "
-                           f"{DOWNLOAD_HINT.format(name=name, root=root)}") from exc
+                           f"{DOWNLOAD_HINT.format(name=name, root=root, dir=d.name)}") from exc
     n = int(g["num_nodes"])
     if g.get("node_feat") is None:
         raise DatasetError(f"{d}: has no node features (raw/node-feat.csv.gz); hpcgnn needs them")

@@ -24,6 +24,9 @@ def check_csr(source: str, num_nodes: int, indptr: np.ndarray, indices: np.ndarr
     if indptr.ndim != 1 or len(indptr) != num_nodes + 1:
         _fail(source, f"adj_indptr has shape {indptr.shape}, expected ({num_nodes + 1},)",
               f"it must hold num_nodes + 1 row offsets; {FORMAT_HINT}")
+    if indices.ndim != 1:        # a scalar was a TypeError; a 2-D array was blamed on adj_indptr
+        _fail(source, f"adj_indices has shape {indices.shape}, expected 1-D",
+              f"it lists every row's neighbour ids, one row after another; {FORMAT_HINT}")
     if indptr[0] != 0 or indptr[-1] != len(indices) or bool(np.any(np.diff(indptr) < 0)):
         _fail(source, "adj_indptr is not a CSR row pointer (must start at 0, never decrease, "
               f"and end at len(adj_indices) = {len(indices)})", FORMAT_HINT)

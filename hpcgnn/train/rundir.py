@@ -10,7 +10,10 @@ run that looks like its own.
 """
 from __future__ import annotations
 
+import io
 import json
+import pickle
+import zipfile
 from pathlib import Path
 
 from hpcgnn.train.metrics import METRICS_NAME, SUMMARY_NAME, record_epoch
@@ -70,6 +73,12 @@ def describe_run(run_dir: Path) -> str | None:
         return f"a finished run ({summary.get('epochs', '?')} epochs; {files})"
     done = _epochs_done(run_dir)
     when = f"after {done} epoch{'s' * (done != 1)}" if done else "before its first epoch ended"
+    saved = checkpoint_epochs(run_dir / CHECKPOINT_NAME)
+    if saved is not None and saved < done:
+        # killed past its last checkpoint: --resume goes on from the checkpoint, not the metrics
+        when = (f"after {saved} epoch{'s' * (saved != 1)} as checkpointed (metrics.jsonl "
+                f"records {done}; --resume continues from epoch {saved} and drops the "
+                f"{done - saved} after it)")
     if (run_dir / PREEMPTED_NAME).is_file():
         return f"a preempted run, stopped {when} ({files})"
     if (run_dir / CHECKPOINT_NAME).is_file():
@@ -104,6 +113,40 @@ def _epochs_done(run_dir: Path) -> int:
         return 0
     epochs = [e for e in map(record_epoch, lines) if e is not None]    # a torn line skipped
     return epochs[-1] + 1 if epochs else 0
+
+
+class _Skeleton(pickle.Unpickler):
+    """Reads a ``torch.save`` pickle's plain values (dicts, lists, numbers) without torch: a
+    tensor or any other object comes back as a stub, its bytes unread, no code run."""
+
+    class Stub:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __setstate__(self, state):
+            pass
+
+    def find_class(self, module, name):
+        if (module, name) == ("collections", "OrderedDict"):
+            import collections
+            return collections.OrderedDict
+        return self.Stub
+
+    def persistent_load(self, pid):
+        return None
+
+
+def checkpoint_epochs(path: Path) -> int | None:
+    """The epochs done that ``checkpoint.pt`` holds (what ``--resume`` continues from), read
+    without torch (its pickle only, no tensor data); None when absent or unreadable."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            name = next(n for n in z.namelist() if n.rsplit("/", 1)[-1] == "data.pkl")
+            state = _Skeleton(io.BytesIO(z.read(name))).load()
+        done = state["progress"]["epochs_done"]
+    except Exception:  # noqa: BLE001 (absent, another format, damaged: the metrics decide)
+        return None
+    return done if isinstance(done, int) else None
 
 
 def _read_json(path: Path) -> dict | None:

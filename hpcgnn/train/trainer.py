@@ -12,6 +12,8 @@ Per epoch (every rank, same order of collectives):
   tune      kind = "auto" only, at its decision epochs: two small Allreduces of what the
             exchanges measured and one small Bcast of rank 0's decision (hpcgnn.train.autotuning)
   end       one small Allreduce: preemption flag, byte counts, times
+  record    at evaluated epochs and before a checkpoint: one small Gather to rank 0 of each
+            rank's own bytes and times since the last one (``per_rank``; hpcgnn.train.perrank)
   summary   one small Allreduce (MAX): the ranks' peak resident and device memory
 The loss is the sum over the owned training nodes divided by the GLOBAL number of training
 nodes, so the summed gradient is exactly the single-process gradient.
@@ -42,6 +44,8 @@ from hpcgnn.train.inputs import PartInputs
 from hpcgnn.train.eta import EpochReporter, format_eta
 from hpcgnn.train.metrics import SUMMARY_NAME, MetricsSink
 from hpcgnn.train.optim import decays, make_optimizer
+from hpcgnn.train.perrank import RankWindow
+from hpcgnn.train.perrank import summary as rank_summary
 from hpcgnn.train.preempt import clear_marker, process_flag, write_marker
 from hpcgnn.train.records import RunRecord, check_resume
 from hpcgnn.train.writes import fatal_if_unwritable
@@ -64,6 +68,12 @@ class Progress:
     test_at_best: float | None = 0.0
     best_epoch: int = -1
     final_test_acc: float | None = 0.0    # None: no labelled test node
+    # rank 0's per-rank figures (hpcgnn.train.perrank): totals since epoch rank_from, those
+    # gathered at a checkpoint not yet in a metrics line, and where that line's window starts
+    rank_totals: list | None = None
+    rank_from: int = 0
+    rank_pending: list | None = None
+    rank_window_from: int = 0
 
 
 @dataclass
@@ -116,6 +126,7 @@ class Trainer:
         self.preempt = process_flag()      # installed by `hpcgnn train` before torch
         self._auto_start: dict | None = None          # kind = "auto": epoch 0's codecs, for its record
         self._saved_epochs = 0                  # epochs done at the last checkpoint saved or resumed
+        self.rank_window = RankWindow()         # this rank's bytes and times since the last record
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model, self.cfg.train)        # groups: train.weight_decay_on
@@ -175,6 +186,7 @@ class Trainer:
             return
         self.load_state(state)
         self._saved_epochs = self.progress.epochs_done
+        self.rank_window.restart(self.progress, self.progress.epochs_done, self.ctx.size)
         if self.resume_stale is not None:                 # this rank's own buffers only
             self.model.load_stale_state(self.resume_stale)
             self.resume_stale = None
@@ -336,15 +348,22 @@ class Trainer:
                          or "nothing (no rank sends a halo row)")
         for epoch in range(self.progress.epochs_done, end):
             record, stop = self.run_epoch(epoch)
+            done = epoch + 1
+            save = stop or done == end or bool(every and done % every == 0)
+            if "val_acc" in record or save:          # a record point: every rank, same epochs
+                per_rank = self.rank_window.gather(self.ctx, self.progress, epoch,
+                                                   "val_acc" in record, self._counts_received())
+                if per_rank is not None:
+                    record["per_rank"] = per_rank
             with fatal_if_unwritable(self.ctx, self.sink.path, self._kept()):
                 self.sink.write(record)
-            self.progress.epochs_done = done = epoch + 1
+            self.progress.epochs_done = done
             self._log_epoch(record)
             if not math.isfinite(record["loss"]):
                 self._report_divergence(epoch, record["loss"])
                 self.model.stale_state()     # completes what the stale layers have in flight:
                 return "diverged"            # a progress thread testing it aborted MPI_Finalize
-            if stop or done == end or (every and done % every == 0):
+            if save:
                 self.save_checkpoint()
             if stop and done < epochs:
                 if self.ctx.is_root:
@@ -384,6 +403,8 @@ class Trainer:
         ran = self.auto_setting(epoch)                 # kind = "auto": the setting this step ran
         local = [0.0, stats.bytes_sent, stats.bytes_full,
                  stats.comm_s + step["allreduce_s"], stats.codec_s, step["epoch_s"]]
+        self.rank_window.add(stats.bytes_sent, stats.bytes_received, step["epoch_s"], local[3],
+                             step["epoch_s"] - local[3])         # compute_s: the step less MPI
         t_eval = time.perf_counter()
         accs = self.evaluate(epoch) if self._eval_due(epoch) else {}
         eval_s = time.perf_counter() - t_eval
@@ -414,6 +435,10 @@ class Trainer:
                 self._auto_start = None
         self._track_best(epoch, accs)
         return record, flag > 0
+
+    def _counts_received(self) -> bool:
+        """Whether the exchange counts received bytes (the halo exchange; not CAGNET's wire)."""
+        return bool(self.model.exchangers)
 
     def auto_setting(self, epoch: int) -> str | None:
         """``kind = "auto"`` on the time objective: the setting (``signature``) epoch ``epoch``
@@ -602,7 +627,8 @@ class Trainer:
                 "ranks": self.ctx.size, "device": str(self.ctx.device),
                 "mpi_library": mpi_library(), "cuda_aware_mpi": self.ctx.cuda_aware,
                 "dataset": self.meta.get("dataset"), "arch": self.cfg.model.arch,
-                "transport": next((ex.transport_mode for ex in self.model.exchangers), None)}
+                "transport": next((ex.transport_mode for ex in self.model.exchangers), None),
+                "per_rank": rank_summary(p, p.epochs_done, self._counts_received())}
 
 
 def peak_memory(ctx: CommContext) -> dict:
