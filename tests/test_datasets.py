@@ -327,6 +327,11 @@ CHECKED = [
     ({"num_classes": np.int64(0), "labels": np.full(5, -1), "train_idx": np.zeros(0, np.int64)},
      r"num_classes is 0; it must be the class count, >= 1"),
     ({"num_classes": np.int64(-3)}, r"num_classes is -3; it must be the class count, >= 1"),
+    # a uint64 past int64's range wrapped: "holds node id -9223372036854775803"
+    ({"adj_indices": np.array([1, 4, 0, 2, 1, 3, 2, 4, 3, 2**63 + 5], np.uint64)},
+     r"adj_indices holds 9223372036854775813 \(uint64\), past int64's largest value; .*int64"),
+    ({"test_idx": np.array([3, 2**64 - 1], np.uint64)},
+     r"test_idx holds 18446744073709551615 \(uint64\), past int64's largest value"),
 ]
 
 

@@ -30,7 +30,7 @@ from hpcgnn.data.errors import DatasetError, hdf5_fix
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.npz import REQUIRED, SPARSE_FEATURES
 from hpcgnn.data.shard import fsync_file
-from hpcgnn.data.validate import (FORMAT_HINT, check_features_shape, check_label_values,
+from hpcgnn.data.validate import (FORMAT_HINT, as_int64, check_features_shape, check_label_values,
                                    check_labels_shape, check_split_ids, fail_nonfinite,
                                    fail_repeat, fail_unlabelled_train, nonfinite_rows,
                                    num_classes_value, scalar_value, warn_unlabelled)
@@ -102,7 +102,7 @@ def _dataset(f: h5py.File, path: Path, key: str, kinds: str = "iu") -> h5py.Data
 
 
 def _int(f, path, key, sel=slice(None)) -> np.ndarray:
-    return np.asarray(_dataset(f, path, key)[sel], dtype=np.int64)
+    return as_int64(str(path), key, np.asarray(_dataset(f, path, key)[sel]))
 
 
 def h5_num_nodes(path: str | os.PathLike) -> int:
@@ -183,7 +183,7 @@ def _slice_split(d: h5py.Dataset, path: Path, split: str, n: int, lo: int, hi: i
         check_split_ids(str(path), n, split, np.broadcast_to(np.int64(0), d.shape))
     m = np.zeros(hi - lo, dtype=bool)
     for start in range(0, d.shape[0], READ_CHUNK):
-        idx = np.asarray(d[start:start + READ_CHUNK], dtype=np.int64)
+        idx = as_int64(str(path), split, np.asarray(d[start:start + READ_CHUNK]))
         check_split_ids(str(path), n, split, idx)
         local = np.sort(idx[(idx >= lo) & (idx < hi)] - lo)
         again = local[1:][local[1:] == local[:-1]]

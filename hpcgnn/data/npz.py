@@ -10,7 +10,8 @@ import scipy.sparse as sp
 
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.graph import Graph
-from hpcgnn.data.validate import FORMAT_HINT, check_graph, num_classes_value, scalar_value
+from hpcgnn.data.validate import (FORMAT_HINT, as_int64, check_graph, num_classes_value,
+                                  scalar_value)
 
 REQUIRED = ("num_nodes", "adj_indptr", "adj_indices", "labels", "train_idx", "val_idx", "test_idx")
 SPARSE_FEATURES = ("feat_indptr", "feat_indices", "feat_data", "feat_shape")
@@ -41,7 +42,7 @@ def _int_array(z, path: Path, key: str) -> np.ndarray:
     if a.dtype.kind not in "iu":
         raise DatasetError(f"{path}: key '{key}' has dtype {a.dtype}, expected int64; store "
                            f"it as an integer array ({FORMAT_HINT})")
-    return a.astype(np.int64, copy=False)
+    return as_int64(str(path), key, a)
 
 
 def _features(z, path: Path, num_nodes: int) -> np.ndarray | sp.csr_matrix:

@@ -17,6 +17,15 @@ def _fail(source: str, what: str, fix: str) -> None:
     raise DatasetError(f"{source}: {what}; {fix}")
 
 
+def as_int64(source: str, key: str, a: np.ndarray) -> np.ndarray:
+    """``a`` (any integer dtype) as int64; a uint64 value past int64's range would wrap to a
+    negative id that later checks quoted as the file's value."""
+    if a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        _fail(source, f"{key} holds {int(a.max())} (uint64), past int64's largest value",
+              f"every id and count must fit int64; store it as int64; {FORMAT_HINT}")
+    return a.astype(np.int64, copy=False)
+
+
 def check_csr(source: str, num_nodes: int, indptr: np.ndarray, indices: np.ndarray) -> None:
     """``adj_indptr``/``adj_indices`` form a CSR over ``num_nodes`` rows with ids in range."""
     if num_nodes < 1:
