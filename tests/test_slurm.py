@@ -171,9 +171,14 @@ def test_sweep_refuses_tasks_that_would_share_a_run_directory(tmp_path):
     ("4,5", {"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, "5"),        # Open MPI's mpirun
     ("4,5", {"SLURM_LOCALID": "3"}, "5"),                     # more ranks than GPUs: wrap round
     ("7", {"SLURM_LOCALID": "1"}, "7"),                       # already one GPU per rank
+    # mpirun inside a batch job: every rank inherits the batch step's SLURM_LOCALID=0 (seen on
+    # the local SLURM with both MPIs), so it gave every rank the first GPU
+    ("4,5", {"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, "5"),
+    ("4,5", {"SLURM_LOCALID": "0", "MPI_LOCALRANKID": "1"}, "5"),   # MPICH's Hydra
 ])
 def test_bind_leaves_each_rank_the_gpu_of_its_local_rank(visible, local_env, want):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "MPI_LOCALRANKID", "PMI_"))}
     env.update(local_env, CUDA_VISIBLE_DEVICES=visible)
     res = run([JOBS / "lib" / "bind.sh", "printenv", "CUDA_VISIBLE_DEVICES"], env=env)
     assert res.returncode == 0 and res.stdout.strip() == want
