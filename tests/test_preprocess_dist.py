@@ -30,15 +30,12 @@ import scipy.sparse as sp
 
 from conftest import CSBM, check_ok, read_metrics, run_mpi, train, train_here
 from _graphs import assert_reconstructs, can_mount_tmpfs, reconstruct
-from _mpi import mpi_family
+from _mpi import LIBMPI, mpi_family, other_mpi_of
 from hpcgnn.data.datasets import load_dataset
 
 N_MESSY = 500
 GEN = "rmat-sliced:scale=9,edge_factor=8,seed=5"
 DEB_LIB = "/usr/lib/x86_64-linux-gnu/libptscotch.so"
-# the libmpi soname of each MPI family: a PT-Scotch is linked against one of them (Debian's
-# against Open MPI's), mpi4py loads the venv's
-LIBMPI = {"openmpi": "libmpi.so.40", "mpich": "libmpi.so.12"}
 
 
 def _have_ptscotch() -> bool:
@@ -74,11 +71,11 @@ def ptscotch_same_mpi(ptscotch):
     MPI's libmpi.so.40) in a venv made with HPCGNN_MPI=mpich."""
     from preprocess.ptscotch import _find_library
     path = os.path.realpath(_find_library())
-    data, ours = Path(path).read_bytes(), LIBMPI[mpi_family()]
-    others = [s for s in LIBMPI.values() if s != ours and s.encode() + b"\0" in data]
-    if others and ours.encode() + b"\0" not in data:
-        pytest.skip(f"{path} is linked against {others[0]}, not the venv's MPI ({ours}); set "
-                    f"HPCGNN_PTSCOTCH_LIB to a PT-Scotch built with the venv's MPI")
+    other = other_mpi_of(path)
+    if other is not None:
+        pytest.skip(f"{path} is linked against {other}, not the venv's MPI "
+                    f"({LIBMPI[mpi_family()]}); set HPCGNN_PTSCOTCH_LIB to a PT-Scotch built "
+                    f"with the venv's MPI")
 
 
 def messy_h5(path: Path) -> dict:
