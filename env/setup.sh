@@ -40,6 +40,7 @@ if [[ -z $made_route ]]; then   # a set-up that stopped before its stamp: pip's 
 fi
 if [[ -n $made_route && -z ${HPCGNN_MPI:-} ]]; then
     mpi_route=$made_route
+    [[ $made_route == pip ]] || say "$venv was made with HPCGNN_MPI=$made_route: keeping it"
 elif [[ -n $made_route && $mpi_route != "$made_route" && $mpi_route =~ ^(pip|mpich|site)$ ]]; then
     say "$venv was made with HPCGNN_MPI=$made_route; HPCGNN_MPI=$mpi_route would put a second MPI into it"
     say "(two mpiexec, two libmpi): use another venv (HPCGNN_VENV=DIR) or remove $venv first"
