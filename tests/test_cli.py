@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from _mpi import mpi_family
 from hpcgnn.config import ConfigError, load_config
 
 
@@ -15,11 +16,19 @@ def _run(*args, **kw):
                           timeout=60, stdin=subprocess.DEVNULL, **kw)
 
 
+# what ``info``'s "mpi library" line starts with, for the family of the venv's mpiexec
+LIBRARY_NAMES = {"openmpi": ("Open MPI",), "mpich": ("MPICH", "MVAPICH", "Intel(R) MPI")}
+
+
 def test_info_reports_mpi_cuda_and_torch():
+    """The library line names the MPI of the venv's ``mpiexec`` (asked independently, with
+    ``mpiexec --version``): Open MPI in the usual venv, MPICH in one made with HPCGNN_MPI=mpich."""
     proc = _run("info")
     assert proc.returncode == 0, proc.stderr
-    for word in ("mpi library", "Open MPI", "cuda-aware mpi", "torch", "devices"):
+    for word in ("mpi library", "cuda-aware mpi", "torch", "devices"):
         assert word in proc.stdout
+    library = next(ln for ln in proc.stdout.splitlines() if "mpi library:" in ln)
+    assert library.split(":", 1)[1].strip().startswith(LIBRARY_NAMES[mpi_family()]), library
 
 
 def test_summary_prints_accuracy_and_bytes(tmp_path):

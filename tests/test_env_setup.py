@@ -77,3 +77,26 @@ def test_make_sets_up_the_venv_it_then_runs(tmp_path):
                              stdin=subprocess.DEVNULL, env=env)
         assert res.returncode == 0, res.stderr
         assert f"venv at {wanted} is up to date" in res.stderr, (target, res.stderr)
+
+
+def test_a_venv_keeps_the_mpi_it_was_made_with(tmp_path):
+    """A venv made with HPCGNN_MPI=mpich, set up again without HPCGNN_MPI (``make demo
+    VENV=DIR`` does that) is up to date as it is: the default route installed pip's Open MPI
+    into it, a second mpiexec and libmpi over MPICH's. A different route asked for is refused
+    before anything is installed, naming the venv and the way out."""
+    venv = fake_venv(tmp_path / "mpich")
+    stamp = venv / ".hpcgnn-setup"
+    stamp.write_text(stamp.read_text().replace("route=pip ", "route=mpich ", 1))
+    env = {k: v for k, v in os.environ.items() if k not in ("HPCGNN_MPI", "HPCGNN_EXTRAS")}
+    res = subprocess.run(["bash", str(REPO / "env" / "setup.sh")], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL,
+                         env={**env, "HPCGNN_VENV": str(venv)})
+    assert res.returncode == 0, res.stderr
+    assert f"venv at {venv} is up to date (route=mpich " in res.stderr, res.stderr
+    assert "Open MPI" not in res.stderr
+    for asked in ("pip", "site"):
+        res = setup(tmp_path, HPCGNN_VENV=str(venv), HPCGNN_MPI=asked, MPICC="/bin/true")
+        assert res.returncode == 2, res.stderr
+        assert (f"{venv} was made with HPCGNN_MPI=mpich; HPCGNN_MPI={asked} would put a second "
+                f"MPI into it") in res.stderr, res.stderr
+        assert "installing" not in res.stderr and "MPI:" not in res.stderr

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from _mpi import other_mpi_of
+
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "jobs"
 VENV = Path(sys.executable).parent.parent
@@ -171,9 +173,14 @@ def test_sweep_refuses_tasks_that_would_share_a_run_directory(tmp_path):
     ("4,5", {"OMPI_COMM_WORLD_LOCAL_RANK": "1"}, "5"),        # Open MPI's mpirun
     ("4,5", {"SLURM_LOCALID": "3"}, "5"),                     # more ranks than GPUs: wrap round
     ("7", {"SLURM_LOCALID": "1"}, "7"),                       # already one GPU per rank
+    # mpirun inside a batch job: every rank inherits the batch step's SLURM_LOCALID=0 (seen on
+    # the local SLURM with both MPIs), so it gave every rank the first GPU
+    ("4,5", {"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, "5"),
+    ("4,5", {"SLURM_LOCALID": "0", "MPI_LOCALRANKID": "1"}, "5"),   # MPICH's Hydra
 ])
 def test_bind_leaves_each_rank_the_gpu_of_its_local_rank(visible, local_env, want):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "MPI_LOCALRANKID", "PMI_"))}
     env.update(local_env, CUDA_VISIBLE_DEVICES=visible)
     res = run([JOBS / "lib" / "bind.sh", "printenv", "CUDA_VISIBLE_DEVICES"], env=env)
     assert res.returncode == 0 and res.stdout.strip() == want
@@ -839,20 +846,21 @@ def test_sweep_waits_for_the_preprocessing_job_that_makes_its_shards(slurm, tmp_
 def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
     """sbatch --ntasks=2 jobs/preprocess.sbatch ... --partitioner ptscotch runs the distributed
     path on the job's 2 ranks (it ran one process and left a task idle); METIS on 2 tasks is
-    refused, naming the fix."""
+    refused, naming the fix. The random partitioner runs the same path where PT-Scotch is
+    another MPI's than the venv's (Debian's in an MPICH venv: refused, test_preprocess_dist)."""
     from preprocess.ptscotch import PtScotchError, _find_library
     try:
-        _find_library()
+        partitioner = "random" if other_mpi_of(_find_library()) else "ptscotch"
     except PtScotchError as exc:
         pytest.skip(f"PT-Scotch not installed: {exc}")
     log = tmp_path / "prep.out"
     job = slurm.sbatch("--ntasks=2", f"--output={log}", JOBS / "preprocess.sbatch",
-                       "rmat-sliced:scale=8", 3, tmp_path / "r8", "--partitioner", "ptscotch",
+                       "rmat-sliced:scale=8", 3, tmp_path / "r8", "--partitioner", partitioner,
                        cwd=tmp_path)
     slurm.completed(job, 120, log)
     out = log.read_text()
     assert "done on 2 ranks" in out and "OK " in out, out
-    assert json.loads((tmp_path / "r8" / "meta.json").read_text())["partitioner"] == "ptscotch"
+    assert json.loads((tmp_path / "r8" / "meta.json").read_text())["partitioner"] == partitioner
     log = tmp_path / "metis.out"
     job = slurm.sbatch("--ntasks=2", f"--output={log}", JOBS / "preprocess.sbatch", "cora", 2,
                        tmp_path / "c2", cwd=tmp_path)

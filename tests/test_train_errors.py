@@ -70,12 +70,17 @@ def test_a_shard_whose_lock_is_refused_names_the_lock_not_a_rewrite(shards, tmp_
 
 
 
+# Rank 1 first waits 2 s, so that rank 0's line for epoch 1 is out before the abort: MPICH's
+# Hydra kills rank 0 within milliseconds of rank 1's MPI_Abort, and rank 0, still between
+# epoch 1's last collective and its log line, lost that line in about 1 run in 4.
 RANK_1_FAILS_AT_EPOCH_2 = """\
+import time
 from mpi4py import MPI
 import hpcgnn.train.trainer as trainer
 real = trainer.Trainer.run_epoch
 def run_epoch(self, epoch):
     if MPI.COMM_WORLD.Get_rank() == 1 and epoch == 2:
+        time.sleep(2)
         raise ZeroDivisionError("a bug injected on rank 1")
     return real(self, epoch)
 trainer.Trainer.run_epoch = run_epoch

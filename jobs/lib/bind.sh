@@ -7,7 +7,9 @@
 # mpi4py and joins MPI is dropped instead of killing the rank, and the job script sends it
 # again until the ranks have ended (jobs/lib/common.sh, hpcgnn_run_forwarding).
 trap '' USR1
-local_rank=${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${PMI_LOCAL_RANK:-0}}}}
+# The local rank the launcher of the ranks set, before SLURM's: under mpirun in a batch job every
+# rank inherits the batch step's SLURM_LOCALID=0 (Open MPI's mpirun and MPICH's alike).
+local_rank=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-${SLURM_LOCALID:-${PMI_LOCAL_RANK:-0}}}}
 if [[ -n ${CUDA_VISIBLE_DEVICES:-} && ${HPCGNN_GPU_BIND:-1} == 1 ]]; then
     IFS=, read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"
     if (( ${#gpus[@]} > 1 )); then
