@@ -5,9 +5,11 @@ the methods the other resume tests leave out (``test_train_resume``, ``test_run_
 learned codec (its encoder, decoder and their Adam state are in the compared checkpoint),
 PipeGCN's staleness 1 with smoothing, and a synchronous run that keeps the features' halo rows
 for evaluation (``train.eval_features = "kept"``) stopped between two evaluations of
-``train.eval_every = 3``; and CAGNET's 1.5D (c = 2) and 2D on 4 ranks. Compared: every metrics line (timings aside), the final checkpoint's
-model and optimiser tensors, and summary.json's accuracies and byte counts. The runs of each
-rank count are one mpiexec job (``conftest.train_together``)."""
+``train.eval_every = 3``, and one whose best validation epoch comes before the stop and is
+not beaten after it (summary.json's test_acc and best_epoch come from the checkpoint); and
+CAGNET's 1.5D (c = 2) and 2D on 4 ranks. Compared: every metrics line (timings aside), the
+final checkpoint's model and optimiser tensors, and summary.json's accuracies and byte counts.
+The runs of each rank count are one mpiexec job (``conftest.train_together``)."""
 from __future__ import annotations
 
 import json
@@ -31,7 +33,11 @@ CASES = {
     "pipegcn-s1-smoothing": (("train.staleness=1", "train.smoothing=0.95"), None, 3),
     # evaluations at epochs 2, 5 and 6 (the last): the stop after 4 epochs is between two
     "eval-kept-every-3": (("train.eval_features=kept", "train.eval_every=3"), None, 4),
+    # lr 0.3: validation accuracy peaks at epoch 4 and the last two epochs stay below it, so
+    # the resumed run's summary must carry the best epoch's figures from the checkpoint
+    "best-before-the-stop": (("train.lr=0.3",), None, 5),
 }
+BEST_BEFORE_THE_STOP = "best-before-the-stop"
 TIMINGS = {"epoch_s", "comm_s", "codec_s", "eval_s", "wall_s"}
 SUMMARY_KEYS = ("test_acc", "final_test_acc", "best_val_acc", "best_epoch", "epochs", "bytes_sent",
            "bytes_full", "allreduce_bytes", "eval_bytes")
@@ -84,6 +90,8 @@ def same_tensors(a, b, where: str) -> None:
 def test_stopped_and_resumed_equals_the_uninterrupted_run(case, runs):
     full, part = runs[case]
     assert len({r["loss"] for r in read_metrics(full)}) == 7      # it trained
+    if case == BEST_BEFORE_THE_STOP:
+        assert json.loads((full / "summary.json").read_text())["best_epoch"] < CASES[case][2]
     same_runs(full, part, 7)
     assert json.loads((full / "summary.json").read_text())["bytes_sent"] > 0
 
