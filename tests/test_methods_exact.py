@@ -3,7 +3,9 @@ written here. Bounded staleness (PipeGCN, ``tests/_pipegcn.py``): each layer's i
 epoch t - s stand in for the halo, dropped out and multiplied by the current weights at the
 receiver, halo gradients reach their owners s epochs later, the first s epochs are
 synchronous, and smoothing averages both; Sylvie (quantised stale rows and gradients) is the
-same PipeGCN fed what the numpy quantiser of ``test_codecs`` gives; resume with staleness on
+same PipeGCN fed what the numpy quantiser of ``test_codecs`` gives, and BNS-GCN's ``sample`` on
+stale layers the same PipeGCN fed the sample of the epoch the rows were sent at (their gradients
+back through that selection); resume with staleness on
 equals the uninterrupted run, and a stale 1-bit run still learns. Compression: a sampled,
 random-channel schedule (and ``sample`` alone on a one-way directed graph) trains exactly as the
 whole-graph model whose halo rows are what the documented selection delivers, and VARCO's learned codec as the whole-graph model whose halo
@@ -239,12 +241,13 @@ def _train_sage(g, p: dict, opt, propagate) -> list[float]:
 
 
 def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
-                         channels: bool = True, arch: str = "gcn") -> list[float]:
+                         channels: bool = True, arch: str = "gcn", seed: int = 0) -> list[float]:
     """The same GCN (or with ``arch = "sage"`` GraphSAGE-mean) on the whole graph, each part's
     halo rows of every layer replaced by what the documented selection of ``sample+random``
     (keep 1/2 of each block's rows, the same rows in both layers of an epoch, half the
     channels, drawn per layer, scaled by rows/kept) delivers, or of ``sample`` alone (every
-    channel) without ``channels``; autograd gives the gradient of that forward."""
+    channel) without ``channels``, with the blocks' keys of the run's ``train.seed``
+    (``seed``); autograd gives the gradient of that forward."""
     from hpcgnn.data.shard import read_shard
     operator, train_model = ((_gcn_operator, _train_gcn) if arch == "gcn"
                              else (_mean_operator, _train_sage))
@@ -259,7 +262,7 @@ def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
             m, start = torch.zeros(g.num_nodes, width), 0
             for src, rows in enumerate(sq.recv_counts.tolist()):
                 gid = sq.halo_global_id[start:start + rows]
-                row_key, chan_key = _block_keys(0, layer, src, q, epoch)
+                row_key, chan_key = _block_keys(seed, layer, src, q, epoch)
                 kept = ref_kept_rows(row_key, rows, 0.5)
                 chans = ref_channels(chan_key, width, width // 2) if channels else list(range(width))
                 if kept:
@@ -317,17 +320,18 @@ def test_boundary_sampling_on_a_directed_graph_equals_single_process_computation
 def test_sampled_sage_mean_equals_single_process_computation(shards, init_of, tmp_path):
     """BNS-GCN's ``sample`` under GraphSAGE's mean: the kept halo rows scaled by rows/kept and
     the sum divided by the whole in-degree (BNS-GCN's ``in_norm``), the dropped rows counted in
-    it: an unbiased estimate of the mean, not a mean over the kept neighbours."""
-    sets = ("model.arch=sage", *SETS[1:])
+    it: an unbiased estimate of the mean, not a mean over the kept neighbours. With
+    ``train.seed = 3``: the blocks' keys are drawn from the run's seed."""
+    sets = ("model.arch=sage", *SETS[1:], "train.seed=3")
     shard_dir = shards(CSBM, 2, "random")
     (tmp_path / "s.toml").write_text('codec = "sample"\nkind = "constant"\nratio = 2.0\n'
                                      'compress_last_layer = true\n')
     check_ok(train(2, shard_dir, tmp_path / "run", *sets,
                    extra=("--schedule", str(tmp_path / "s.toml")), timeout=180))
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
-    init = init_of(CSBM, sets[:4])
+    init = init_of(CSBM, (*sets[:4], "train.seed=3"))
     assert got == pytest.approx(compressed_reference(shard_dir, 2, init, channels=False,
-                                                     arch="sage"), rel=2e-5)
+                                                     arch="sage", seed=3), rel=2e-5)
 
 
 # -- Sylvie: bounded staleness with quantised rows, against PipeGCN fed the quantiser's output --
@@ -372,8 +376,67 @@ def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0):
     return received, returned
 
 
+def sampled_rows(shard_dir, ranks: int, keep: float, s: int, seed: int = 0):
+    """``(received, returned)`` of ``tests/_pipegcn.py`` as BNS-GCN's ``sample`` delivers rows
+    and takes their gradients back under staleness ``s``: of part ``q``'s halo block from
+    ``p``, the rows ``ref_kept_rows`` draws from the block's row key of the epoch the rows were
+    SENT at (no layer in it), scaled by rows/kept, the others zeros; their gradients go back
+    through that same selection and scale (the adjoint), nothing for the dropped rows. A stale
+    layer's rows used at ``t`` were sent at ``t - s``; the synchronous warm-up's at ``t``."""
+    from hpcgnn.data.shard import read_shard
+    shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
+
+    def blocks(q: int, epoch: int):
+        start = 0
+        for p, rows in enumerate(shards[q].recv_counts.tolist()):
+            gid = shards[q].halo_global_id[start:start + rows]
+            start += rows
+            if rows:
+                kept = ref_kept_rows(_block_keys(seed, 0, p, q, epoch)[0], rows, keep)
+                yield (torch.from_numpy(gid), torch.from_numpy(gid[kept]),
+                       rows / len(kept) if kept else 0.0)
+
+    def received(layer: int, epoch: int, h: torch.Tensor, q: int) -> torch.Tensor:
+        out = h.detach().clone()
+        for gid, kept, scale in blocks(q, epoch):
+            out[gid] = 0.0
+            out[kept] = h.detach()[kept] * scale
+        return out
+
+    def returned(layer: int, epoch: int, grad: torch.Tensor, q: int) -> torch.Tensor:
+        out = torch.zeros_like(grad)
+        for _, kept, scale in blocks(q, epoch if epoch < s else epoch - s):
+            out[kept] = grad[kept] * scale
+        return out
+
+    return received, returned
+
+
+# Sylvie, and BNS-GCN's sample under PipeGCN's staleness: (schedule, staleness), one 3-rank job
+STALE_CODECS = {"sylvie": (SYLVIE, 1),
+                "sample-s2": ('codec = "sample"\nkind = "constant"\nratio = 2.0\n'
+                              'compress_last_layer = true\n', 2)}
+STALE_CODEC_MODEL = ("model.arch=gcn", "model.layers=3")
+STALE_CODEC_SETS = (*STALE_CODEC_MODEL, "model.dropout=0.5", f"train.epochs={EPOCHS}")
+
+
+@pytest.fixture(scope="module")
+def stale_codec_runs(shards, tmp_path_factory):
+    """name -> run dir of STALE_CODECS: 3 uneven METIS parts, a 3-layer GCN with dropout."""
+    work = tmp_path_factory.mktemp("stale-codecs")
+    runs = []
+    for name, (schedule, s) in STALE_CODECS.items():
+        (work / f"{name}.toml").write_text(schedule)
+        runs.append((shards(CSBM, 3, "metis"), work / name,
+                     (*STALE_CODEC_SETS, f"train.staleness={s}"), {},
+                     ("--schedule", str(work / f"{name}.toml"))))
+    for proc in train_together(3, runs, work):
+        check_ok(proc)
+    return {name: work / name for name in STALE_CODECS}
+
+
 @pytest.mark.mpi
-def test_stale_quantised_training_equals_sylvie(shards, init_of, tmp_path):
+def test_stale_quantised_training_equals_sylvie(shards, init_of, stale_codec_runs):
     """Sylvie (staleness 1, every stale layer's rows and their gradients stochastically rounded
     to 2 bits) on 3 uneven METIS parts, a 3-layer GCN with dropout: the single-process PipeGCN
     whose halo rows and returned gradients are what the numpy quantiser gives, with the keys of
@@ -381,21 +444,36 @@ def test_stale_quantised_training_equals_sylvie(shards, init_of, tmp_path):
     cross once, exactly)."""
     from _pipegcn import pipegcn_losses
     from hpcgnn.data.datasets import load_dataset
-    ranks, model_sets = 3, ("model.arch=gcn", "model.layers=3")
-    shard_dir = shards(CSBM, ranks, "metis")
-    sets = (*model_sets, "model.dropout=0.5", f"train.epochs={EPOCHS}")
-    (tmp_path / "q.toml").write_text(SYLVIE)
-    check_ok(train(ranks, shard_dir, tmp_path / "run", *sets, "train.staleness=1",
-                   extra=("--schedule", str(tmp_path / "q.toml")), timeout=180))
-    got = [r["loss"] for r in read_metrics(tmp_path / "run")]
-    g, parts, init = load_dataset(CSBM), _parts(shard_dir, ranks), init_of(CSBM, sets)
-    model = reference_model(model_sets)
+    ranks, shard_dir = 3, shards(CSBM, 3, "metis")
+    got = [r["loss"] for r in read_metrics(stale_codec_runs["sylvie"])]
+    g, parts, init = load_dataset(CSBM), _parts(shard_dir, ranks), init_of(CSBM, STALE_CODEC_SETS)
+    model = reference_model(STALE_CODEC_MODEL)
     received, returned = quantised_rows(shard_dir, ranks, 2)
     want = pipegcn_losses(g, parts, init, model, 1, 0.0, EPOCHS, received=received,
                           returned=returned)
     assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
     fp32 = pipegcn_losses(g, parts, init, model, 1, 0.0, EPOCHS)
     assert got != pytest.approx(fp32, rel=1e-4)            # the quantisation changed the run
+
+
+@pytest.mark.mpi
+def test_stale_sampled_training_equals_pipegcn_of_the_sample(shards, init_of, stale_codec_runs):
+    """BNS-GCN's ``sample`` (keep 1/2) on stale layers (staleness 2): the rows used at epoch
+    ``t`` are the sample of ``t - 2``, and their gradients must go back through THAT epoch's
+    selection (the adjoint of what was sent), not the current one's: the single-process PipeGCN
+    fed ``sampled_rows``, on 3 uneven METIS parts, a 3-layer GCN with dropout 0.5."""
+    from _pipegcn import pipegcn_losses
+    from hpcgnn.data.datasets import load_dataset
+    ranks, shard_dir, s = 3, shards(CSBM, 3, "metis"), 2
+    got = [r["loss"] for r in read_metrics(stale_codec_runs["sample-s2"])]
+    g, parts, init = load_dataset(CSBM), _parts(shard_dir, ranks), init_of(CSBM, STALE_CODEC_SETS)
+    model = reference_model(STALE_CODEC_MODEL)
+    received, returned = sampled_rows(shard_dir, ranks, 0.5, s)
+    want = pipegcn_losses(g, parts, init, model, s, 0.0, EPOCHS, received=received,
+                          returned=returned)
+    assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
+    fp32 = pipegcn_losses(g, parts, init, model, s, 0.0, EPOCHS)
+    assert got != pytest.approx(fp32, rel=1e-4)            # the sample changed the run
 
 
 # -- VARCO's learned codec against a single-process computation ----------------------------

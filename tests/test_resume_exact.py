@@ -5,11 +5,14 @@ the methods the other resume tests leave out (``test_train_resume``, ``test_run_
 learned codec (its encoder, decoder and their Adam state are in the compared checkpoint),
 PipeGCN's staleness 1 with smoothing, a synchronous run that keeps the features' halo rows
 for evaluation (``train.eval_features = "kept"``) stopped between two evaluations of
-``train.eval_every = 3``, and halves run with ``HPCGNN_MAX_MESSAGE=4096`` (every collective and
-the checkpoint's broadcast in pieces) against an uninterrupted run without it; and CAGNET's 1.5D (c = 2) and 2D on 4 ranks. Compared: every metrics line (timings aside), the final checkpoint's
-model and optimiser tensors, and summary.json's accuracies and byte counts (each rank's too,
-``per_rank``: a line's window across the stop between two evaluations included). The runs of each
-rank count are one mpiexec job (``conftest.train_together``)."""
+``train.eval_every = 3``, halves run with ``HPCGNN_MAX_MESSAGE=4096`` (every collective and
+the checkpoint's broadcast in pieces) against an uninterrupted run without it, and one whose best
+validation epoch comes before the stop and is not beaten after it (summary.json's test_acc and
+best_epoch come from the checkpoint); and CAGNET's 1.5D (c = 2) and 2D on 4 ranks. Compared:
+every metrics line (timings aside), the final checkpoint's model and optimiser tensors, and
+summary.json's accuracies and byte counts (each rank's too, ``per_rank``: a line's window across
+the stop between two evaluations included). The runs of each rank count are one mpiexec job
+(``conftest.train_together``)."""
 from __future__ import annotations
 
 import json
@@ -37,9 +40,13 @@ CASES = {
     # exchange in rounds, the gradient Allreduce, the parameters' Bcast and the checkpoint's
     # bytes at --resume in pieces; 2 ranks, so a sum in pieces is the same sum
     "max-message-4k": ((), None, 3),
+    # lr 0.3: validation accuracy peaks at epoch 4 and the last two epochs stay below it, so
+    # the resumed run's summary must carry the best epoch's figures from the checkpoint
+    "best-before-the-stop": (("train.lr=0.3",), None, 5),
 }
 # environment of the stopped and resumed halves (the uninterrupted run has none)
 SPLIT = {"max-message-4k": {"HPCGNN_MAX_MESSAGE": "4096"}}
+BEST_BEFORE_THE_STOP = "best-before-the-stop"
 TIMINGS = {"epoch_s", "comm_s", "codec_s", "eval_s", "wall_s"}
 SUMMARY_KEYS = ("test_acc", "final_test_acc", "best_val_acc", "best_epoch", "epochs", "bytes_sent",
            "bytes_full", "allreduce_bytes", "eval_bytes")
@@ -99,6 +106,8 @@ def same_tensors(a, b, where: str) -> None:
 def test_stopped_and_resumed_equals_the_uninterrupted_run(case, runs):
     full, part = runs[case]
     assert len({r["loss"] for r in read_metrics(full)}) == 7      # it trained
+    if case == BEST_BEFORE_THE_STOP:
+        assert json.loads((full / "summary.json").read_text())["best_epoch"] < CASES[case][2]
     same_runs(full, part, 7)
     assert json.loads((full / "summary.json").read_text())["bytes_sent"] > 0
 

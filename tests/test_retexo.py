@@ -1,11 +1,13 @@
 """RETEXO (``train.method = "retexo"``) against a plain single-process, whole-graph, stage-wise
 training written here in dense torch; 2, 3 and 4 ranks (uneven METIS parts) against 1 rank;
 bytes per stage against a count made from the shard files; resume mid-stage and at a stage
-boundary (with a compressing, stochastically rounding codec) against the uninterrupted run;
+boundary (with a compressing, stochastically rounding codec on VARCO's linear curve) against
+the uninterrupted run, each stage's one exchange at the schedule's ratio of its first epoch;
 ``hpcgnn predict`` against the dense stack; config errors."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -189,21 +191,37 @@ def check_predict(arch, shard_dir, tmp_path, summary):
 
 @pytest.mark.mpi
 def test_resume_mid_stage_and_at_a_boundary_equals_the_uninterrupted_run(shards, tmp_path):
-    """2-bit stochastic rounding on every stage's exchange: a resume rebuilds the stage's input
-    through the finished stages' exchanges, which must reproduce the same rows."""
+    """4-bit stochastic rounding of the first k channels on every stage's exchange, k from
+    VARCO's linear curve: a resume rebuilds the stage's input through the finished stages'
+    exchanges, which must reproduce the same rows, and a resume after a stage's best round
+    ends the stage with that round's state (from the checkpoint); each stage's one exchange
+    takes the schedule at the stage's first epoch."""
     shard_dir = shards(CSBM, 2, "random")
     sched = tmp_path / "q.toml"
-    sched.write_text('codec = "quant"\nbits = 2\ncompress_last_layer = true\n')
-    # one launch (start-up dominates): the straight run, then stop at 4 (inside stage 1), resume
+    sched.write_text('codec = "truncate+quant"\nbits = 4\nkind = "linear"\nmax_ratio = 8.0\n'
+                     'min_ratio = 1.0\nslope = 1.0\ncompress_last_layer = true\n')
+    # one launch (start-up dominates): the straight run, then stop at 5 (inside stage 1), resume
     # and stop at 6 (stage 2 starts next), resume to the end — all through the CLI's main()
     check_ok(run_mpi(2, [__file__, str(shard_dir), str(tmp_path), str(sched)], timeout=300))
-    assert [r["epoch"] for r in read_metrics(tmp_path / "stop4")] == list(range(4))
+    assert [r["epoch"] for r in read_metrics(tmp_path / "stop5")] == list(range(5))
     predict_refuses_unfinished(tmp_path / "stop6", shards(CSBM, 1), tmp_path / "pred")
     assert [r["epoch"] for r in read_metrics(tmp_path / "part")] == list(range(9))
     assert untimed(tmp_path / "part") == untimed(tmp_path / "full")     # per_rank's bytes too
     sf, sp_ = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "part"))
     assert sp_["stages"] == sf["stages"] and sp_["bytes_sent"] == sf["bytes_sent"]
+    # stage 1 (epochs 3-5) is best at epoch 4 and its last round does not beat it, so the resume
+    # at 5 must take the stage's best state from the checkpoint to end the stage with it
+    assert sf["stages"][1]["best_epoch"] == 4
     assert sf["bytes_sent"] < sf["bytes_full"]                     # the codec compressed them
+    # stage l exchanges once, at epoch l R: ratio max(1, 8 - 7 t / (T - 2)) = 8, 5, 2 there
+    # (T = 9), so k = floor(F_l / r) = 3 of 24, 1 of 8, 4 of 8 channels, 6 + ceil(4 k / 8)
+    # bytes a row (docs/compression.md), on every halo row
+    ratios = [8.0 - s * ROUNDS for s in range(LAYERS)]
+    widths = [FEATS] + [HIDDEN] * (LAYERS - 1)
+    halo = halo_rows(shard_dir, 2)
+    assert full[0]["ratio"] == ratios
+    assert [rec["exchange_bytes"] for rec in sf["stages"]] == [
+        halo * (6 + math.ceil(4 * int(w // r) / 8)) for w, r in zip(widths, ratios)]
 
 
 def predict_refuses_unfinished(run_dir, shard_dir, out):
@@ -248,7 +266,7 @@ def test_learned_codec_is_refused(shards, tmp_path):
 
 
 def _resume_worker(shard_dir: str, out: str, schedule: str) -> None:
-    """On every rank: the straight run into OUT/full; OUT/part stopped at 4, resumed and
+    """On every rank: the straight run into OUT/full; OUT/part stopped at 5, resumed and
     stopped at 6 (its metrics then copied to OUT/stop6 for predict), resumed to the end."""
     import shutil
     from pathlib import Path
@@ -260,9 +278,9 @@ def _resume_worker(shard_dir: str, out: str, schedule: str) -> None:
         base += ["--set", s]
     out = Path(out)
     assert main(base + ["--out", str(out / "full")]) == 0
-    assert main(base + ["--out", str(out / "part"), "--stop-after", "4"]) == 0
+    assert main(base + ["--out", str(out / "part"), "--stop-after", "5"]) == 0
     if MPI.COMM_WORLD.rank == 0:
-        shutil.copytree(out / "part", out / "stop4")
+        shutil.copytree(out / "part", out / "stop5")
     assert main(base + ["--out", str(out / "part"), "--resume", "--stop-after", "6"]) == 0
     if MPI.COMM_WORLD.rank == 0:
         shutil.copytree(out / "part", out / "stop6")
