@@ -219,7 +219,7 @@ def test_resume_mid_stage_and_at_a_boundary_equals_the_uninterrupted_run(shards,
     ratios = [8.0 - s * ROUNDS for s in range(LAYERS)]
     widths = [FEATS] + [HIDDEN] * (LAYERS - 1)
     halo = halo_rows(shard_dir, 2)
-    assert full[0]["ratio"] == ratios
+    assert read_metrics(tmp_path / "full")[0]["ratio"] == ratios
     assert [rec["exchange_bytes"] for rec in sf["stages"]] == [
         halo * (6 + math.ceil(4 * int(w // r) / 8)) for w, r in zip(widths, ratios)]
 
