@@ -23,6 +23,20 @@
 # (part 1) override the defaults below.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The Open MPI that 'prebuild' makes here runs on the GPU machine, so it takes its own hwloc and
+# libevent: configure links this machine's wherever their -dev packages are installed, and the
+# GPU machine's image need not hold libhwloc.so.15 or libevent-2.1.so.7 (the build would not
+# load there and part 1 would build it again). Part 1 passes the same arguments: the build's
+# stamp matches and it is kept.
+CARRIED_OMPI=(-- --with-hwloc=internal --with-libevent=internal)
+carried_needs() {  # what the prefix's MPI core loads from outside it, beyond libc, libm and zlib
+    local f
+    for f in "$1"/lib/libmpi.so "$1"/lib/libopen-pal.so "$1"/lib/libopen-rte.so \
+             "$1"/lib/libmca_common_cuda.so "$1"/bin/orted "$1"/bin/orterun; do
+        [[ -e $f ]] || { echo "(no $f)"; continue; }
+        ldd "$f" | awk '$2 == "=>" {print $1}'
+    done | grep -v -E '^(libc|libm|libz|libdl|libpthread|librt|libutil|libopen-pal|libopen-rte|libmpi)[.]so' | sort -u
+}
 if [[ ${1:-} == fetch ]]; then
     py=.venv/bin/python; [[ -x $py ]] || py=python3
     v=${PYVER:-3.12}
@@ -44,8 +58,16 @@ if [[ ${1:-} == prebuild ]]; then   # CUDA's headers (cuda.h: Open MPI dlopens l
             "$tmp"/nvidia_cuda_runtime_cu12-*.whl "$tmp" || exit 2
         mkdir -p .cuda-headers && cp -r "$tmp"/nvidia/cuda_runtime/include .cuda-headers/ && rm -rf "$tmp"
     fi
-    bash env/cuda-aware-openmpi.sh build --src .src --cuda .cuda-headers --stop-after install || exit 2
+    bash env/cuda-aware-openmpi.sh build --src .src --cuda .cuda-headers --stop-after install \
+        "${CARRIED_OMPI[@]}" || exit 2
     rm -rf .openmpi-cuda.build
+    needs=$(carried_needs .openmpi-cuda)
+    if [[ -n $needs ]]; then
+        rm -f .openmpi-cuda/.hpcgnn-build          # not to be kept by part 1: built there instead
+        echo "gpu-session.sh prebuild: .openmpi-cuda loads libraries of this machine that the GPU machine" \
+             "may lack: $(echo $needs); do not carry it" >&2
+        exit 2
+    fi
     du -sh .openmpi-cuda .cuda-headers
     exit 0
 fi
@@ -80,7 +102,8 @@ case $part in
     # venv's binary mpi4py loads the built library: nothing but Open MPI is compiled.
     build=""
     if venv .venv-cuda; then
-        cuda=(); [[ -f .cuda-headers/include/cuda.h && -f .openmpi-cuda/.hpcgnn-build ]] && cuda=(--cuda .cuda-headers)
+        cuda=(); [[ -f .cuda-headers/include/cuda.h && -f .openmpi-cuda/.hpcgnn-build ]] \
+            && cuda=(--cuda .cuda-headers "${CARRIED_OMPI[@]}")       # prebuild's: kept
         say "env/cuda-aware-openmpi.sh build ${cuda[*]} with ${JOBS_BUILD:=$(( $(nproc) / 2 ))} jobs, in the background"
         bash env/cuda-aware-openmpi.sh build --src .src --venv .venv-cuda --jobs "$JOBS_BUILD" "${cuda[@]}" \
             > "$work/ompi-build.log" 2>&1 &

@@ -29,6 +29,28 @@ def test_cpu_device_without_cuda_request():
             gpu.pick_device(0, "cuda")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")
+def test_no_gpu_names_its_cause_and_the_fix(monkeypatch):
+    """``--device cuda`` where torch sees no GPU says why: a CPU-only torch build, GPUs hidden
+    by CUDA_VISIBLE_DEVICES (a job that asked for none), or no GPU or driver for a CUDA build
+    (it used to ask for a CUDA build of torch in every case)."""
+    from hpcgnn.comm import gpu
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    if torch.version.cuda is None:                      # this machine's torch: checked as it is
+        with pytest.raises(RuntimeError, match=r"CPU-only build: install a CUDA build of torch; "
+                                               r"or use --device cpu"):
+            gpu.pick_device(0, "cuda")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")  # a CUDA build on a node without a GPU
+    with pytest.raises(RuntimeError, match=r"built for CUDA 13.0\) sees no GPU on this node: no "
+                                           r"GPU, or no NVIDIA driver that supports CUDA 13.0"):
+        gpu.pick_device(0, "cuda")
+    for hidden in ("", "-1", "NoDevFiles"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        with pytest.raises(RuntimeError, match=rf"CUDA_VISIBLE_DEVICES={hidden!r} hides every "
+                                               r"GPU from torch: ask the job for GPUs"):
+            gpu.pick_device(0, "cuda")
+
+
 @pytest.mark.gpu
 @pytest.mark.mpi
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -209,3 +209,42 @@ def test_pool_grows_a_few_times_over_a_varco_schedule():
         pool.take("r1", rows * k, torch.uint8)
     assert len(set(sizes)) > 10 and max(sizes) == 64 * min(sizes)
     assert pool.allocations <= 7 and pool.buffer("r1").numel() >= max(sizes)
+
+
+class _Copy:
+    """Stands for the CUDA event of an asynchronous copy (no GPU here): ``done`` is whether the
+    copy finished; ``synchronize`` waits for it (records the wait and finishes it)."""
+
+    def __init__(self, log: list, name: str):
+        self.log, self.name, self.done = log, name, False
+
+    def synchronize(self) -> None:
+        self.log.append(self.name)
+        self.done = True
+
+
+def test_pool_hands_out_a_held_slot_only_after_its_copy():
+    """The staged receive's rule (``from_mpi`` holds the slot its asynchronous copy to the device
+    reads): ``take`` of that slot waits for the copy first, also when the slot then grows; other
+    slots do not wait; a view of the slot (the received bytes are ``buf[:n]``) holds the slot;
+    a tensor of no slot waits at once. On GPUs, with real copies: test_staging_gpu.py."""
+    from hpcgnn.comm.gpu import PinnedPool
+    pool, log = PinnedPool(pinned=torch.cuda.is_available()), []
+    recv = pool.take("r0", 100, torch.uint8)[:60]          # the bytes of one exchange
+    pool.take("s0", 100, torch.uint8)
+    copy = _Copy(log, "r0 copy")
+    pool.hold(recv, copy)
+    assert log == [] and not copy.done                      # the copy runs on
+    pool.take("s0", 100, torch.uint8)
+    assert log == []                                        # another slot: no wait
+    again = pool.take("r0", 100, torch.uint8)
+    assert log == ["r0 copy"] and copy.done                 # waited, then handed out
+    pool.take("r0", 100, torch.uint8)
+    assert log == ["r0 copy"]                               # waited once, not again
+    late = _Copy(log, "r0 copy 2")
+    pool.hold(again, late)
+    pool.take("r0", 1000, torch.uint8)                      # grows: still waits first
+    assert log[-1] == "r0 copy 2" and late.done and pool.allocations == 3
+    stray = _Copy(log, "no slot")
+    pool.hold(torch.zeros(4, dtype=torch.uint8), stray)
+    assert log[-1] == "no slot"                             # not the pool's: waited at once

@@ -1,11 +1,15 @@
 """env/cuda-aware-openmpi.sh refuses what it cannot build from, naming the option and the fix,
-before it configures anything (the build itself takes minutes: see docs/gpu.md for what ran)."""
+before it configures anything (the build itself takes minutes: see docs/gpu.md for what ran);
+bench/gpu-session.sh carries only an Open MPI that will load on the GPU machine, and part 1
+keeps it."""
 from __future__ import annotations
 
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "env" / "cuda-aware-openmpi.sh"
@@ -128,3 +132,83 @@ def test_a_wrong_mpi4py_is_refused_before_the_build(tmp_path):
     proc = _plan(tmp_path, Path(sys.prefix), "--mpi4py", str(tmp_path / "none.tar.gz"))
     assert proc.returncode == 2 and f"--mpi4py {tmp_path / 'none.tar.gz'}: no such file" in proc.stderr
     assert not (tmp_path / "p.build").exists()
+
+
+# -- bench/gpu-session.sh: the Open MPI made here ('prebuild') and carried to the GPU machine ----
+SESSION = REPO / "bench" / "gpu-session.sh"
+CORE = ("lib/libmpi.so", "lib/libopen-pal.so", "lib/libopen-rte.so", "lib/libmca_common_cuda.so",
+        "bin/orted", "bin/orterun")
+
+
+def _shared_lib(tmp_path: Path, name: str, links: Path | None = None) -> Path:
+    """A real shared library ``name``, linked against ``links`` (another one) where given."""
+    import shutil
+    cc = shutil.which("cc")
+    if cc is None or shutil.which("ldd") is None:
+        pytest.skip("needs cc and ldd")
+    src, lib = tmp_path / f"{name}.c", tmp_path / f"{name}.so"
+    src.write_text(f"int need(void);\nint {name}(void) {{ return need(); }}\n" if links
+                   else "int need(void) { return 0; }\n")
+    extra = [f"-L{links.parent}", f"-l{links.stem[3:]}", f"-Wl,-rpath,{links.parent}"] if links else []
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src), *extra], check=True, timeout=60)
+    return lib
+
+
+def _session_checkout(tmp_path: Path, core: Path) -> Path:
+    """A checkout with bench/gpu-session.sh and stubs for what it runs: env/cuda-aware-openmpi.sh
+    records its arguments and installs a prefix whose MPI core files are ``core`` (a real shared
+    library), with its stamp; bench/gpu.sh and the venvs' pythons succeed doing nothing."""
+    root = tmp_path / "checkout"
+    (root / "bench").mkdir(parents=True)
+    (root / "env").mkdir()
+    (root / "bench" / "gpu-session.sh").write_text(SESSION.read_text())
+    (root / "bench" / "gpu.sh").write_text("exit 0\n")
+    files = " ".join(CORE)
+    (root / "env" / "cuda-aware-openmpi.sh").write_text(
+        'echo "$*" >> calls.log\n'
+        "[[ -f .openmpi-cuda/.hpcgnn-build ]] && exit 0\n"
+        f"for f in {files}; do mkdir -p .openmpi-cuda/$(dirname $f); cp {core} .openmpi-cuda/$f; done\n"
+        "echo stamp > .openmpi-cuda/.hpcgnn-build\n")
+    (root / ".cuda-headers" / "include").mkdir(parents=True)
+    (root / ".cuda-headers" / "include" / "cuda.h").write_text("")
+    for venv in (".venv", ".venv-cuda"):
+        (root / venv / "bin").mkdir(parents=True)
+        (root / venv / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
+        (root / venv / "bin" / "python").chmod(0o755)
+    return root
+
+
+def _session(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "bench/gpu-session.sh", *args], capture_output=True, text=True,
+                          timeout=120, cwd=root, stdin=subprocess.DEVNULL)
+
+
+def test_prebuild_refuses_an_open_mpi_that_needs_this_machines_libraries(tmp_path):
+    """Open MPI's configure links the system's hwloc and libevent wherever their -dev packages
+    are installed (the development machine's build loaded libhwloc.so.15, libevent-2.1.so.7
+    and libudev.so.1 from /lib), which the GPU machine need not have: prebuild asks for Open
+    MPI's own, and refuses (removing the stamp, so part 1 builds there instead) a build whose
+    MPI core loads anything from outside it but libc, libm and zlib."""
+    need = _shared_lib(tmp_path, "libneed")
+    root = _session_checkout(tmp_path, _shared_lib(tmp_path, "libcore", links=need))
+    proc = _session(root, "prebuild")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "may lack: libneed.so" in proc.stderr and "do not carry it" in proc.stderr
+    assert not (root / ".openmpi-cuda" / ".hpcgnn-build").exists()
+
+
+def test_prebuild_and_part_1_configure_alike_so_the_carried_build_is_kept(tmp_path):
+    """The stamp of env/cuda-aware-openmpi.sh holds the configure arguments: part 1 must pass
+    prebuild's (Open MPI's own hwloc and libevent), or it builds again on the lease."""
+    root = _session_checkout(tmp_path, _shared_lib(tmp_path, "libcore"))
+    proc = _session(root, "prebuild")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (root / ".openmpi-cuda" / ".hpcgnn-build").exists()
+    proc = _session(root, "1", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    prebuild, part1 = (root / "calls.log").read_text().splitlines()
+    assert prebuild.startswith("build --src .src --cuda .cuda-headers --stop-after install")
+    assert "--with-hwloc=internal --with-libevent=internal" in prebuild
+    assert "--cuda .cuda-headers" in part1
+    assert part1.split(" -- ")[1] == prebuild.split(" -- ")[1]
+    assert (tmp_path / "out" / "gpu-session-1.tgz").exists()

@@ -39,11 +39,24 @@ def pick_device(local_rank: int, want: str = "auto") -> torch.device:
     if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA device; "
-                           "use --device cpu or install a CUDA build of torch")
+        raise RuntimeError(f"device 'cuda' asked for, but {_why_no_cuda()}; or use --device cpu")
     index = local_rank % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def _why_no_cuda() -> str:
+    """Why torch sees no GPU, as far as this process can tell, with the fix."""
+    if torch.version.cuda is None:
+        return (f"this torch ({torch.__version__}) is a CPU-only build: install a CUDA build of "
+                f"torch")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
+        return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from torch: ask the job for "
+                f"GPUs (e.g. srun/sbatch --gpus-per-task=1) or unset it")
+    return (f"torch {torch.__version__} (built for CUDA {torch.version.cuda}) sees no GPU on "
+            f"this node: no GPU, or no NVIDIA driver that supports CUDA {torch.version.cuda} "
+            f"(nvidia-smi shows the driver's CUDA version)")
 
 
 # -- is the MPI library CUDA-aware? ------------------------------------------------------------
