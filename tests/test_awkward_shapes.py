@@ -5,8 +5,10 @@ a 7-node directed graph with an isolated node and a node with no in-edge, split 
 part 0 is empty (a rank with no rows, a grid group with no rows), two parts hold no training
 node, one part has no halo at all, and the parts are uneven; fewer nodes than ranks (8 and 9
 ranks for 7 nodes); features (3) and layer widths (2) no wider than the 2D grid (q = 3: some
-column slices are empty); more parts than ranks (6 parts on 3 ranks). The per-epoch losses and
-accuracies must equal the single-process run (``train_here``, in this process).
+column slices are empty); more parts than ranks (6 parts on 3 ranks); ``comm.max_message`` at
+the least each run can keep. The per-epoch losses and accuracies must equal the single-process
+run (``train_here``, in this process). One byte less is refused at start-up on every rank, in
+the same jobs (``REFUSED``).
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ CASES = [  # (name, ranks, parts, arch, sets)
     ("halo-6", 6, 6, "gcn", ()),
     ("halo-6-neighbor-rounds", 6, 6, "gat", ("comm.transport=neighbor", "comm.max_message=5")),
     ("halo-3-of-6-alltoallv-rounds", 3, 6, "sage", ("comm.transport=alltoallv",
-                                                   "comm.max_message=3")),
+                                                   "comm.max_message=4")),
     ("1.5d-6-c1", 6, 6, "gcn", ("parallel.algorithm=1.5d",)),
     ("1.5d-8-c2", 8, 4, "sage", ("parallel.algorithm=1.5d", "parallel.replication=2")),
     ("2d-9", 9, 6, "gcn", ("parallel.algorithm=2d",)),
@@ -86,11 +88,26 @@ CASES = [  # (name, ranks, parts, arch, sets)
 ]
 
 
+# (name, ranks, parts, sets, env, what the refusal says): one byte below the least message
+# limit: the halo exchange's P - 1 peers a round (6 ranks: 5), a 4-byte value (3 ranks), the
+# 2D grid's Allgatherv round of a value from each of q = 3 ranks (12)
+REFUSED = [
+    ("halo-6-max-message-4", 6, 6, ("comm.transport=neighbor", "comm.max_message=4"), {},
+     "(with --set overrides): comm.max_message = 4 is below 5 bytes"),
+    ("halo-3-env-max-message-3", 3, 6, (), {"HPCGNN_MAX_MESSAGE": "3"},
+     "HPCGNN_MAX_MESSAGE=3 is below 4 bytes"),
+    ("2d-9-max-message-11", 9, 6, ("parallel.algorithm=2d", "comm.max_message=11"), {},
+     "(with --set overrides): comm.max_message = 11 is below 12 bytes"),
+]
+
+
 @pytest.fixture(scope="module")
 def case_runs(sets, tmp_path_factory):
-    return together(tmp_path_factory, {
-        name: (ranks, sets[parts], (*SETS, f"model.arch={arch}", *more), {})
-        for name, ranks, parts, arch, more in CASES})
+    plan = {name: (ranks, sets[parts], (*SETS, f"model.arch={arch}", *more), {})
+            for name, ranks, parts, arch, more in CASES}
+    plan.update({name: (ranks, sets[parts], (*SETS, *more), env)
+                 for name, ranks, parts, more, env, _ in REFUSED})
+    return together(tmp_path_factory, plan)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -104,3 +121,21 @@ def test_awkward_shapes_equal_one_rank(case, one_rank, case_runs):
     for key in ("train_acc", "val_acc", "test_acc"):
         assert [r[key] for r in got] == pytest.approx([r[key] for r in want], abs=1e-9)
     assert all(r["bytes_sent"] > 0 for r in got)            # the ranks did exchange
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
+def test_a_message_limit_below_one_call_is_refused_on_every_rank(case, case_runs):
+    """A limit a call cannot keep (a round's byte for each peer, a whole value) ended the run
+    at start-up, every rank in one ERROR line naming the key, the least value and the fix; it
+    used to train with calls past it."""
+    name, ranks, _, _, env, want = case
+    proc, run = case_runs(name)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if " ERROR " in ln]
+    head = f"[rank 0/{ranks}] ERROR ranks 0-{ranks - 1}: "
+    assert len(errors) == 1 and errors[0].startswith(head) and want in errors[0], errors
+    least = want.split(" is below ")[1].split()[0]
+    fix = f"set HPCGNN_MAX_MESSAGE to {least} or more" if env else \
+        f"set comm.max_message to {least} or more"
+    assert fix in errors[0], errors
+    assert not (run / "metrics.jsonl").exists()

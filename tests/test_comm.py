@@ -38,7 +38,7 @@ def test_plan_from_shard(shards):
 
 
 TRANSPORTS = {"default": {}, "neighbor": {"HPCGNN_EXCHANGE": "neighbor"},
-              "rounds": {"HPCGNN_MAX_MESSAGE": "700"},            # blocks of ~233 bytes a round
+              "rounds": {"HPCGNN_MAX_MESSAGE": "700"},            # blocks of 350 bytes a round (2 peers)
               "neighbor-rounds": {"HPCGNN_EXCHANGE": "neighbor", "HPCGNN_MAX_MESSAGE": "4000"}}
 
 
@@ -151,8 +151,12 @@ def _worker(shard_dir: str) -> None:
     want_mode = "neighbor" if os.environ.get("HPCGNN_EXCHANGE") == "neighbor" else "alltoallv"
     assert exch._transport.mode == want_mode
     if "HPCGNN_MAX_MESSAGE" in os.environ:
-        chunk = int(os.environ["HPCGNN_MAX_MESSAGE"]) // ctx.size     # bytes of a block per round
-        assert lay.rounds > 1 and lay.rounds * chunk >= max(lay.s_counts + lay.r_counts)
+        from mpi4py import MPI
+        # bytes of a block per round: the limit over the most peers any rank has in a call
+        peers = max(sum(c > 0 for c in lay.s_counts), sum(c > 0 for c in lay.r_counts))
+        chunk = int(os.environ["HPCGNN_MAX_MESSAGE"]) // ctx.comm.allreduce(peers, op=MPI.MAX)
+        widest = ctx.comm.allreduce(max(lay.s_counts + lay.r_counts), op=MPI.MAX)
+        assert lay.rounds == -(-widest // chunk) > 1, (lay, chunk, widest)
     print(f"rank {ctx.rank}: exchange ok", flush=True)
 
 

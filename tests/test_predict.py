@@ -156,15 +156,20 @@ def test_predict_errors_end_the_job_on_every_rank(shards, tmp_path):
     ("out holds a shard set", 2, "holds a shard set (meta.json is not a prediction's)"),
     ("out holds a run", 2, "holds a finished run"),
     ("out holds a shard's part", 2, "part-00001.h5 is not a prediction part"),
-    ("out under a file", 2, "is a file, not a directory")])
+    ("out under a file", 2, "is a file, not a directory"),
+    ("max message", 2, "config.toml: comm.max_message = 3 is below 4 bytes")])
 def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards, tmp_path):
     """predict's --run without a recorded config, a rank count that does not divide the parts,
-    and an --out that would overwrite a shard set, a run or an input end every rank before any
-    imports torch (``hpcgnn.train.early``), and leave those files as they were."""
+    a recorded ``comm.max_message`` below what a call must carry on these ranks, and an --out
+    that would overwrite a shard set, a run or an input end every rank before any imports torch
+    (``hpcgnn.train.early``), and leave those files as they were."""
     run, out = tmp_path / "run", tmp_path / "pred"
     run.mkdir()
     if case != "no run":
         shutil.copy(REPO / "configs" / "cora.toml", run / "config.toml")
+    if case == "max message":
+        with open(run / "config.toml", "a") as f:
+            f.write("\n[comm]\nmax_message = 3\n")
     src = shards("cora", 2)
     if case == "out holds a shard set":
         shutil.copytree(src, out)

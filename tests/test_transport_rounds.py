@@ -4,8 +4,11 @@ MPI counts and displacements are C ints, so one call can move at most ``max_mess
 rank: that is what must hold of every call, whatever a single block's share of the limit. An
 exchange whose per-rank totals fit goes in ONE call (a non-blocking exchange stays
 non-blocking, as a stale layer needs), however large one block is next to ``max_message / P``;
-one whose totals do not fit goes in rounds on every rank, and the bytes arrive the same.
-The limits checked here are computed in the test from the byte counts, not by the transport.
+one whose totals do not fit goes in rounds on every rank, and the bytes arrive the same. A
+round carries ``max_message // k`` bytes of each block, ``k`` the most peers any rank exchanges
+with (not ``P``): a partition's few neighbours need fewer rounds. The limits and round counts
+checked here are computed in the test from the byte counts, not by the transport, and every
+call the transport makes is recorded on the communicator (its bytes each way).
 
 The trainer's own collectives take the same limit (``hpcgnn.comm.collectives``: the gradient
 ``Allreduce``, the parameters' ``Bcast``, the checkpoint's bytes at ``--resume`` and ``predict``):
@@ -18,7 +21,7 @@ import pytest
 
 from conftest import run_mpi
 
-LIMIT = 700          # HPCGNN_MAX_MESSAGE of the worker: 233 bytes a block and round at 3 ranks
+LIMIT = 700          # HPCGNN_MAX_MESSAGE of the worker: 700 // k bytes a block and round, k peers
 
 
 @pytest.mark.mpi
@@ -37,10 +40,15 @@ def test_rounds_only_when_a_call_would_pass_the_limit(transport):
 def _exchange(ctx, send: list[list[int]]):
     """Every rank sends ``send[me][p]`` bytes to ``p`` (byte ``i`` of the block from ``q`` to
     ``p`` is ``(31 q + 7 p + i) % 251``), through a real ``Transport``; returns the layout,
-    whether the exchange was posted non-blocking, and the bytes received."""
+    whether the exchange was posted non-blocking, and the (bytes sent, bytes received) of each
+    all-to-all call the transport made."""
+    from dataclasses import replace
+
     import torch
     from hpcgnn.comm.plan import HaloPlan
     from hpcgnn.comm.transport import Transport
+    ctx = replace(ctx, comm=_recording(ctx.comm))
+    ctx.comm.calls.clear()
     me, size = ctx.rank, ctx.size
     out = [send[me][p] for p in range(size)]
     inn = [send[q][me] for q in range(size)]
@@ -56,25 +64,46 @@ def _exchange(ctx, send: list[list[int]]):
         request.Wait()
     want = torch.cat([(31 * q + 7 * me + torch.arange(n)) % 251 for q, n in enumerate(inn)])
     assert torch.equal(recv, want.to(torch.uint8)), (me, send)
-    return lay, request is not None
+    moves = [n for name, n in ctx.comm.calls if name in ("Alltoallv", "Neighbor_alltoallv",
+                                                         "Ialltoallv", "Ineighbor_alltoallv")]
+    return lay, request is not None, moves
 
 
 def _recording(world):
     """``world`` as a communicator that records (name, bytes) of each Allreduce and Bcast it
-    makes (the same MPI communicator: the calls go through to it)."""
+    makes, and (name, (bytes sent, bytes received)) of each all-to-all, its dist-graph
+    communicators' too (the same MPI communicators: the calls go through to them)."""
     from mpi4py import MPI
+    calls: list = []
+
+    def spied(base, *names):
+        """``base``'s all-to-alls ``names``, each recording (name, (bytes out, bytes in))."""
+        def spy(name):
+            def call(self, smsg, rmsg):
+                calls.append((name, (sum(smsg[1][0]), sum(rmsg[1][0]))))
+                return getattr(base, name)(self, smsg, rmsg)
+            return call
+        return {name: spy(name) for name in names}
+
+    Graph = type("Graph", (MPI.Distgraphcomm,),
+                 spied(MPI.Distgraphcomm, "Neighbor_alltoallv", "Ineighbor_alltoallv"))
 
     class Recording(MPI.Intracomm):
-        calls: list = []
-
         def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-            self.calls.append(("Allreduce", memoryview(recvbuf).nbytes))
+            calls.append(("Allreduce", memoryview(recvbuf).nbytes))
             return super().Allreduce(sendbuf, recvbuf, op)
 
         def Bcast(self, buf, root=0):
-            self.calls.append(("Bcast", memoryview(buf).nbytes))
+            calls.append(("Bcast", memoryview(buf).nbytes))
             return super().Bcast(buf, root)
-    return Recording(world)
+
+        def Create_dist_graph_adjacent(self, sources, destinations, **kw):
+            return Graph(super().Create_dist_graph_adjacent(sources, destinations, **kw))
+    for name, call in spied(MPI.Intracomm, "Alltoallv", "Ialltoallv").items():
+        setattr(Recording, name, call)
+    rec = Recording(world)
+    rec.calls = calls
+    return rec
 
 
 def _collectives(world_ctx) -> None:
@@ -88,6 +117,7 @@ def _collectives(world_ctx) -> None:
     ctx = with_comm_settings(world_ctx, CommSettings.resolve())      # as the trainer makes it
     assert ctx.max_message == LIMIT
     spy = _recording(ctx.comm)
+    spy.calls.clear()
     ctx = replace(ctx, comm=spy)
     me, size = ctx.rank, ctx.size
     shapes = [(5, 7), (300,), (1,)]                   # 336 float32 = 1344 bytes > LIMIT
@@ -128,14 +158,27 @@ def _worker() -> None:
     assert ctx.size == 3
     # every rank moves 2 x 300 = 600 <= 700 bytes each way: one call, posted non-blocking,
     # though each block is past 700 // 3 = 233
-    lay, nonblocking = _exchange(ctx, [[0, 300, 300], [300, 0, 300], [300, 300, 0]])
+    lay, nonblocking, moves = _exchange(ctx, [[0, 300, 300], [300, 0, 300], [300, 300, 0]])
     assert max(lay.s_counts) > LIMIT // 3
-    assert sum(lay.s_counts) <= LIMIT and sum(lay.r_counts) <= LIMIT
+    assert moves == [(600, 600)], moves
     assert lay.rounds == 1 and nonblocking, lay
     # rank 0 sends 800 > 700 bytes to rank 1 (rank 1 receives 850): rounds on every rank, each
-    # call within the limit, the same bytes delivered
-    lay, nonblocking = _exchange(ctx, [[0, 800, 10], [20, 0, 30], [40, 50, 0]])
-    assert lay.rounds > 1 and not nonblocking, lay
+    # call within the limit, the same bytes delivered. Every rank has 2 peers: 350 bytes of a
+    # block a round, 3 rounds for the 800-byte block (700 // 3 = 233 a round took 4)
+    for send, peers in (([[0, 800, 10], [20, 0, 30], [40, 50, 0]], 2),
+                        # a ring, one peer each way: 700 bytes a round, 2 rounds (4 with P)
+                        ([[0, 800, 0], [0, 0, 750], [690, 0, 0]], 1)):
+        lay, nonblocking, moves = _exchange(ctx, send)
+        widest = max(max(sum(map(bool, row)), sum(map(bool, col)))
+                     for row, col in zip(send, zip(*send)))
+        assert widest == peers
+        want = -(-800 // (LIMIT // peers))          # ceil: the largest block's rounds
+        assert lay.rounds == want < -(-800 // (LIMIT // ctx.size)), (lay, send)
+        assert not nonblocking and len(moves) == want, moves
+        me = ctx.rank
+        assert all(a <= LIMIT and b <= LIMIT for a, b in moves), moves
+        assert sum(a for a, _ in moves) == sum(send[me]), moves
+        assert sum(b for _, b in moves) == sum(row[me] for row in send), moves
     print(f"rank {ctx.rank}: rounds ok", flush=True)
     import os
     if os.environ["HPCGNN_EXCHANGE"] == "alltoallv":

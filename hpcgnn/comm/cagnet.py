@@ -35,6 +35,7 @@ from hpcgnn.data.blocks import group_sizes
 from hpcgnn.comm.cagnet_wire import SparseBlock, Wire, index_dtype, message_limit
 from hpcgnn.comm.context import CommContext
 from hpcgnn.comm.exchange import ExchangeStats
+from hpcgnn.comm.settings import VALUE_BYTES
 from hpcgnn.data.shard import ShardFormatError
 from hpcgnn.log import get_logger
 
@@ -61,6 +62,11 @@ class GridSpmm:
     @stats.setter
     def stats(self, stats: ExchangeStats) -> None:
         self.wire.stats = stats
+
+    def least_message(self) -> tuple[int, str]:
+        """(the least ``[comm] max_message`` this operator's calls keep, why): its Bcasts,
+        Reduces and Allreduces split between whole 4-byte values."""
+        return VALUE_BYTES, f"its collectives split between whole {VALUE_BYTES}-byte values"
 
     def connect(self) -> None:
         """Make the grid's communicators (collective: every rank, same order); once."""

@@ -54,6 +54,7 @@ from hpcgnn.comm.cagnet import GridComms, GridSpmm
 from hpcgnn.data.blocks import group_parts, group_sizes
 from hpcgnn.comm.cagnet_wire import SparseBlock, index_dtype, message_limit
 from hpcgnn.comm.context import CommContext
+from hpcgnn.comm.settings import VALUE_BYTES
 from hpcgnn.data.shard import ShardFormatError
 
 
@@ -175,6 +176,15 @@ class SummaSpmm(GridSpmm):
         self.a_t = SparseBlock.from_scipy(block.T.tocsr(), dtype, ctx.device)
         self.row_sizes = [sizes[grid.group(grid.i, m)] for m in range(grid.c)]
         self.nnz: list[int] = []
+
+    def least_message(self) -> tuple[int, str]:
+        """A round of an Allgatherv or Reduce_scatter over a row or fibre carries a whole value
+        from each of its ``q`` ranks; a block's Bcast splits between whole indices."""
+        index, q = torch.empty(0, dtype=self.dtype).element_size(), self.grid.q
+        return (max(index, VALUE_BYTES * q),
+                f"a round of its Allgatherv and Reduce_scatter carries a {VALUE_BYTES}-byte value "
+                f"from each of the {q} ranks of a grid row, and a block's Bcast whole "
+                f"{index}-byte indices")
 
     def connect(self) -> None:
         """The communicators, then the nnz of every block of the row (one small allgather)."""

@@ -5,7 +5,7 @@ recorded in ``RUN_DIR/run.json``.
 | key | values | environment override |
 |---|---|---|
 | ``transport`` | auto, alltoallv, neighbor | ``HPCGNN_EXCHANGE`` |
-| ``max_message`` | bytes one MPI call may move (>= 1) | ``HPCGNN_MAX_MESSAGE`` |
+| ``max_message`` | bytes one MPI call may move (at least ``least_message``) | ``HPCGNN_MAX_MESSAGE`` |
 | ``progress`` | test, fine, thread | ``HPCGNN_PROGRESS`` |
 | ``cuda_aware`` | auto, true, false | ``HPCGNN_CUDA_AWARE`` (1 / 0) |
 
@@ -14,6 +14,13 @@ the ranks (at 8 ranks or more), else ``Alltoallv`` (``hpcgnn.comm.transport``). 
 how a non-blocking (stale) exchange advances (``hpcgnn.comm.progress``). ``cuda_aware``: hand
 device buffers to MPI (``true``), stage them through pinned host memory (``false``), or ask the
 library (``auto``; ``hpcgnn info`` says what it answers).
+
+A ``max_message`` below what one call must carry cannot be kept: a round of the halo exchange
+moves at least one byte of each non-empty block (up to ``P - 1`` of them), and a split
+collective at least one whole element (4-byte values; CAGNET's 2D/3D rounds one per rank of a
+``q``-rank group, and 8-byte indices on a graph past 2^31 entries). Start-up refuses such a
+value on every rank (``check_message_limit``); the small fixed-size agreements (tens of bytes)
+are not split and not counted.
 """
 from __future__ import annotations
 
@@ -74,6 +81,44 @@ def _parse(key: str, var: str, text: str):
         raise ValueError(f"{var}={text!r}: expected one of {', '.join(CHOICES[key])}; unset it "
                          f"or fix it")
     return text
+
+
+VALUE_BYTES = 4          # the trainer's values (float32): the gradients, the parameters, CAGNET's rows
+
+
+def least_message(size: int) -> int:
+    """The least ``max_message`` the halo algorithm keeps on ``size`` ranks: a round carries a
+    byte of each of up to ``size - 1`` peers' blocks (a part sends itself nothing), and the
+    gradient ``Allreduce`` and the parameters' ``Bcast`` split between whole 4-byte values.
+    One rank makes no MPI call."""
+    return 1 if size <= 1 else max(size - 1, VALUE_BYTES)
+
+
+def check_message_limit(settings: CommSettings, least: int, why: str, where: str,
+                        environ=None) -> None:
+    """Raise ``ValueError`` when ``settings.max_message`` is below ``least`` (what ``why``
+    says one call must carry), naming where the value came from (``where``: the config file,
+    or ``HPCGNN_MAX_MESSAGE``), the least value and the fix."""
+    if settings.max_message >= least:
+        return
+    var = ENV["max_message"]
+    if settings.overridden(environ).get("max_message"):
+        said, fix = f"{var}={settings.max_message}", f"set {var} to {least} or more, or unset it"
+    else:
+        said = f"{where}: comm.max_message = {settings.max_message}"
+        fix = (f"set comm.max_message to {least} or more (or override it with {var}={least}), "
+               f"or drop it for the default {INT_MAX}")
+    raise ValueError(f"{said} is below {least} bytes, the least one MPI call of this run must "
+                     f"carry ({why}), so a call would pass the limit; {fix}")
+
+
+def check_halo_message(section, size: int, where: str, environ=None) -> None:
+    """The halo algorithm's ``check_message_limit`` on ``size`` ranks (``section``: the run's
+    ``[comm]``, as ``CommSettings.resolve`` takes it)."""
+    check_message_limit(CommSettings.resolve(section, environ), least_message(size),
+                        f"on {size} ranks a round of the halo exchange carries a byte of each "
+                        f"of up to {size - 1} peers' blocks, and the gradient Allreduce moves "
+                        f"whole {VALUE_BYTES}-byte values", where, environ)
 
 
 def hpcgnn_environment(environ=None) -> dict[str, str]:

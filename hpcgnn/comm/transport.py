@@ -24,9 +24,14 @@
   and the bytes it receives each total at most ``limit`` (the last displacement plus its count
   is the total): then the exchange is one call, however large one block is. When some rank's
   total exceeds it, the exchange is split into rounds on every rank: round ``r`` carries bytes
-  ``[r L, (r + 1) L)`` of every block, ``L = limit // P``, so every count and displacement
-  stays below ``limit``. The round count is agreed once per (codec, width, direction) with one
-  small ``Allreduce(MAX)``; rounds are blocking and run on the direction's own topology.
+  ``[r L, (r + 1) L)`` of every block, ``L = limit // k``, where ``k`` is the most peers any
+  rank sends to or receives from in this direction (the blocks of a call that are not empty:
+  a partition's ``k`` is usually far below ``P``), so a call moves at most ``k L <= limit``
+  bytes each way. ``k`` and the round count are agreed once per (codec, width, direction) in
+  one small ``Allreduce(MAX)``, so a sender and its receiver cut a block alike; rounds are
+  blocking and run on the direction's own topology. A limit below ``k`` cannot be kept (a
+  round carries at least one byte of each block): start-up refuses one below ``P - 1``
+  (``hpcgnn.comm.settings.check_message_limit``).
 Counts, displacements and neighbour lists are computed once per (codec, width, direction)
 and cached: an exchange does no per-peer Python work after its first use.
 """
@@ -56,6 +61,7 @@ class Layout:
     r_displs: list[int]
     rounds: int
     forward: bool = True          # False: the backward, on the reversed topology
+    chunk: int = 0                # bytes of a block per round (rounds > 1): limit // agreed peers
 
     @property
     def send_total(self) -> int:
@@ -123,20 +129,26 @@ class Transport:
         self._connect()
         if self._neighbors:
             self._graph(forward)
-        # [any rank's total past the limit, the rounds of L-byte slices its largest block needs]
-        need = np.array([sum(send) > self.limit or sum(recv) > self.limit,
-                         math.ceil(max([1, *send, *recv]) / self.chunk)], dtype=np.int64)
+        # [any rank's total past the limit, its largest block, the most non-empty blocks it
+        # sends or receives]: the same on every rank after the MAX
+        need = np.array([sum(send) > self.limit or sum(recv) > self.limit, max([1, *send, *recv]),
+                         max(1, sum(map(bool, send)), sum(map(bool, recv)))], dtype=np.int64)
         if self.ctx.size > 1:
             from mpi4py import MPI
             self.ctx.comm.Allreduce(MPI.IN_PLACE, need, op=MPI.MAX)
-        rounds = int(need[1]) if need[0] else 1
-        return Layout(tuple(send), tuple(recv), *self._counts(send, recv, forward), rounds, forward)
+        if need[0] and self.limit < need[2]:    # the same on every rank: all raise alike
+            raise ValueError(f"[comm] max_message = {self.limit}: a round of this exchange carries a "
+                             f"byte to each of up to {int(need[2])} peers; use {int(need[2])} or "
+                             f"more (start-up refuses less than P - 1)")
+        chunk = self.chunk(int(need[2]))
+        rounds = math.ceil(int(need[1]) / chunk) if need[0] else 1
+        return Layout(tuple(send), tuple(recv), *self._counts(send, recv, forward), rounds, forward,
+                      chunk)
 
-    @property
-    def chunk(self) -> int:
-        """Bytes of one block per round (when the exchange goes in rounds): every count and
-        displacement stays below the limit."""
-        return max(1, self.limit // max(1, self.ctx.size))
+    def chunk(self, peers: int) -> int:
+        """Bytes of one block per round when no rank has more than ``peers`` non-empty blocks
+        in a call: a round's call moves at most ``limit`` bytes each way."""
+        return max(1, self.limit // max(1, peers))
 
     # -- moving bytes -----------------------------------------------------------------------
     def post(self, buf: torch.Tensor, lay: Layout, recv: torch.Tensor, recvbuf, pinned: dict,
@@ -160,7 +172,7 @@ class Transport:
     def _rounds(self, buf: torch.Tensor, lay: Layout, recv: torch.Tensor, pinned: dict, slot: str) -> None:
         """Round r moves bytes [r L, (r + 1) L) of every block (blocking), on the direction's
         topology."""
-        chunk = self.chunk
+        chunk = lay.chunk
         s_off, r_off = displacements(list(lay.send)), displacements(list(lay.recv))
         for r in range(lay.rounds):
             lo = r * chunk

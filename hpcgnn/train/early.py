@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from hpcgnn.config import Config, ConfigError, load_config
+from hpcgnn.comm.settings import check_halo_message
+from hpcgnn.config import Config, ConfigError, config_source, load_config
 from hpcgnn.data.shardset import ShardSet
 from hpcgnn.log import get_logger, setup_logging
 from hpcgnn.train.rundir import CONFIG_NAME, check_run_dir
@@ -29,8 +30,11 @@ USER_ERRORS = (ValueError, OSError)
 def train_checks(args, size: int) -> None:
     """``hpcgnn train``: the run config (``--config``, ``--set``), ``--out`` against
     ``--resume``/``--force``, the shard set's ``meta.json`` and, for the halo algorithm, the
-    rank count against its parts (CAGNET's grids check theirs later)."""
+    rank count against its parts and ``comm.max_message`` against the rank count (CAGNET's
+    grids check theirs later)."""
     cfg = load_config(args.config, args.set)
+    if cfg.parallel.algorithm == "halo":
+        check_halo_message(cfg.comm, size, config_source(args.config, args.set))
     check_run_dir(Path(args.out or cfg.run.out), args.resume, getattr(args, "force", False))
     shards = ShardSet.open(args.shards)
     shards.check_trainable()                   # from meta.json's counts (older sets: later)
@@ -40,10 +44,11 @@ def train_checks(args, size: int) -> None:
 
 def predict_checks(args, size: int) -> None:
     """``hpcgnn predict``: the ``--run`` directory's config, ``--out`` (not a shard set, a run or
-    either input), the shard set's ``meta.json`` and the rank count against its parts (predict
-    runs the halo algorithm)."""
+    either input), the shard set's ``meta.json``, the rank count against its parts and
+    ``comm.max_message`` against the rank count (predict runs the halo algorithm)."""
     from hpcgnn.train.outdir import check_out_dir
-    read_run_config(Path(args.run))
+    cfg = read_run_config(Path(args.run))
+    check_halo_message(cfg.comm, size, str(Path(args.run) / CONFIG_NAME))
     check_out_dir(Path(args.out), Path(args.shards), Path(args.run))
     ShardSet.open(args.shards).check_ranks(size)
 
