@@ -8,7 +8,11 @@ the single-process PipeGCN of ``tests/_pipegcn.py`` on the npz's graph; Sylvie (
 1-bit rows and gradients; GCN and GAT) against that PipeGCN fed what a numpy quantiser written in the tests
 delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
 ``sample+random`` under GCN against ``test_methods_exact``'s whole-graph computations; the last
-evaluation of those runs against a dense stack of their checkpoint; three of the stale runs
+evaluation of those runs against a dense stack of their checkpoint; evaluation through the
+training codecs (``train.eval_codec = "train"``: truncate+quant, sample, sample+random, quant on
+GCN, SAGE and GAT, and two stale runs, one evaluating its first layer on kept rows) against the
+whole-graph model of the checkpoint fed what the numpy codecs of ``test_codecs`` deliver with
+the last epoch's keys; three of the stale runs
 stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE on the neighbourhood
 collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``); ``hpcgnn predict`` of
 synchronous 3-layer GCN, SAGE and GAT runs, of the Sylvie run and of the RETEXO runs, on
@@ -66,6 +70,41 @@ PREDICT = {"sync": ("model.arch=gcn", "model.layers=3", "model.hidden=6", "train
            "sync-sage": ("model.arch=sage", "model.layers=3", "model.hidden=6", "train.epochs=4"),
            "sync-gat": ("model.arch=gat", "model.layers=3", "model.heads=2", "model.hidden=4",
                         "model.attn_dropout=0.3", "train.epochs=4")}
+
+
+# evaluation through the training codecs (train.eval_codec = "train"), 3 epochs each: every
+# codec family on each layer of GCN, SAGE and GAT (2 heads); the first layer exchanges the 6
+# features, the second its transformed rows (3 wide: the classes)
+EVAL_SCHEDULES = {
+    "tq-sample": ('codec = "truncate+quant"\nbits = 4\nkind = "constant"\nratio = 2.0\n'
+                  'compress_last_layer = true\n[layers.1]\ncodec = "sample"\nratio = 2.0\n'),
+    "sr-quant": ('codec = "sample+random"\nkeep = 0.5\nkind = "constant"\nratio = 2.0\n'
+                 'compress_last_layer = true\n[layers.1]\ncodec = "quant"\nbits = 2\n'),
+}
+EVAL_ARCHS = {"gcn": ("model.arch=gcn", "model.hidden=8"),
+              "sage": ("model.arch=sage", "model.hidden=8"),
+              "gat": ("model.arch=gat", "model.heads=2", "model.hidden=4")}
+EVAL_EPOCHS = 3
+# per schedule and layer: (keep, channels, k as a function of the width, bits)
+EVAL_CODECS = {"tq-sample": [(1.0, "truncate", 4), (0.5, "all", 32)],
+               "sr-quant": [(0.5, "random", 32), (1.0, "all", 2)]}
+
+
+# name -> (arch, schedule, more --set, whether evaluation's first layer is on exact kept rows):
+# the synchronous runs, and stale ones, whose evaluation exchanges synchronously through codecs
+# made for the synchronous rows (3 wide where training sends layer 1's 8-wide input), its first
+# layer's exchange too (``exchange``) or on the features' halo rows training keeps (``auto``)
+EVAL_RUNS = {f"{arch}-{sched}": (arch, sched, (), False)
+             for sched in EVAL_SCHEDULES for arch in EVAL_ARCHS}
+EVAL_RUNS.update({
+    "stale-gcn-sr-quant": ("gcn", "sr-quant", ("train.staleness=1", "train.eval_features=exchange"),
+                           False),
+    "stale-sage-sr-quant-kept": ("sage", "sr-quant", ("train.staleness=1",), True)})
+
+
+def eval_sets(arch: str) -> tuple[str, ...]:
+    return (*EVAL_ARCHS[arch], "model.layers=2", "model.dropout=0.5",
+            f"train.epochs={EVAL_EPOCHS}", "train.eval_codec=train")
 
 
 # stale runs also stopped after that many epochs and resumed: the rows and gradients in flight
@@ -130,6 +169,11 @@ def runs(lattice, tmp_path_factory):
         (work / f"{name}.toml").write_text(text)
         add(name, ["train", "--shards", three, "--schedule", work / f"{name}.toml",
                    *(a for s in sets for a in ("--set", s))])
+    for sched, text in EVAL_SCHEDULES.items():
+        (work / f"eval-{sched}.toml").write_text(text)
+    for name, (arch, sched, more, _) in EVAL_RUNS.items():
+        add(f"eval-{name}", ["train", "--shards", three, "--schedule", work / f"eval-{sched}.toml",
+                             *(a for s in (*eval_sets(arch), *more) for a in ("--set", s))])
     for proc in run_together(RANKS, commands, work / "batch"):
         check_ok(proc)
     return out
@@ -322,3 +366,152 @@ def transpose(arrays: dict) -> dict:
                        arrays["adj_indptr"]), shape=(n, n)).T.tocsr()
     a.sort_indices()
     return {"adj_indptr": a.indptr.astype(np.int64), "adj_indices": a.indices.astype(np.int64)}
+
+
+def received_view(shards: list, q: int, layer: int, epoch: int, rows: np.ndarray,
+                  codec: tuple, scaled: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(view, kept)``: ``rows`` ``(N, w)`` float32 (what every node's owner sends in this
+    exchange) as part ``q`` sees them, each of its halo rows replaced by what the documented
+    codec delivers (docs/compression.md), and ``kept`` (N,) False for a halo row its block's
+    sample left out. Each sender ``p`` gathers, block by block in peer order, the kept rows of
+    its send buffer ``rows[global_id[send_index]]`` and their channels (the first ``k``,
+    ``test_codecs.ref_channels``' draw from the block's channel key, or all), quantises that
+    whole buffer with the noise key ``mix(seed 0, epoch, layer, 0, p)`` (``ref_quant``), and the
+    receiver puts each row back, scaled by ``rows / kept`` where ``scaled``."""
+    from test_codecs import ref_channels, ref_kept_rows, ref_quant
+    from test_exchange_exact import mix
+    from test_methods_exact import _block_keys
+    keep, channels, bits = codec
+    n, width = rows.shape
+    k = max(1, width // 2)                                  # ratio 2: floor(F / 2) channels
+    view, kept = rows.astype(np.float64).copy(), np.ones(n, dtype=bool)
+    start = 0
+    for p, count in enumerate(shards[q].recv_counts.tolist()):
+        if not count:
+            continue
+        sp_ = shards[p]
+        sent, offset, ours = [], 0, None
+        for dst, block in enumerate(sp_.send_counts.tolist()):
+            if not block:
+                continue
+            row_key, chan_key = _block_keys(0, layer, p, dst, epoch)
+            pick = ref_kept_rows(row_key, block, keep) if keep < 1 else list(range(block))
+            chans = {"all": list(range(width)), "truncate": list(range(k)),
+                     "random": ref_channels(chan_key, width, k) if channels == "random" else []
+                     }[channels]
+            index = sp_.global_id[sp_.send_index[offset:offset + block]]
+            if dst == q:
+                ours = (len(sent), pick, chans, index)
+            sent += [rows[index[r]][chans] for r in pick]
+            offset += block
+        buf = np.asarray(sent, dtype=np.float32)
+        if bits != 32:
+            buf = ref_quant(buf, bits, mix(0, epoch, layer, 0, p))
+        at, pick, chans, index = ours
+        gid = shards[q].halo_global_id[start:start + count]
+        assert np.array_equal(np.sort(index), np.sort(gid))        # the same block both ways
+        view[gid] = 0.0
+        kept[gid] = False
+        scale = count / len(pick) if scaled else 1.0
+        for j, r in enumerate(pick):
+            view[index[r], chans] = buf[at + j] * scale
+            kept[index[r]] = True
+        start += count
+    return view, kept
+
+
+def eval_through_codecs(arch: str, sched: str, state: dict, arrays: dict, shard_dir,
+                        kept_first: bool = False) -> np.ndarray:
+    """Logits ``(N, C)`` of the last evaluation of a run with ``train.eval_codec = "train"``:
+    every part's owned rows of the whole-graph model with ``state``'s weights (no dropout), its
+    halo rows as ``received_view`` delivers them at the last epoch's keys. Layer 0 exchanges
+    the features (6 < 2 x 8 output channels: aggregate first, GAT's receiver transforms them),
+    layer 1 the transformed rows ``h W`` (SAGE: ``h W_n``); GCN's ``D^-1/2 (A + I) D^-1/2``,
+    SAGE's mean over the whole in-degree, GAT's softmax over the kept in-neighbours and the
+    node itself (BNS-GCN's sampled graph: unscaled rows), heads concatenated, then averaged.
+    ``kept_first``: layer 0 on the features' exact halo rows (kept on the rank: no codec)."""
+    from hpcgnn.data.shard import read_shard
+    from test_directed import as_graph
+    from test_methods_exact import _gcn_operator, _mean_operator
+    parts = len(list(Path(shard_dir).glob("part-*.h5")))
+    shards = [read_shard(Path(shard_dir) / f"part-{p:05d}.h5") for p in range(parts)]
+    g = as_graph(arrays)
+    n, epoch = g.num_nodes, EVAL_EPOCHS - 1
+    adj = np.zeros((n, n), dtype=bool)
+    adj[np.repeat(np.arange(n), np.diff(g.indptr)), g.indices] = True
+    op = {"gcn": _gcn_operator, "sage": _mean_operator}.get(arch, lambda _: None)(g)
+    w = {k: v.double().numpy() for k, v in state.items()}
+    x32 = arrays["features"].astype(np.float32)
+    heads = (2, 1) if arch == "gat" else (1, 1)
+
+    def gat(layer: int, h: np.ndarray, kept: np.ndarray, owned: np.ndarray) -> np.ndarray:
+        hh = h.reshape(n, heads[layer], -1)
+        s = (hh * w[f"layers.{layer}.att_src"]).sum(-1)
+        d = (hh * w[f"layers.{layer}.att_dst"]).sum(-1)
+        out = np.zeros((len(owned), *hh.shape[1:]))
+        for row, i in enumerate(owned):
+            nbr = np.append(np.flatnonzero(adj[i] & kept), i)
+            e = d[i] + s[nbr]
+            e = np.where(e > 0, e, 0.2 * e)
+            a = np.exp(e - e.max(0))
+            out[row] = np.einsum("jh,jhc->hc", a / a.sum(0), hh[nbr])
+        return out.reshape(len(owned), -1) if layer == 0 else out.mean(1)
+
+    def layer(i: int, x: np.ndarray, q: int, owned: np.ndarray) -> np.ndarray:
+        wt, b = w[f"layers.{i}.weight"], w[f"layers.{i}.bias"]
+        out = wt.shape[1] // 2 if arch == "sage" else wt.shape[1]
+        sent = x if i == 0 else (x @ wt[:, out:] if arch == "sage" else x @ wt)
+        view, kept = (sent, np.ones(n, dtype=bool)) if i == 0 and kept_first else \
+            received_view(shards, q, i, epoch, sent.astype(np.float32), EVAL_CODECS[sched][i],
+                          scaled=arch != "gat")
+        if arch == "gcn":
+            agg = op[owned] @ view
+            return (agg @ wt if i == 0 else agg) + b
+        if arch == "sage":
+            agg = op[owned] @ view
+            return x[owned] @ wt[:, :out] + (agg @ wt[:, out:] if i == 0 else agg) + b
+        return gat(i, view @ wt if i == 0 else view, kept, owned) + b
+
+    hidden = np.zeros((n, w["layers.0.bias"].shape[0]))
+    for q, sq in enumerate(shards):
+        h = layer(0, x32.astype(np.float64), q, sq.global_id)
+        hidden[sq.global_id] = np.where(h > 0, h, np.expm1(np.minimum(h, 0))) if arch == "gat" \
+            else np.maximum(h, 0.0)
+    logits = np.zeros((n, w["layers.1.bias"].shape[0]))
+    for q, sq in enumerate(shards):
+        logits[sq.global_id] = layer(1, hidden, q, sq.global_id)
+    return logits
+
+
+def split_figures(logits: np.ndarray, arrays: dict) -> dict:
+    """Accuracies of every split and the mean validation cross-entropy of ``logits``."""
+    labels, out = arrays["labels"], {}
+    for split in ("train", "val", "test"):
+        idx = arrays[f"{split}_idx"]
+        out[f"{split}_acc"] = float((logits[idx].argmax(1) == labels[idx]).mean())
+    idx = arrays["val_idx"]
+    z = logits[idx] - logits[idx].max(1, keepdims=True)
+    out["val_loss"] = float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(idx)), labels[idx]]))
+    return out
+
+
+@pytest.mark.parametrize("name", list(EVAL_RUNS))
+def test_evaluation_through_the_training_codecs_equals_whole_graph(name, lattice, runs):
+    """``train.eval_codec = "train"`` on the one-way lattice's uneven parts, synchronous and
+    stale: the last evaluation's accuracies and validation loss are those of the whole-graph
+    model with the checkpoint's weights whose halo rows are what the documented codecs deliver
+    with the last epoch's keys (``eval_through_codecs``, numpy), and not those of the
+    uncompressed model."""
+    arrays, three = lattice[0], lattice[3]
+    arch, sched, _, kept_first = EVAL_RUNS[name]
+    run = runs[f"eval-{name}"]
+    state = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
+    want = split_figures(eval_through_codecs(arch, sched, state, arrays, three, kept_first),
+                         arrays)
+    last = read_metrics(run)[-1]
+    assert last["epoch"] == EVAL_EPOCHS - 1
+    for split in ("train", "val", "test"):
+        assert last[f"{split}_acc"] == pytest.approx(want[f"{split}_acc"], abs=1e-9), split
+    assert last["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5)
+    plain = split_figures(dense_stack(eval_sets(arch)[:-3], state, arrays)[1], arrays)
+    assert last["val_loss"] != pytest.approx(plain["val_loss"], rel=1e-4)    # the codecs count
