@@ -10,7 +10,7 @@ delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
 ``sample+random`` under GCN against ``test_methods_exact``'s whole-graph computations; the last
 evaluation of those runs against a dense stack of their checkpoint; evaluation through the
 training codecs (``train.eval_codec = "train"``: truncate+quant, sample, sample+random, quant on
-GCN, SAGE and GAT, and two stale runs, one evaluating its first layer on kept rows) against the
+GCN, SAGE and GAT, the learned pair on GCN and GAT, and two stale runs, one evaluating its first layer on kept rows) against the
 whole-graph model of the checkpoint fed what the numpy codecs of ``test_codecs`` deliver with
 the last epoch's keys; three of the stale runs
 stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE on the neighbourhood
@@ -80,14 +80,16 @@ EVAL_SCHEDULES = {
                   'compress_last_layer = true\n[layers.1]\ncodec = "sample"\nratio = 2.0\n'),
     "sr-quant": ('codec = "sample+random"\nkeep = 0.5\nkind = "constant"\nratio = 2.0\n'
                  'compress_last_layer = true\n[layers.1]\ncodec = "quant"\nbits = 2\n'),
+    "learned": 'codec = "learned"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n',
 }
 EVAL_ARCHS = {"gcn": ("model.arch=gcn", "model.hidden=8"),
               "sage": ("model.arch=sage", "model.hidden=8"),
               "gat": ("model.arch=gat", "model.heads=2", "model.hidden=4")}
 EVAL_EPOCHS = 3
-# per schedule and layer: (keep, channels, k as a function of the width, bits)
+# per schedule and layer: (keep, channels, bits); k = floor(width / 2) channels
 EVAL_CODECS = {"tq-sample": [(1.0, "truncate", 4), (0.5, "all", 32)],
-               "sr-quant": [(0.5, "random", 32), (1.0, "all", 2)]}
+               "sr-quant": [(0.5, "random", 32), (1.0, "all", 2)],
+               "learned": [(1.0, "learned", 32)] * 2}
 
 
 # name -> (arch, schedule, more --set, whether evaluation's first layer is on exact kept rows):
@@ -95,7 +97,8 @@ EVAL_CODECS = {"tq-sample": [(1.0, "truncate", 4), (0.5, "all", 32)],
 # made for the synchronous rows (3 wide where training sends layer 1's 8-wide input), its first
 # layer's exchange too (``exchange``) or on the features' halo rows training keeps (``auto``)
 EVAL_RUNS = {f"{arch}-{sched}": (arch, sched, (), False)
-             for sched in EVAL_SCHEDULES for arch in EVAL_ARCHS}
+             for sched in EVAL_SCHEDULES for arch in EVAL_ARCHS
+             if sched != "learned" or arch != "sage"}
 EVAL_RUNS.update({
     "stale-gcn-sr-quant": ("gcn", "sr-quant", ("train.staleness=1", "train.eval_features=exchange"),
                            False),
@@ -369,7 +372,7 @@ def transpose(arrays: dict) -> dict:
 
 
 def received_view(shards: list, q: int, layer: int, epoch: int, rows: np.ndarray,
-                  codec: tuple, scaled: bool) -> tuple[np.ndarray, np.ndarray]:
+                  codec: tuple, scaled: bool, pair: dict) -> tuple[np.ndarray, np.ndarray]:
     """``(view, kept)``: ``rows`` ``(N, w)`` float32 (what every node's owner sends in this
     exchange) as part ``q`` sees them, each of its halo rows replaced by what the documented
     codec delivers (docs/compression.md), and ``kept`` (N,) False for a halo row its block's
@@ -377,7 +380,9 @@ def received_view(shards: list, q: int, layer: int, epoch: int, rows: np.ndarray
     its send buffer ``rows[global_id[send_index]]`` and their channels (the first ``k``,
     ``test_codecs.ref_channels``' draw from the block's channel key, or all), quantises that
     whole buffer with the noise key ``mix(seed 0, epoch, layer, 0, p)`` (``ref_quant``), and the
-    receiver puts each row back, scaled by ``rows / kept`` where ``scaled``."""
+    receiver puts each row back, scaled by ``rows / kept`` where ``scaled``. ``learned``
+    (VARCO): the first ``k`` channels of the encoder's output ``E(row)``, the decoder's
+    ``D([code, 0])`` back (``pair``: the checkpoint's ``layers.L.encoder/decoder``, nn.Linear)."""
     from test_codecs import ref_channels, ref_kept_rows, ref_quant
     from test_exchange_exact import mix
     from test_methods_exact import _block_keys
@@ -385,6 +390,9 @@ def received_view(shards: list, q: int, layer: int, epoch: int, rows: np.ndarray
     n, width = rows.shape
     k = max(1, width // 2)                                  # ratio 2: floor(F / 2) channels
     view, kept = rows.astype(np.float64).copy(), np.ones(n, dtype=bool)
+    if channels == "learned":                           # the encoder runs before the wire
+        rows = (rows @ pair[f"layers.{layer}.encoder.weight"].T
+                + pair[f"layers.{layer}.encoder.bias"]).astype(np.float32)
     start = 0
     for p, count in enumerate(shards[q].recv_counts.tolist()):
         if not count:
@@ -397,6 +405,7 @@ def received_view(shards: list, q: int, layer: int, epoch: int, rows: np.ndarray
             row_key, chan_key = _block_keys(0, layer, p, dst, epoch)
             pick = ref_kept_rows(row_key, block, keep) if keep < 1 else list(range(block))
             chans = {"all": list(range(width)), "truncate": list(range(k)),
+                     "learned": list(range(k)),
                      "random": ref_channels(chan_key, width, k) if channels == "random" else []
                      }[channels]
             index = sp_.global_id[sp_.send_index[offset:offset + block]]
@@ -416,6 +425,9 @@ def received_view(shards: list, q: int, layer: int, epoch: int, rows: np.ndarray
         for j, r in enumerate(pick):
             view[index[r], chans] = buf[at + j] * scale
             kept[index[r]] = True
+        if channels == "learned":
+            view[gid] = (view[gid] @ pair[f"layers.{layer}.decoder.weight"].T
+                         + pair[f"layers.{layer}.decoder.bias"])
         start += count
     return view, kept
 
@@ -463,7 +475,7 @@ def eval_through_codecs(arch: str, sched: str, state: dict, arrays: dict, shard_
         sent = x if i == 0 else (x @ wt[:, out:] if arch == "sage" else x @ wt)
         view, kept = (sent, np.ones(n, dtype=bool)) if i == 0 and kept_first else \
             received_view(shards, q, i, epoch, sent.astype(np.float32), EVAL_CODECS[sched][i],
-                          scaled=arch != "gat")
+                          scaled=arch != "gat", pair=w)
         if arch == "gcn":
             agg = op[owned] @ view
             return (agg @ wt if i == 0 else agg) + b
