@@ -76,15 +76,29 @@ def test_auto_evaluation_uses_the_codecs_its_epoch_trained_with(shards, tmp_path
     metrics = read_metrics(tmp_path / "run")
     rows = sum(int(read_shard(shard_dir / f"part-{p:05d}.h5").send_counts.sum())
                for p in range(ranks))
-    checks = [r for r in metrics if "auto" in r]
-    in_force = {k: b for k, b in checks[0]["auto"]["start"]["bits"].items()}
     changed = 0
-    for r in metrics:
+    for r, in_force in bits_in_force(metrics):
         want = rows * sum(quant_row_bytes(SYNC_WIDTHS[i], in_force[f"{i}/forward"])
                           for i in range(2))
         assert r["eval_bytes"] == want, (r["epoch"], r["eval_bytes"], want)
-        if "auto" in r:                  # from the next epoch on: this check's decision
-            new = {f"{e['layer']}/{e['direction']}": e["bits"] for e in r["auto"]["exchanges"]}
+        if "auto" in r:
+            new = decision(r)
             changed += any(new[k] != in_force[k] for k in new if k.endswith("forward"))
-            in_force = new
     assert changed, "the run must change a forward decision at some check"
+
+
+def decision(line: dict) -> dict:
+    """The bits a ``kind = "auto"`` check decided, by ``"layer/direction"``."""
+    return {f"{e['layer']}/{e['direction']}": e["bits"] for e in line["auto"]["exchanges"]}
+
+
+def bits_in_force(metrics: list[dict]):
+    """``(line, bits)`` of every metrics line of a ``kind = "auto"`` run: the bits each exchange
+    (``"layer/direction"``) trained and evaluated with at that epoch, from the records alone:
+    the start's (epoch 0's ``auto.start``) up to the first check, then from the epoch after
+    each check that check's decision."""
+    in_force = dict(next(r for r in metrics if "auto" in r)["auto"]["start"]["bits"])
+    for r in metrics:
+        yield r, in_force
+        if "auto" in r:                  # from the next epoch on: this check's decision
+            in_force = decision(r)
