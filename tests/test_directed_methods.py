@@ -13,7 +13,9 @@ training codecs (``train.eval_codec = "train"``: truncate+quant, sample, sample+
 GCN, SAGE and GAT, the learned pair on GCN and GAT, ``kind = "auto"``'s bits on GCN and GAT,
 and two stale runs, one evaluating its first layer on kept rows) against the
 whole-graph model of the checkpoint fed what the numpy codecs of ``test_codecs`` deliver with
-the last epoch's keys; three of the stale runs
+the last epoch's keys; a synchronous GCN and a stale SAGE evaluated every 4 epochs against
+the whole-graph training evaluated after each step (which epochs, their figures, the best
+validation's epoch and test accuracy in ``summary.json``); three of the stale runs
 stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE on the neighbourhood
 collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``); ``hpcgnn predict`` of
 synchronous 3-layer GCN, SAGE and GAT runs, of the Sylvie run and of the RETEXO runs, on
@@ -113,6 +115,12 @@ def eval_sets(arch: str) -> tuple[str, ...]:
             f"train.epochs={EVAL_EPOCHS}", "train.eval_codec=train")
 
 
+# evaluated every 4 epochs (3, 7 and the last, 9): synchronous and stale, dropout 0.5
+EVERY = {"every-4": ("model.arch=gcn", "model.hidden=8"),
+         "every-4-stale-sage": ("model.arch=sage", "model.hidden=8", "train.staleness=1")}
+EVERY_SETS = ("model.dropout=0.5", "train.epochs=10", "train.eval_every=4", "train.lr=0.05")
+
+
 # stale runs also stopped after that many epochs and resumed: the rows and gradients in flight
 # (a rank file each) travel one way down the chain, the other way up it
 RESUMED = {"stale-gcn3-s2-smooth-neighbor": 3, "stale-gat3-s2": 4, "sylvie": 3}
@@ -180,6 +188,8 @@ def runs(lattice, tmp_path_factory):
     for name, (arch, sched, more, _) in EVAL_RUNS.items():
         add(f"eval-{name}", ["train", "--shards", three, "--schedule", work / f"eval-{sched}.toml",
                              *(a for s in (*eval_sets(arch), *more) for a in ("--set", s))])
+    for name, sets in EVERY.items():
+        train(name, (*sets, *EVERY_SETS))
     for proc in run_together(RANKS, commands, work / "batch"):
         check_ok(proc)
     return out
@@ -540,3 +550,41 @@ def test_evaluation_through_the_training_codecs_equals_whole_graph(name, lattice
     assert last["val_loss"] == pytest.approx(want["val_loss"], rel=1e-6)
     # the codecs count: a few halo rows cross the lattice's cuts, 2-bit rows move the loss 1e-5
     assert last["val_loss"] != pytest.approx(plain["val_loss"], rel=5e-6)
+
+
+@pytest.mark.parametrize("name", list(EVERY))
+def test_evaluated_every_4_epochs_selects_the_best_evaluation(name, lattice, runs):
+    """``train.eval_every = 4`` over 10 epochs: the ranks evaluate after the steps of epochs 3,
+    7 and 9 (the last) only, each evaluation giving the accuracies and validation loss of the
+    whole-graph model (``tests/_pipegcn.py``, synchronous or PipeGCN's staleness 1, trained
+    here) after that epoch's step, without dropout; ``summary.json``'s ``best_epoch``,
+    ``best_val_acc`` and ``test_acc`` are those of the first evaluated epoch of the highest
+    validation accuracy, ``final_test_acc`` the last one's."""
+    from _pipegcn import pipegcn_losses
+    from test_methods_exact import reference_model
+    arrays, graph, one, three = lattice
+    sets = (*EVERY[name], *EVERY_SETS)
+    model_sets = tuple(s for s in sets if s.startswith("model.") and "dropout" not in s)
+    s = int(dict(x.split("=") for x in sets).get("train.staleness", 0))
+    figures = {}
+
+    def evaluate(epoch, params):
+        figures[epoch] = split_figures(dense_stack(model_sets, params, arrays)[1], arrays)
+    init = initial_params(one, *sets)
+    losses = pipegcn_losses(graph, owners(three, RANKS, graph.num_nodes), init,
+                            reference_model(model_sets), s, 0.0, 10, lr=0.05, after_step=evaluate)
+    lines = read_metrics(runs[name])
+    assert [r["loss"] for r in lines] == pytest.approx(losses, rel=2e-5)
+    evaluated = [r for r in lines if "val_acc" in r]
+    assert [r["epoch"] for r in evaluated] == [3, 7, 9]
+    for r in evaluated:
+        want = figures[r["epoch"]]
+        for key in ("train_acc", "val_acc", "test_acc"):
+            assert r[key] == pytest.approx(want[key], abs=1e-9), (r["epoch"], key)
+        assert r["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5), r["epoch"]
+    best = max((3, 7, 9), key=lambda e: (figures[e]["val_acc"], -e))
+    summary = json.loads((runs[name] / "summary.json").read_text())
+    assert (summary["best_epoch"], summary["best_val_acc"], summary["test_acc"],
+            summary["final_test_acc"]) == (best, pytest.approx(figures[best]["val_acc"]),
+                                           pytest.approx(figures[best]["test_acc"]),
+                                           pytest.approx(figures[9]["test_acc"]))
