@@ -15,7 +15,9 @@ and two stale runs, one evaluating its first layer on kept rows) against the
 whole-graph model of the checkpoint fed what the numpy codecs of ``test_codecs`` deliver with
 the last epoch's keys; a synchronous GCN and a stale SAGE evaluated every 4 epochs against
 the whole-graph training evaluated after each step (which epochs, their figures, the best
-validation's epoch and test accuracy in ``summary.json``); three of the stale runs
+validation's epoch and test accuracy in ``summary.json``), and a RETEXO SAGE evaluated every
+2 rounds against ``test_retexo``'s stage-wise training keeping each stage's best evaluated
+round; three of the stale runs
 stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE on the neighbourhood
 collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``); ``hpcgnn predict`` of
 synchronous 3-layer GCN, SAGE and GAT runs, of the Sylvie run and of the RETEXO runs, on
@@ -170,6 +172,7 @@ def runs(lattice, tmp_path_factory):
                                 f"train.smoothing={m}", f"comm.transport={transport}"))
     for arch, transport in (("gcn", "alltoallv"), ("sage", "neighbor")):
         train(f"retexo-{arch}", (*RETEXO, f"model.arch={arch}", f"comm.transport={transport}"))
+    train("retexo-sage-every-2", (*RETEXO, "model.arch=sage", "train.eval_every=2"))
     for name, sets in PREDICT.items():
         train(name, sets)
     for name in (*PREDICT, "retexo-gcn", "retexo-sage"):
@@ -588,3 +591,24 @@ def test_evaluated_every_4_epochs_selects_the_best_evaluation(name, lattice, run
             summary["final_test_acc"]) == (best, pytest.approx(figures[best]["val_acc"]),
                                            pytest.approx(figures[best]["test_acc"]),
                                            pytest.approx(figures[9]["test_acc"]))
+
+
+def test_retexo_evaluated_every_2_rounds_keeps_each_stages_best_evaluation(lattice, lattice_spec,
+                                                                           runs):
+    """RETEXO with ``train.eval_every = 2`` (3 stages of 3 rounds: rounds 1, 2, 3, 5, 7 and 8
+    evaluated, every stage's last among them): ``test_retexo.dense_retexo``'s stage-wise
+    whole-graph training, each stage's state the best among its evaluated rounds only: the
+    losses, the validation accuracies where evaluated, the final checkpoint's stages."""
+    from test_retexo import dense_retexo
+    one = lattice[2]
+    sets = (*RETEXO, "model.arch=sage")
+    losses, vals, final = dense_retexo("sage", initial_params(one, *sets), spec=lattice_spec,
+                                       every=2)
+    got = read_metrics(runs["retexo-sage-every-2"])
+    assert [r["loss"] for r in got] == pytest.approx(losses, rel=2e-5)
+    assert [e for e, v in enumerate(vals) if v is not None] == [1, 2, 3, 5, 7, 8]
+    assert [r.get("val_acc") for r in got] == [None if v is None else pytest.approx(v, abs=1e-6)
+                                               for v in vals]
+    state = torch.load(runs["retexo-sage-every-2"] / "checkpoint.pt", weights_only=True)["model"]
+    for k, v in final.items():
+        torch.testing.assert_close(state[k], v.detach(), rtol=1e-4, atol=1e-5)

@@ -55,14 +55,16 @@ def dense_stage(arch: str, p: dict, s: int, op: torch.Tensor, x: torch.Tensor):
 
 
 def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4, dropout: float = 0.0,
-                 spec: str = CSBM):
+                 spec: str = CSBM, every: int = 1):
     """RETEXO written out: per stage a fresh Adam, ROUNDS full-batch steps on the fixed input,
     the best-validation state kept (strictly greater), its embedding the next input.
     ``dropout``: a fresh mask every round on the whole stage input (every node, the neighbours'
     rows too), nothing dropped after the convolution, none for evaluation or the embedding; the
     bits are hpcgnn's counter-based ones (``keep_mask``, keyed by node id, epoch and stage) so
     the runs can be compared exactly, where they are applied is written here.
-    ``spec``: the graph. Returns (losses per round, val accuracy per round, final parameters)."""
+    ``spec``: the graph. ``every``: evaluate after the rounds ``t`` with ``(t + 1) % every ==
+    0`` and after each stage's last (``train.eval_every``); only those compete for the best.
+    Returns (losses per round, val accuracy per round (None: not evaluated), final parameters)."""
     from hpcgnn.nn.dropout import keep_mask
     op, g = operator(arch, spec)
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
@@ -88,8 +90,9 @@ def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4, drop
             losses.append(loss.item())
             with torch.no_grad():
                 val = float((dense_stage(arch, params, s, op, x)[0][va].argmax(1) == y[va]).float().mean())
-            vals.append(val)
-            if val > best:
+            evaluated = (s * ROUNDS + r + 1) % every == 0 or r == ROUNDS - 1
+            vals.append(val if evaluated else None)
+            if evaluated and val > best:
                 best, best_state = val, {k: v.detach().clone() for k, v in mine.items()}
         for k in mine:
             params[k] = best_state[k]
