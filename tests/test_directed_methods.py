@@ -13,7 +13,8 @@ training codecs (``train.eval_codec = "train"``: truncate+quant, sample, sample+
 GCN, SAGE and GAT, the learned pair on GCN and GAT, ``kind = "auto"``'s bits on GCN and GAT,
 and two stale runs, one evaluating its first layer on kept rows) against the
 whole-graph model of the checkpoint fed what the numpy codecs of ``test_codecs`` deliver with
-the last epoch's keys; a synchronous GCN and a stale SAGE evaluated every 4 epochs against
+the last epoch's keys; a synchronous GCN, a stale SAGE, and a synchronous SAGE and GAT (attention
+dropout) evaluating on kept feature rows, evaluated every 4 epochs, against
 the whole-graph training evaluated after each step (which epochs, their figures, the best
 validation's epoch and test accuracy in ``summary.json``), and a RETEXO SAGE evaluated every
 2 rounds against ``test_retexo``'s stage-wise training keeping each stage's best evaluated
@@ -117,9 +118,13 @@ def eval_sets(arch: str) -> tuple[str, ...]:
             f"train.epochs={EVAL_EPOCHS}", "train.eval_codec=train")
 
 
-# evaluated every 4 epochs (3, 7 and the last, 9): synchronous and stale, dropout 0.5
+# evaluated every 4 epochs (3, 7 and the last, 9): synchronous and stale, dropout 0.5; and
+# synchronous runs evaluating their first layer on kept feature rows (train.eval_features)
 EVERY = {"every-4": ("model.arch=gcn", "model.hidden=8"),
-         "every-4-stale-sage": ("model.arch=sage", "model.hidden=8", "train.staleness=1")}
+         "every-4-stale-sage": ("model.arch=sage", "model.hidden=8", "train.staleness=1"),
+         "every-4-kept-sage": ("model.arch=sage", "model.hidden=8", "train.eval_features=kept"),
+         "every-4-kept-gat": ("model.arch=gat", "model.heads=2", "model.hidden=4",
+                              "model.attn_dropout=0.3", "train.eval_features=kept")}
 EVERY_SETS = ("model.dropout=0.5", "train.epochs=10", "train.eval_every=4", "train.lr=0.05")
 
 
@@ -558,16 +563,17 @@ def test_evaluation_through_the_training_codecs_equals_whole_graph(name, lattice
 @pytest.mark.parametrize("name", list(EVERY))
 def test_evaluated_every_4_epochs_selects_the_best_evaluation(name, lattice, runs):
     """``train.eval_every = 4`` over 10 epochs: the ranks evaluate after the steps of epochs 3,
-    7 and 9 (the last) only, each evaluation giving the accuracies and validation loss of the
-    whole-graph model (``tests/_pipegcn.py``, synchronous or PipeGCN's staleness 1, trained
-    here) after that epoch's step, without dropout; ``summary.json``'s ``best_epoch``,
+    7 and 9 (the last) only, each evaluation (its first layer on exchanged or kept feature
+    rows) giving the accuracies and validation loss of the whole-graph model
+    (``tests/_pipegcn.py``, synchronous or PipeGCN's staleness 1, trained here) after that
+    epoch's step, without dropout of either kind; ``summary.json``'s ``best_epoch``,
     ``best_val_acc`` and ``test_acc`` are those of the first evaluated epoch of the highest
     validation accuracy, ``final_test_acc`` the last one's."""
     from _pipegcn import pipegcn_losses
     from test_methods_exact import reference_model
     arrays, graph, one, three = lattice
     sets = (*EVERY[name], *EVERY_SETS)
-    model_sets = tuple(s for s in sets if s.startswith("model.") and "dropout" not in s)
+    model_sets = tuple(s for s in sets if s.startswith("model.") and "model.dropout" not in s)
     s = int(dict(x.split("=") for x in sets).get("train.staleness", 0))
     figures = {}
 
