@@ -13,7 +13,8 @@ training codecs (``train.eval_codec = "train"``: truncate+quant, sample, sample+
 GCN, SAGE and GAT, the learned pair on GCN and GAT, ``kind = "auto"``'s bits on GCN and GAT,
 and two stale runs, one evaluating its first layer on kept rows) against the
 whole-graph model of the checkpoint fed what the numpy codecs of ``test_codecs`` deliver with
-the last epoch's keys; a synchronous GCN, a stale SAGE, and a synchronous SAGE and GAT (attention
+the last epoch's keys, and four of them trained bit for bit as when evaluated uncompressed; a
+synchronous GCN, a stale SAGE, and a synchronous SAGE and GAT (attention
 dropout) evaluating on kept feature rows, evaluated every 4 epochs, against
 the whole-graph training evaluated after each step (which epochs, their figures, the best
 validation's epoch and test accuracy in ``summary.json``), and a RETEXO SAGE evaluated every
@@ -113,6 +114,10 @@ EVAL_RUNS.update({
     "stale-sage-sr-quant-kept": ("sage", "sr-quant", ("train.staleness=1",), True)})
 
 
+# runs trained again with train.eval_codec = "none": evaluation must leave training alone
+EVAL_TWINS = ("gcn-sr-quant", "gat-tq-sample", "stale-gcn-sr-quant", "stale-sage-sr-quant-kept")
+
+
 def eval_sets(arch: str) -> tuple[str, ...]:
     return (*EVAL_ARCHS[arch], "model.layers=2", "model.dropout=0.5",
             f"train.epochs={EVAL_EPOCHS}", "train.eval_codec=train")
@@ -196,6 +201,12 @@ def runs(lattice, tmp_path_factory):
     for name, (arch, sched, more, _) in EVAL_RUNS.items():
         add(f"eval-{name}", ["train", "--shards", three, "--schedule", work / f"eval-{sched}.toml",
                              *(a for s in (*eval_sets(arch), *more) for a in ("--set", s))])
+        if name in EVAL_TWINS:               # the same training, evaluated uncompressed
+            add(f"eval-{name}-none", ["train", "--shards", three, "--schedule",
+                                      work / f"eval-{sched}.toml",
+                                      *(a for s in (*eval_sets(arch), *more,
+                                                    "train.eval_codec=none")
+                                        for a in ("--set", s))])
     for name, sets in EVERY.items():
         train(name, (*sets, *EVERY_SETS))
     for proc in run_together(RANKS, commands, work / "batch"):
@@ -618,3 +629,18 @@ def test_retexo_evaluated_every_2_rounds_keeps_each_stages_best_evaluation(latti
     state = torch.load(runs["retexo-sage-every-2"] / "checkpoint.pt", weights_only=True)["model"]
     for k, v in final.items():
         torch.testing.assert_close(state[k], v.detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", EVAL_TWINS)
+def test_evaluation_through_the_codecs_leaves_training_alone(name, runs):
+    """The same run evaluated uncompressed trains bit for bit alike (losses, bytes, final
+    weights): evaluation's exchanges through the codecs, between a stale layer's posted
+    exchange and its wait too, touch nothing training sends or keeps; only ``eval_bytes`` and
+    the evaluated figures differ."""
+    through, plain = read_metrics(runs[f"eval-{name}"]), read_metrics(runs[f"eval-{name}-none"])
+    for key in ("loss", "bytes_sent", "bytes_full"):
+        assert [r[key] for r in through] == [r[key] for r in plain], key
+    assert [r["eval_bytes"] for r in through] != [r["eval_bytes"] for r in plain]
+    a, b = (torch.load(runs[n] / "checkpoint.pt", weights_only=True)["model"]
+            for n in (f"eval-{name}", f"eval-{name}-none"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
