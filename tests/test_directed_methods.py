@@ -19,7 +19,8 @@ dropout) evaluating on kept feature rows, evaluated every 4 epochs, against
 the whole-graph training evaluated after each step (which epochs, their figures, the best
 validation's epoch and test accuracy in ``summary.json``), and a RETEXO SAGE evaluated every
 2 rounds against ``test_retexo``'s stage-wise training keeping each stage's best evaluated
-round; three of the stale runs
+round, and RETEXO (GCN, SAGE) through a schedule against that training on what the numpy codecs
+deliver at each stage's one exchange; three of the stale runs
 stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE on the neighbourhood
 collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``); ``hpcgnn predict`` of
 synchronous 3-layer GCN, SAGE and GAT runs, of the Sylvie run and of the RETEXO runs, on
@@ -183,6 +184,12 @@ def runs(lattice, tmp_path_factory):
     for arch, transport in (("gcn", "alltoallv"), ("sage", "neighbor")):
         train(f"retexo-{arch}", (*RETEXO, f"model.arch={arch}", f"comm.transport={transport}"))
     train("retexo-sage-every-2", (*RETEXO, "model.arch=sage", "train.eval_every=2"))
+    (work / "retexo-sr-quant.toml").write_text(EVAL_SCHEDULES["sr-quant"])
+    for arch in ("gcn", "sage"):
+        add(f"retexo-{arch}-sr-quant", ["train", "--shards", three, "--schedule",
+                                        work / "retexo-sr-quant.toml",
+                                        *(a for s in (*RETEXO, f"model.arch={arch}")
+                                          for a in ("--set", s))])
     for name, sets in PREDICT.items():
         train(name, sets)
     for name in (*PREDICT, "retexo-gcn", "retexo-sage"):
@@ -644,3 +651,37 @@ def test_evaluation_through_the_codecs_leaves_training_alone(name, runs):
     a, b = (torch.load(runs[n] / "checkpoint.pt", weights_only=True)["model"]
             for n in (f"eval-{name}", f"eval-{name}-none"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage"])
+def test_retexo_through_a_schedule_equals_stagewise_training_on_what_the_codecs_deliver(
+        arch, lattice, lattice_spec, runs):
+    """RETEXO (3 stages of 3 rounds) with a schedule: stage ``s``'s one exchange of its input
+    goes through the schedule's codec at ``(epoch 3 s, layer s)`` (``sample+random``, 2-bit
+    ``quant``, ``sample+random``), and its rounds train and are evaluated on those rows:
+    ``test_retexo.dense_retexo``'s stage-wise training whose aggregate of every part's owned
+    rows takes the halo rows ``received_view`` delivers (numpy codecs): the losses, the
+    validation accuracies every round evaluates, the final checkpoint (each stage's best)."""
+    from hpcgnn.data.shard import read_shard
+    from test_retexo import ROUNDS, dense_retexo, operator
+    one, three = lattice[2], lattice[3]
+    shards = [read_shard(three / f"part-{p:05d}.h5") for p in range(RANKS)]
+    op = operator(arch, lattice_spec)[0]
+    codecs = [EVAL_CODECS["sr-quant"][0], EVAL_CODECS["sr-quant"][1], EVAL_CODECS["sr-quant"][0]]
+
+    def aggregate(s, x):
+        agg, rows = torch.zeros_like(x), x.detach().numpy().astype(np.float32)
+        for q, sq in enumerate(shards):
+            view = received_view(shards, q, s, s * ROUNDS, rows, codecs[s], True, {})[0]
+            agg[sq.global_id] = op[sq.global_id] @ torch.from_numpy(view).float()
+        return agg
+    init = initial_params(one, *RETEXO, f"model.arch={arch}")
+    losses, vals, final = dense_retexo(arch, init, spec=lattice_spec, aggregate=aggregate)
+    got = read_metrics(runs[f"retexo-{arch}-sr-quant"])
+    assert [r["loss"] for r in got] == pytest.approx(losses, rel=2e-5)
+    assert [r["val_acc"] for r in got] == pytest.approx(vals, abs=1e-6)
+    state = torch.load(runs[f"retexo-{arch}-sr-quant"] / "checkpoint.pt", weights_only=True)["model"]
+    for k, v in final.items():
+        torch.testing.assert_close(state[k], v.detach(), rtol=1e-4, atol=1e-5)
+    plain = dense_retexo(arch, init, spec=lattice_spec)[0]
+    assert losses != pytest.approx(plain, rel=1e-4)             # the codecs changed the run
