@@ -11,7 +11,8 @@ delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
 evaluation of those runs against a dense stack of their checkpoint; evaluation through the
 training codecs (``train.eval_codec = "train"``: truncate+quant, sample, sample+random, quant on
 GCN, SAGE and GAT, the learned pair on GCN and GAT, ``kind = "auto"``'s bits on GCN and GAT,
-and two stale runs, one evaluating its first layer on kept rows) against the
+two stale runs and two with ``train.keep_features``, one of each evaluating its first layer on
+kept rows) against the
 whole-graph model of the checkpoint fed what the numpy codecs of ``test_codecs`` deliver with
 the last epoch's keys, and four of them trained bit for bit as when evaluated uncompressed; a
 synchronous GCN, a stale SAGE, and a synchronous SAGE and GAT (attention
@@ -112,7 +113,12 @@ EVAL_RUNS = {f"{arch}-{sched}": (arch, sched, (), False)
 EVAL_RUNS.update({
     "stale-gcn-sr-quant": ("gcn", "sr-quant", ("train.staleness=1", "train.eval_features=exchange"),
                            False),
-    "stale-sage-sr-quant-kept": ("sage", "sr-quant", ("train.staleness=1",), True)})
+    "stale-sage-sr-quant-kept": ("sage", "sr-quant", ("train.staleness=1",), True),
+    # train.keep_features: training never exchanges the first layer; evaluation through the
+    # codecs does where asked (exchange), or evaluates it on the kept rows (auto)
+    "keep-gcn-sr-quant": ("gcn", "sr-quant", ("train.keep_features=true",
+                                              "train.eval_features=exchange"), False),
+    "keep-gat-tq-sample-kept": ("gat", "tq-sample", ("train.keep_features=true",), True)})
 
 
 # runs trained again with train.eval_codec = "none": evaluation must leave training alone
