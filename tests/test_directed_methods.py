@@ -431,9 +431,9 @@ def received_view(shards: list, q: int, layer: int, epoch: int, rows: np.ndarray
     from test_codecs import ref_channels, ref_kept_rows, ref_quant
     from test_exchange_exact import mix
     from test_methods_exact import _block_keys
-    keep, channels, bits = codec
+    keep, channels, bits, ratio = (*codec, 2)[:4]
     n, width = rows.shape
-    k = max(1, width // 2)                                  # ratio 2: floor(F / 2) channels
+    k = max(1, int(width // ratio))                         # floor(F / ratio) channels
     view, kept = rows.astype(np.float64).copy(), np.ones(n, dtype=bool)
     if channels == "learned":                           # the encoder runs before the wire
         rows = (rows @ pair[f"layers.{layer}.encoder.weight"].T
@@ -482,9 +482,11 @@ def eval_through_codecs(arch: str, codecs: list, state: dict, arrays: dict, shar
     """Logits ``(N, C)`` of the evaluation of ``epoch`` of a run with ``train.eval_codec =
     "train"``: every part's owned rows of the whole-graph model with ``state``'s weights (no
     dropout), its halo rows as ``received_view`` delivers them through each layer's codec
-    (``codecs``: ``EVAL_CODECS``' form, None for exact rows) at ``epoch``'s keys. Layer 0 exchanges
-    the features (6 < 2 x 8 output channels: aggregate first, GAT's receiver transforms them),
-    layer 1 the transformed rows ``h W`` (SAGE: ``h W_n``); GCN's ``D^-1/2 (A + I) D^-1/2``,
+    (``codecs``: ``EVAL_CODECS``' form, optionally with the ratio fourth (2 otherwise), None for
+    exact rows) at ``epoch``'s keys. A layer exchanges its transformed rows ``h W`` (SAGE: ``h
+    W_n``) where twice their width is at most its input's (layer 0, whose input needs no
+    gradient: at most the input width; the lattice's 6 features are exchanged, GAT's receiver
+    transforms them), else its input; GCN's ``D^-1/2 (A + I) D^-1/2``,
     SAGE's mean over the whole in-degree, GAT's softmax over the kept in-neighbours and the
     node itself (BNS-GCN's sampled graph: unscaled rows), heads concatenated, then averaged."""
     from hpcgnn.data.shard import read_shard
@@ -499,10 +501,9 @@ def eval_through_codecs(arch: str, codecs: list, state: dict, arrays: dict, shar
     op = {"gcn": _gcn_operator, "sage": _mean_operator}.get(arch, lambda _: None)(g)
     w = {k: v.double().numpy() for k, v in state.items()}
     x32 = arrays["features"].astype(np.float32)
-    heads = (2, 1) if arch == "gat" else (1, 1)
 
     def gat(layer: int, h: np.ndarray, kept: np.ndarray, owned: np.ndarray) -> np.ndarray:
-        hh = h.reshape(n, heads[layer], -1)
+        hh = h.reshape(n, w[f"layers.{layer}.att_src"].shape[0], -1)
         s = (hh * w[f"layers.{layer}.att_src"]).sum(-1)
         d = (hh * w[f"layers.{layer}.att_dst"]).sum(-1)
         out = np.zeros((len(owned), *hh.shape[1:]))
@@ -517,17 +518,18 @@ def eval_through_codecs(arch: str, codecs: list, state: dict, arrays: dict, shar
     def layer(i: int, x: np.ndarray, q: int, owned: np.ndarray) -> np.ndarray:
         wt, b = w[f"layers.{i}.weight"], w[f"layers.{i}.bias"]
         out = wt.shape[1] // 2 if arch == "sage" else wt.shape[1]
-        sent = x if i == 0 else (x @ wt[:, out:] if arch == "sage" else x @ wt)
+        transform = 2 * out <= wt.shape[0] * (2 if i else 1)        # hpcgnn's choose_order
+        sent = (x @ wt[:, out:] if arch == "sage" else x @ wt) if transform else x
         view, kept = (sent, np.ones(n, dtype=bool)) if codecs[i] is None else \
             received_view(shards, q, i, epoch, sent.astype(np.float32), codecs[i],
                           scaled=arch != "gat", pair=w)
         if arch == "gcn":
             agg = op[owned] @ view
-            return (agg @ wt if i == 0 else agg) + b
+            return (agg if transform else agg @ wt) + b
         if arch == "sage":
             agg = op[owned] @ view
-            return x[owned] @ wt[:, :out] + (agg @ wt[:, out:] if i == 0 else agg) + b
-        return gat(i, view @ wt if i == 0 else view, kept, owned) + b
+            return x[owned] @ wt[:, :out] + (agg if transform else agg @ wt[:, out:]) + b
+        return gat(i, view if transform else view @ wt, kept, owned) + b
 
     hidden = np.zeros((n, w["layers.0.bias"].shape[0]))
     for q, sq in enumerate(shards):
