@@ -97,7 +97,8 @@ EVAL_ARCHS = {"gcn": ("model.arch=gcn", "model.hidden=8"),
               "sage": ("model.arch=sage", "model.hidden=8"),
               "gat": ("model.arch=gat", "model.heads=2", "model.hidden=4")}
 EVAL_EPOCHS = 3
-# per schedule and layer: (keep, channels, bits); k = floor(width / 2) channels
+# per schedule and layer: (keep, channels, bits[, ratio, 2 if left out]); channels ``truncate``,
+# ``random`` and ``learned`` keep k = max(1, floor(width / ratio)) channels
 EVAL_CODECS = {"tq-sample": [(1.0, "truncate", 4), (0.5, "all", 32)],
                "sr-quant": [(0.5, "random", 32), (1.0, "all", 2)],
                "learned": [(1.0, "learned", 32)] * 2, "auto": None}
