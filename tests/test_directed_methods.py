@@ -8,7 +8,20 @@ the single-process PipeGCN of ``tests/_pipegcn.py`` on the npz's graph; Sylvie (
 1-bit rows and gradients; GCN and GAT) against that PipeGCN fed what a numpy quantiser written in the tests
 delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
 ``sample+random`` under GCN against ``test_methods_exact``'s whole-graph computations; the last
-evaluation of those runs against a dense stack of their checkpoint; three of the stale runs
+evaluation of those runs against a dense stack of their checkpoint; evaluation through the
+training codecs (``train.eval_codec = "train"``: truncate+quant, sample, sample+random, quant on
+GCN, SAGE and GAT, the learned pair on GCN and GAT, ``kind = "auto"``'s bits on GCN and GAT,
+two stale runs and two with ``train.keep_features``, one of each evaluating its first layer on
+kept rows) against the
+whole-graph model of the checkpoint fed what the numpy codecs of ``test_codecs`` deliver with
+the last epoch's keys, and four of them trained bit for bit as when evaluated uncompressed; a
+synchronous GCN, a stale SAGE, and a synchronous SAGE and GAT (attention
+dropout) evaluating on kept feature rows, evaluated every 4 epochs, against
+the whole-graph training evaluated after each step (which epochs, their figures, the best
+validation's epoch and test accuracy in ``summary.json``), and a RETEXO SAGE evaluated every
+2 rounds against ``test_retexo``'s stage-wise training keeping each stage's best evaluated
+round, and RETEXO (GCN, SAGE) through a schedule against that training on what the numpy codecs
+deliver at each stage's one exchange; three of the stale runs
 stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE on the neighbourhood
 collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``); ``hpcgnn predict`` of
 synchronous 3-layer GCN, SAGE and GAT runs, of the Sylvie run and of the RETEXO runs, on
@@ -68,6 +81,66 @@ PREDICT = {"sync": ("model.arch=gcn", "model.layers=3", "model.hidden=6", "train
                         "model.attn_dropout=0.3", "train.epochs=4")}
 
 
+# evaluation through the training codecs (train.eval_codec = "train"), 3 epochs each: every
+# codec family on each layer of GCN, SAGE and GAT (2 heads); the first layer exchanges the 6
+# features, the second its transformed rows (3 wide: the classes)
+EVAL_SCHEDULES = {
+    "tq-sample": ('codec = "truncate+quant"\nbits = 4\nkind = "constant"\nratio = 2.0\n'
+                  'compress_last_layer = true\n[layers.1]\ncodec = "sample"\nratio = 2.0\n'),
+    "sr-quant": ('codec = "sample+random"\nkeep = 0.5\nkind = "constant"\nratio = 2.0\n'
+                 'compress_last_layer = true\n[layers.1]\ncodec = "quant"\nbits = 2\n'),
+    "learned": 'codec = "learned"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n',
+    # quant at the bits it decides (the records say which, test_eval_codec.bits_in_force)
+    "auto": 'kind = "auto"\nobjective = "bytes"\nevery = 2\n',
+}
+EVAL_ARCHS = {"gcn": ("model.arch=gcn", "model.hidden=8"),
+              "sage": ("model.arch=sage", "model.hidden=8"),
+              "gat": ("model.arch=gat", "model.heads=2", "model.hidden=4")}
+EVAL_EPOCHS = 3
+# per schedule and layer: (keep, channels, bits[, ratio, 2 if left out]); channels ``truncate``,
+# ``random`` and ``learned`` keep k = max(1, floor(width / ratio)) channels
+EVAL_CODECS = {"tq-sample": [(1.0, "truncate", 4), (0.5, "all", 32)],
+               "sr-quant": [(0.5, "random", 32), (1.0, "all", 2)],
+               "learned": [(1.0, "learned", 32)] * 2, "auto": None}
+
+
+# name -> (arch, schedule, more --set, whether evaluation's first layer is on exact kept rows):
+# the synchronous runs, and stale ones, whose evaluation exchanges synchronously through codecs
+# made for the synchronous rows (3 wide where training sends layer 1's 8-wide input), its first
+# layer's exchange too (``exchange``) or on the features' halo rows training keeps (``auto``)
+EVAL_RUNS = {f"{arch}-{sched}": (arch, sched, (), False)
+             for sched in EVAL_SCHEDULES for arch in EVAL_ARCHS
+             if sched not in ("learned", "auto") or arch != "sage"}
+EVAL_RUNS.update({
+    "stale-gcn-sr-quant": ("gcn", "sr-quant", ("train.staleness=1", "train.eval_features=exchange"),
+                           False),
+    "stale-sage-sr-quant-kept": ("sage", "sr-quant", ("train.staleness=1",), True),
+    # train.keep_features: training never exchanges the first layer; evaluation through the
+    # codecs does where asked (exchange), or evaluates it on the kept rows (auto)
+    "keep-gcn-sr-quant": ("gcn", "sr-quant", ("train.keep_features=true",
+                                              "train.eval_features=exchange"), False),
+    "keep-gat-tq-sample-kept": ("gat", "tq-sample", ("train.keep_features=true",), True)})
+
+
+# runs trained again with train.eval_codec = "none": evaluation must leave training alone
+EVAL_TWINS = ("gcn-sr-quant", "gat-tq-sample", "stale-gcn-sr-quant", "stale-sage-sr-quant-kept")
+
+
+def eval_sets(arch: str) -> tuple[str, ...]:
+    return (*EVAL_ARCHS[arch], "model.layers=2", "model.dropout=0.5",
+            f"train.epochs={EVAL_EPOCHS}", "train.eval_codec=train")
+
+
+# evaluated every 4 epochs (3, 7 and the last, 9): synchronous and stale, dropout 0.5; and
+# synchronous runs evaluating their first layer on kept feature rows (train.eval_features)
+EVERY = {"every-4": ("model.arch=gcn", "model.hidden=8"),
+         "every-4-stale-sage": ("model.arch=sage", "model.hidden=8", "train.staleness=1"),
+         "every-4-kept-sage": ("model.arch=sage", "model.hidden=8", "train.eval_features=kept"),
+         "every-4-kept-gat": ("model.arch=gat", "model.heads=2", "model.hidden=4",
+                              "model.attn_dropout=0.3", "train.eval_features=kept")}
+EVERY_SETS = ("model.dropout=0.5", "train.epochs=10", "train.eval_every=4", "train.lr=0.05")
+
+
 # stale runs also stopped after that many epochs and resumed: the rows and gradients in flight
 # (a rank file each) travel one way down the chain, the other way up it
 RESUMED = {"stale-gcn3-s2-smooth-neighbor": 3, "stale-gat3-s2": 4, "sylvie": 3}
@@ -117,6 +190,13 @@ def runs(lattice, tmp_path_factory):
                                 f"train.smoothing={m}", f"comm.transport={transport}"))
     for arch, transport in (("gcn", "alltoallv"), ("sage", "neighbor")):
         train(f"retexo-{arch}", (*RETEXO, f"model.arch={arch}", f"comm.transport={transport}"))
+    train("retexo-sage-every-2", (*RETEXO, "model.arch=sage", "train.eval_every=2"))
+    (work / "retexo-sr-quant.toml").write_text(EVAL_SCHEDULES["sr-quant"])
+    for arch in ("gcn", "sage"):
+        add(f"retexo-{arch}-sr-quant", ["train", "--shards", three, "--schedule",
+                                        work / "retexo-sr-quant.toml",
+                                        *(a for s in (*RETEXO, f"model.arch={arch}")
+                                          for a in ("--set", s))])
     for name, sets in PREDICT.items():
         train(name, sets)
     for name in (*PREDICT, "retexo-gcn", "retexo-sage"):
@@ -130,6 +210,19 @@ def runs(lattice, tmp_path_factory):
         (work / f"{name}.toml").write_text(text)
         add(name, ["train", "--shards", three, "--schedule", work / f"{name}.toml",
                    *(a for s in sets for a in ("--set", s))])
+    for sched, text in EVAL_SCHEDULES.items():
+        (work / f"eval-{sched}.toml").write_text(text)
+    for name, (arch, sched, more, _) in EVAL_RUNS.items():
+        add(f"eval-{name}", ["train", "--shards", three, "--schedule", work / f"eval-{sched}.toml",
+                             *(a for s in (*eval_sets(arch), *more) for a in ("--set", s))])
+        if name in EVAL_TWINS:               # the same training, evaluated uncompressed
+            add(f"eval-{name}-none", ["train", "--shards", three, "--schedule",
+                                      work / f"eval-{sched}.toml",
+                                      *(a for s in (*eval_sets(arch), *more,
+                                                    "train.eval_codec=none")
+                                        for a in ("--set", s))])
+    for name, sets in EVERY.items():
+        train(name, (*sets, *EVERY_SETS))
     for proc in run_together(RANKS, commands, work / "batch"):
         check_ok(proc)
     return out
@@ -322,3 +415,282 @@ def transpose(arrays: dict) -> dict:
                        arrays["adj_indptr"]), shape=(n, n)).T.tocsr()
     a.sort_indices()
     return {"adj_indptr": a.indptr.astype(np.int64), "adj_indices": a.indices.astype(np.int64)}
+
+
+def received_view(shards: list, q: int, layer: int, epoch: int, rows: np.ndarray,
+                  codec: tuple, scaled: bool, pair: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``(view, kept)``: ``rows`` ``(N, w)`` float32 (what every node's owner sends in this
+    exchange) as part ``q`` sees them, each of its halo rows replaced by what the documented
+    codec delivers (docs/compression.md), and ``kept`` (N,) False for a halo row its block's
+    sample left out. Each sender ``p`` gathers, block by block in peer order, the kept rows of
+    its send buffer ``rows[global_id[send_index]]`` and their channels (the first ``k``,
+    ``test_codecs.ref_channels``' draw from the block's channel key, or all), quantises that
+    whole buffer with the noise key ``mix(seed 0, epoch, layer, 0, p)`` (``ref_quant``), and the
+    receiver puts each row back, scaled by ``rows / kept`` where ``scaled``. ``learned``
+    (VARCO): the first ``k`` channels of the encoder's output ``E(row)``, the decoder's
+    ``D([code, 0])`` back (``pair``: the checkpoint's ``layers.L.encoder/decoder``, nn.Linear)."""
+    from test_codecs import ref_channels, ref_kept_rows, ref_quant
+    from test_exchange_exact import mix
+    from test_methods_exact import _block_keys
+    keep, channels, bits, ratio = (*codec, 2)[:4]
+    n, width = rows.shape
+    k = max(1, int(width // ratio))                         # floor(F / ratio) channels
+    view, kept = rows.astype(np.float64).copy(), np.ones(n, dtype=bool)
+    if channels == "learned":                           # the encoder runs before the wire
+        rows = (rows @ pair[f"layers.{layer}.encoder.weight"].T
+                + pair[f"layers.{layer}.encoder.bias"]).astype(np.float32)
+    start = 0
+    for p, count in enumerate(shards[q].recv_counts.tolist()):
+        if not count:
+            continue
+        sp_ = shards[p]
+        sent, offset, ours = [], 0, None
+        for dst, block in enumerate(sp_.send_counts.tolist()):
+            if not block:
+                continue
+            row_key, chan_key = _block_keys(0, layer, p, dst, epoch)
+            pick = ref_kept_rows(row_key, block, keep) if keep < 1 else list(range(block))
+            chans = {"all": list(range(width)), "truncate": list(range(k)),
+                     "learned": list(range(k)),
+                     "random": ref_channels(chan_key, width, k) if channels == "random" else []
+                     }[channels]
+            index = sp_.global_id[sp_.send_index[offset:offset + block]]
+            if dst == q:
+                ours = (len(sent), pick, chans, index)
+            sent += [rows[index[r]][chans] for r in pick]
+            offset += block
+        buf = np.asarray(sent, dtype=np.float32)
+        if bits != 32:
+            buf = ref_quant(buf, bits, mix(0, epoch, layer, 0, p))
+        at, pick, chans, index = ours
+        gid = shards[q].halo_global_id[start:start + count]
+        assert np.array_equal(np.sort(index), np.sort(gid))        # the same block both ways
+        view[gid] = 0.0
+        kept[gid] = False
+        scale = count / len(pick) if scaled else 1.0
+        for j, r in enumerate(pick):
+            view[index[r], chans] = buf[at + j] * scale
+            kept[index[r]] = True
+        if channels == "learned":
+            view[gid] = (view[gid] @ pair[f"layers.{layer}.decoder.weight"].T
+                         + pair[f"layers.{layer}.decoder.bias"])
+        start += count
+    return view, kept
+
+
+def eval_through_codecs(arch: str, codecs: list, state: dict, arrays: dict, shard_dir,
+                        epoch: int) -> np.ndarray:
+    """Logits ``(N, C)`` of the evaluation of ``epoch`` of a run with ``train.eval_codec =
+    "train"``: every part's owned rows of the whole-graph model with ``state``'s weights (no
+    dropout), its halo rows as ``received_view`` delivers them through each layer's codec
+    (``codecs``: ``EVAL_CODECS``' form, optionally with the ratio fourth (2 otherwise), None for
+    exact rows) at ``epoch``'s keys. A layer exchanges its transformed rows ``h W`` (SAGE: ``h
+    W_n``) where twice their width is at most its input's (layer 0, whose input needs no
+    gradient: at most the input width; the lattice's 6 features are exchanged, GAT's receiver
+    transforms them), else its input; GCN's ``D^-1/2 (A + I) D^-1/2``,
+    SAGE's mean over the whole in-degree, GAT's softmax over the kept in-neighbours and the
+    node itself (BNS-GCN's sampled graph: unscaled rows), heads concatenated, then averaged."""
+    from hpcgnn.data.shard import read_shard
+    from test_directed import as_graph
+    from test_methods_exact import _gcn_operator, _mean_operator
+    parts = len(list(Path(shard_dir).glob("part-*.h5")))
+    shards = [read_shard(Path(shard_dir) / f"part-{p:05d}.h5") for p in range(parts)]
+    g = as_graph(arrays)
+    n = g.num_nodes
+    adj = np.zeros((n, n), dtype=bool)
+    adj[np.repeat(np.arange(n), np.diff(g.indptr)), g.indices] = True
+    op = {"gcn": _gcn_operator, "sage": _mean_operator}.get(arch, lambda _: None)(g)
+    w = {k: v.double().numpy() for k, v in state.items()}
+    x32 = arrays["features"].astype(np.float32)
+
+    def gat(layer: int, h: np.ndarray, kept: np.ndarray, owned: np.ndarray) -> np.ndarray:
+        hh = h.reshape(n, w[f"layers.{layer}.att_src"].shape[0], -1)
+        s = (hh * w[f"layers.{layer}.att_src"]).sum(-1)
+        d = (hh * w[f"layers.{layer}.att_dst"]).sum(-1)
+        out = np.zeros((len(owned), *hh.shape[1:]))
+        for row, i in enumerate(owned):
+            nbr = np.append(np.flatnonzero(adj[i] & kept), i)
+            e = d[i] + s[nbr]
+            e = np.where(e > 0, e, 0.2 * e)
+            a = np.exp(e - e.max(0))
+            out[row] = np.einsum("jh,jhc->hc", a / a.sum(0), hh[nbr])
+        return out.reshape(len(owned), -1) if layer == 0 else out.mean(1)
+
+    def layer(i: int, x: np.ndarray, q: int, owned: np.ndarray) -> np.ndarray:
+        wt, b = w[f"layers.{i}.weight"], w[f"layers.{i}.bias"]
+        out = wt.shape[1] // 2 if arch == "sage" else wt.shape[1]
+        transform = 2 * out <= wt.shape[0] * (2 if i else 1)        # hpcgnn's choose_order
+        sent = (x @ wt[:, out:] if arch == "sage" else x @ wt) if transform else x
+        view, kept = (sent, np.ones(n, dtype=bool)) if codecs[i] is None else \
+            received_view(shards, q, i, epoch, sent.astype(np.float32), codecs[i],
+                          scaled=arch != "gat", pair=w)
+        if arch == "gcn":
+            agg = op[owned] @ view
+            return (agg if transform else agg @ wt) + b
+        if arch == "sage":
+            agg = op[owned] @ view
+            return x[owned] @ wt[:, :out] + (agg if transform else agg @ wt[:, out:]) + b
+        return gat(i, view if transform else view @ wt, kept, owned) + b
+
+    hidden = np.zeros((n, w["layers.0.bias"].shape[0]))
+    for q, sq in enumerate(shards):
+        h = layer(0, x32.astype(np.float64), q, sq.global_id)
+        hidden[sq.global_id] = np.where(h > 0, h, np.expm1(np.minimum(h, 0))) if arch == "gat" \
+            else np.maximum(h, 0.0)
+    logits = np.zeros((n, w["layers.1.bias"].shape[0]))
+    for q, sq in enumerate(shards):
+        logits[sq.global_id] = layer(1, hidden, q, sq.global_id)
+    return logits
+
+
+def split_figures(logits: np.ndarray, arrays: dict) -> dict:
+    """Accuracies of every split and the mean validation cross-entropy of ``logits``."""
+    labels, out = arrays["labels"], {}
+    for split in ("train", "val", "test"):
+        idx = arrays[f"{split}_idx"]
+        out[f"{split}_acc"] = float((logits[idx].argmax(1) == labels[idx]).mean())
+    idx = arrays["val_idx"]
+    z = logits[idx] - logits[idx].max(1, keepdims=True)
+    out["val_loss"] = float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(idx)), labels[idx]]))
+    return out
+
+
+@pytest.mark.parametrize("name", list(EVAL_RUNS))
+def test_evaluation_through_the_training_codecs_equals_whole_graph(name, lattice, runs):
+    """``train.eval_codec = "train"`` on the one-way lattice's uneven parts, synchronous and
+    stale: the last evaluation's accuracies and validation loss are those of the whole-graph
+    model with the checkpoint's weights whose halo rows are what the documented codecs deliver
+    with the last epoch's keys (``eval_through_codecs``, numpy), and not those of the
+    uncompressed model."""
+    from test_eval_codec import bits_in_force
+    arrays, three = lattice[0], lattice[3]
+    arch, sched, _, kept_first = EVAL_RUNS[name]
+    run = runs[f"eval-{name}"]
+    state = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
+    metrics = read_metrics(run)
+    last = metrics[-1]
+    assert last["epoch"] == EVAL_EPOCHS - 1
+    codecs = EVAL_CODECS[sched]
+    if sched == "auto":                       # the forward bits in force at the last epoch
+        bits = list(bits_in_force(metrics))[-1][1]
+        codecs = [(1.0, "all", bits.get(f"{i}/forward", 32)) for i in range(2)]
+        assert any(c[2] != 32 for c in codecs), bits
+    if kept_first:
+        codecs = [None, *codecs[1:]]
+    want = split_figures(eval_through_codecs(arch, codecs, state, arrays, three, last["epoch"]),
+                         arrays)
+    for split in ("train", "val", "test"):
+        assert last[f"{split}_acc"] == pytest.approx(want[f"{split}_acc"], abs=1e-9), split
+    plain = split_figures(dense_stack(eval_sets(arch)[:-3], state, arrays)[1], arrays)
+    assert last["val_loss"] == pytest.approx(want["val_loss"], rel=1e-6)
+    # the codecs count: a few halo rows cross the lattice's cuts, 2-bit rows move the loss 1e-5
+    assert last["val_loss"] != pytest.approx(plain["val_loss"], rel=5e-6)
+
+
+@pytest.mark.parametrize("name", list(EVERY))
+def test_evaluated_every_4_epochs_selects_the_best_evaluation(name, lattice, runs):
+    """``train.eval_every = 4`` over 10 epochs: the ranks evaluate after the steps of epochs 3,
+    7 and 9 (the last) only, each evaluation (its first layer on exchanged or kept feature
+    rows) giving the accuracies and validation loss of the whole-graph model
+    (``tests/_pipegcn.py``, synchronous or PipeGCN's staleness 1, trained here) after that
+    epoch's step, without dropout of either kind; ``summary.json``'s ``best_epoch``,
+    ``best_val_acc`` and ``test_acc`` are those of the first evaluated epoch of the highest
+    validation accuracy, ``final_test_acc`` the last one's."""
+    from _pipegcn import pipegcn_losses
+    from test_methods_exact import reference_model
+    arrays, graph, one, three = lattice
+    sets = (*EVERY[name], *EVERY_SETS)
+    model_sets = tuple(s for s in sets if s.startswith("model.") and "model.dropout" not in s)
+    s = int(dict(x.split("=") for x in sets).get("train.staleness", 0))
+    figures = {}
+
+    def evaluate(epoch, params):
+        figures[epoch] = split_figures(dense_stack(model_sets, params, arrays)[1], arrays)
+    init = initial_params(one, *sets)
+    losses = pipegcn_losses(graph, owners(three, RANKS, graph.num_nodes), init,
+                            reference_model(model_sets), s, 0.0, 10, lr=0.05, after_step=evaluate)
+    lines = read_metrics(runs[name])
+    assert [r["loss"] for r in lines] == pytest.approx(losses, rel=2e-5)
+    evaluated = [r for r in lines if "val_acc" in r]
+    assert [r["epoch"] for r in evaluated] == [3, 7, 9]
+    for r in evaluated:
+        want = figures[r["epoch"]]
+        for key in ("train_acc", "val_acc", "test_acc"):
+            assert r[key] == pytest.approx(want[key], abs=1e-9), (r["epoch"], key)
+        assert r["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5), r["epoch"]
+    best = max((3, 7, 9), key=lambda e: (figures[e]["val_acc"], -e))
+    summary = json.loads((runs[name] / "summary.json").read_text())
+    assert (summary["best_epoch"], summary["best_val_acc"], summary["test_acc"],
+            summary["final_test_acc"]) == (best, pytest.approx(figures[best]["val_acc"]),
+                                           pytest.approx(figures[best]["test_acc"]),
+                                           pytest.approx(figures[9]["test_acc"]))
+
+
+def test_retexo_evaluated_every_2_rounds_keeps_each_stages_best_evaluation(lattice, lattice_spec,
+                                                                           runs):
+    """RETEXO with ``train.eval_every = 2`` (3 stages of 3 rounds: rounds 1, 2, 3, 5, 7 and 8
+    evaluated, every stage's last among them): ``test_retexo.dense_retexo``'s stage-wise
+    whole-graph training, each stage's state the best among its evaluated rounds only: the
+    losses, the validation accuracies where evaluated, the final checkpoint's stages."""
+    from test_retexo import dense_retexo
+    one = lattice[2]
+    sets = (*RETEXO, "model.arch=sage")
+    losses, vals, final = dense_retexo("sage", initial_params(one, *sets), spec=lattice_spec,
+                                       every=2)
+    got = read_metrics(runs["retexo-sage-every-2"])
+    assert [r["loss"] for r in got] == pytest.approx(losses, rel=2e-5)
+    assert [e for e, v in enumerate(vals) if v is not None] == [1, 2, 3, 5, 7, 8]
+    assert [r.get("val_acc") for r in got] == [None if v is None else pytest.approx(v, abs=1e-6)
+                                               for v in vals]
+    state = torch.load(runs["retexo-sage-every-2"] / "checkpoint.pt", weights_only=True)["model"]
+    for k, v in final.items():
+        torch.testing.assert_close(state[k], v.detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", EVAL_TWINS)
+def test_evaluation_through_the_codecs_leaves_training_alone(name, runs):
+    """The same run evaluated uncompressed trains bit for bit alike (losses, bytes, final
+    weights): evaluation's exchanges through the codecs, between a stale layer's posted
+    exchange and its wait too, touch nothing training sends or keeps; only ``eval_bytes`` and
+    the evaluated figures differ."""
+    through, plain = read_metrics(runs[f"eval-{name}"]), read_metrics(runs[f"eval-{name}-none"])
+    for key in ("loss", "bytes_sent", "bytes_full"):
+        assert [r[key] for r in through] == [r[key] for r in plain], key
+    assert [r["eval_bytes"] for r in through] != [r["eval_bytes"] for r in plain]
+    a, b = (torch.load(runs[n] / "checkpoint.pt", weights_only=True)["model"]
+            for n in (f"eval-{name}", f"eval-{name}-none"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage"])
+def test_retexo_through_a_schedule_equals_stagewise_training_on_what_the_codecs_deliver(
+        arch, lattice, lattice_spec, runs):
+    """RETEXO (3 stages of 3 rounds) with a schedule: stage ``s``'s one exchange of its input
+    goes through the schedule's codec at ``(epoch 3 s, layer s)`` (``sample+random``, 2-bit
+    ``quant``, ``sample+random``), and its rounds train and are evaluated on those rows:
+    ``test_retexo.dense_retexo``'s stage-wise training whose aggregate of every part's owned
+    rows takes the halo rows ``received_view`` delivers (numpy codecs): the losses, the
+    validation accuracies every round evaluates, the final checkpoint (each stage's best)."""
+    from hpcgnn.data.shard import read_shard
+    from test_retexo import ROUNDS, dense_retexo, operator
+    one, three = lattice[2], lattice[3]
+    shards = [read_shard(three / f"part-{p:05d}.h5") for p in range(RANKS)]
+    op = operator(arch, lattice_spec)[0]
+    codecs = [EVAL_CODECS["sr-quant"][0], EVAL_CODECS["sr-quant"][1], EVAL_CODECS["sr-quant"][0]]
+
+    def aggregate(s, x):
+        agg, rows = torch.zeros_like(x), x.detach().numpy().astype(np.float32)
+        for q, sq in enumerate(shards):
+            view = received_view(shards, q, s, s * ROUNDS, rows, codecs[s], True, {})[0]
+            agg[sq.global_id] = op[sq.global_id] @ torch.from_numpy(view).float()
+        return agg
+    init = initial_params(one, *RETEXO, f"model.arch={arch}")
+    losses, vals, final = dense_retexo(arch, init, spec=lattice_spec, aggregate=aggregate)
+    got = read_metrics(runs[f"retexo-{arch}-sr-quant"])
+    assert [r["loss"] for r in got] == pytest.approx(losses, rel=2e-5)
+    assert [r["val_acc"] for r in got] == pytest.approx(vals, abs=1e-6)
+    state = torch.load(runs[f"retexo-{arch}-sr-quant"] / "checkpoint.pt", weights_only=True)["model"]
+    for k, v in final.items():
+        torch.testing.assert_close(state[k], v.detach(), rtol=1e-4, atol=1e-5)
+    plain = dense_retexo(arch, init, spec=lattice_spec)[0]
+    assert losses != pytest.approx(plain, rel=1e-4)             # the codecs changed the run

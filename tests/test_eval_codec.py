@@ -3,13 +3,18 @@ built for the rows evaluation sends. A stale layer's training steps exchange its
 evaluation exchanges synchronously (the transformed rows where that is narrower), so the codec
 of an evaluation must be made for the synchronous width: made for the input width, a channel
 codec kept too many channels (silently less compression than the schedule says) or more
-channels than the row has (a ValueError in the first evaluation, after training had begun)."""
+channels than the row has (a ValueError in the first evaluation, after training had begun).
+The last evaluation's figures are those of the whole-graph model of the checkpoint fed the
+truncated rows (``test_directed_methods.eval_through_codecs``), on 2 ranks of an undirected
+graph here."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -53,6 +58,29 @@ def test_stale_evaluation_codecs_fit_the_synchronous_rows(arch, shards, tmp_path
     want = {"sync": both, "stale": both, "stale-kept": eval_bytes_by_hand(shard_dir, ranks, (1,))}
     for name in runs:
         assert [r["eval_bytes"] for r in read_metrics(tmp_path / name)] == [want[name]] * 2, name
+    # the figures: the whole-graph model of the checkpoint fed the first max(1, w // 4) channels
+    # of each halo row (the first layer's exact rows where kept), as test_directed_methods does
+    from test_directed_methods import eval_through_codecs, split_figures
+    arrays = graph_arrays(GRAPH)
+    truncate = (1.0, "truncate", 32, RATIO)
+    for name in runs:
+        last = read_metrics(tmp_path / name)[-1]
+        state = torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["model"]
+        codecs = [None if name == "stale-kept" else truncate, truncate]
+        got = split_figures(eval_through_codecs(arch, codecs, state, arrays, shard_dir,
+                                                last["epoch"]), arrays)
+        for key in ("train_acc", "val_acc", "test_acc"):
+            assert last[key] == pytest.approx(got[key], abs=1e-9), (name, key)
+        assert last["val_loss"] == pytest.approx(got["val_loss"], rel=1e-6), name
+
+
+def graph_arrays(spec: str) -> dict:
+    """The npz-style arrays of a dataset spec (``test_directed.as_graph``'s input)."""
+    from hpcgnn.data.datasets import load_dataset
+    g = load_dataset(spec)
+    return {"num_nodes": g.num_nodes, "adj_indptr": g.indptr, "adj_indices": g.indices,
+            "features": np.asarray(g.dense_features(), np.float32), "labels": g.labels,
+            "train_idx": g.train_idx, "val_idx": g.val_idx, "test_idx": g.test_idx}
 
 
 def quant_row_bytes(width: int, bits: int) -> int:
@@ -76,15 +104,29 @@ def test_auto_evaluation_uses_the_codecs_its_epoch_trained_with(shards, tmp_path
     metrics = read_metrics(tmp_path / "run")
     rows = sum(int(read_shard(shard_dir / f"part-{p:05d}.h5").send_counts.sum())
                for p in range(ranks))
-    checks = [r for r in metrics if "auto" in r]
-    in_force = {k: b for k, b in checks[0]["auto"]["start"]["bits"].items()}
     changed = 0
-    for r in metrics:
+    for r, in_force in bits_in_force(metrics):
         want = rows * sum(quant_row_bytes(SYNC_WIDTHS[i], in_force[f"{i}/forward"])
                           for i in range(2))
         assert r["eval_bytes"] == want, (r["epoch"], r["eval_bytes"], want)
-        if "auto" in r:                  # from the next epoch on: this check's decision
-            new = {f"{e['layer']}/{e['direction']}": e["bits"] for e in r["auto"]["exchanges"]}
+        if "auto" in r:
+            new = decision(r)
             changed += any(new[k] != in_force[k] for k in new if k.endswith("forward"))
-            in_force = new
     assert changed, "the run must change a forward decision at some check"
+
+
+def decision(line: dict) -> dict:
+    """The bits a ``kind = "auto"`` check decided, by ``"layer/direction"``."""
+    return {f"{e['layer']}/{e['direction']}": e["bits"] for e in line["auto"]["exchanges"]}
+
+
+def bits_in_force(metrics: list[dict]):
+    """``(line, bits)`` of every metrics line of a ``kind = "auto"`` run: the bits each exchange
+    (``"layer/direction"``) trained and evaluated with at that epoch, from the records alone:
+    the start's (epoch 0's ``auto.start``) up to the first check, then from the epoch after
+    each check that check's decision."""
+    in_force = dict(next(r for r in metrics if "auto" in r)["auto"]["start"]["bits"])
+    for r in metrics:
+        yield r, in_force
+        if "auto" in r:                  # from the next epoch on: this check's decision
+            in_force = decision(r)

@@ -42,14 +42,17 @@ def operator(arch: str, spec: str = CSBM) -> tuple[torch.Tensor, object]:
     return torch.from_numpy(a / np.maximum(deg, 1)[:, None]).float(), g
 
 
-def dense_stage(arch: str, p: dict, s: int, op: torch.Tensor, x: torch.Tensor):
-    """(logits, embedding or None) of stage ``s`` on the whole graph."""
+def dense_stage(arch: str, p: dict, s: int, op: torch.Tensor, x: torch.Tensor,
+                agg: torch.Tensor | None = None):
+    """(logits, embedding or None) of stage ``s`` on the whole graph; ``agg``: the aggregate
+    ``op @ x`` where the caller has it (e.g. of halo rows through a codec)."""
     w, b = p[f"layers.{s}.weight"], p[f"layers.{s}.bias"]
+    agg = op @ x if agg is None else agg
     if arch == "gcn":
-        h = op @ x @ w + b
+        h = agg @ w + b
     else:
         out = w.shape[1] // 2
-        h = x @ w[:, :out] + op @ x @ w[:, out:] + b
+        h = x @ w[:, :out] + agg @ w[:, out:] + b
     if f"heads.{s}.weight" not in p:
         return h, None
     e = torch.relu(F.layer_norm(h, (h.shape[1],), p[f"norms.{s}.weight"], p[f"norms.{s}.bias"]))
@@ -57,14 +60,18 @@ def dense_stage(arch: str, p: dict, s: int, op: torch.Tensor, x: torch.Tensor):
 
 
 def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4, dropout: float = 0.0,
-                 spec: str = CSBM):
+                 spec: str = CSBM, every: int = 1, aggregate=None):
     """RETEXO written out: per stage a fresh Adam, ROUNDS full-batch steps on the fixed input,
     the best-validation state kept (strictly greater), its embedding the next input.
     ``dropout``: a fresh mask every round on the whole stage input (every node, the neighbours'
     rows too), nothing dropped after the convolution, none for evaluation or the embedding; the
     bits are hpcgnn's counter-based ones (``keep_mask``, keyed by node id, epoch and stage) so
     the runs can be compared exactly, where they are applied is written here.
-    ``spec``: the graph. Returns (losses per round, val accuracy per round, final parameters)."""
+    ``spec``: the graph. ``every``: evaluate after the rounds ``t`` with ``(t + 1) % every ==
+    0`` and after each stage's last (``train.eval_every``); only those compete for the best.
+    ``aggregate(s, x)``: stage ``s``'s fixed aggregate of its input ``x`` (default ``op @ x``;
+    without dropout), e.g. each part's halo rows as a codec delivered them.
+    Returns (losses per round, val accuracy per round (None: not evaluated), final parameters)."""
     from hpcgnn.nn.dropout import keep_mask
     op, g = operator(arch, spec)
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
@@ -77,26 +84,30 @@ def dense_retexo(arch: str, init: dict, lr: float = 0.05, wd: float = 5e-4, drop
                 if k.startswith((f"layers.{s}.", f"norms.{s}.", f"heads.{s}."))}
         opt = torch.optim.Adam(mine.values(), lr=lr, weight_decay=wd)
         best, best_state = -1.0, None
+        agg = None if aggregate is None else aggregate(s, x)
+        assert agg is None or not dropout
         for r in range(ROUNDS):
             x_in = x
             if dropout:
                 keep = keep_mask(ids, x.shape[1], dropout, 0, s * ROUNDS + r, s)
                 x_in = x * keep / (1.0 - dropout)
-            logits, _ = dense_stage(arch, params, s, op, x_in)
+            logits, _ = dense_stage(arch, params, s, op, x_in, agg)
             loss = F.cross_entropy(logits[tr], y[tr])
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(loss.item())
             with torch.no_grad():
-                val = float((dense_stage(arch, params, s, op, x)[0][va].argmax(1) == y[va]).float().mean())
-            vals.append(val)
-            if val > best:
+                val = float((dense_stage(arch, params, s, op, x, agg)[0][va].argmax(1)
+                             == y[va]).float().mean())
+            evaluated = (s * ROUNDS + r + 1) % every == 0 or r == ROUNDS - 1
+            vals.append(val if evaluated else None)
+            if evaluated and val > best:
                 best, best_state = val, {k: v.detach().clone() for k, v in mine.items()}
         for k in mine:
             params[k] = best_state[k]
         with torch.no_grad():
-            x = dense_stage(arch, params, s, op, x)[1]
+            x = dense_stage(arch, params, s, op, x, agg)[1]
     return losses, vals, params
 
 

@@ -37,7 +37,8 @@ VARCO's learned codec (``modules = (encoder, decoder)``, ``hpcgnn.codecs.learned
 to the rows sent to peers only (the owned rows never pass through it), as IntelLabs/SAR applies
 its ``FeatureCompressorDecompressor`` (``sar/core/compressor.py``), and, unlike SAR (fixed ``k``,
 in evaluation too), only while the exchange compresses — when the step's forward codec sends
-``k < F`` learned channels. At ratio 1 (every channel sent), in evaluation (uncompressed) and in the
+``k < F`` learned channels (in evaluation too with ``train.eval_codec = "train"``). At ratio 1
+(every channel sent), in an uncompressed evaluation (the default) and in the
 last layer (uncompressed by default) the halo rows are the sender's rows as they are. Applied
 at ratio 1 too, ``decoder(encoder(.))`` was an ``F x F`` map on the halo rows alone that Adam
 (steps of ``lr`` per parameter, whatever the gradient's size) walked away from the identity:
