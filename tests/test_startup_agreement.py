@@ -91,3 +91,26 @@ def test_a_copy_of_the_shard_set_elsewhere_and_local_settings_are_accepted(shard
     proc = launch(tmp_path, 2, train_args(src, tmp_path / "run"), per_rank)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_a_device_failure_on_one_rank_is_said_on_every_rank(shards, tmp_path):
+    """Rank 1 alone asks for a GPU it cannot get (a node whose GPUs are hidden or missing):
+    every rank, not only rank 1, logs which rank on which host failed and why, with the fix,
+    and the job ends with the user-error exit code, before any exchange and without a hang.
+    (Before: rank 1 alone said it and the launcher killed the others with nothing logged.)"""
+    import socket
+    run = tmp_path / "run"
+    proc = launch(tmp_path, 3, train_args(shards("cora", 3), run),
+                  {"1": {"args": ["--device", "cuda"]}})
+    assert proc.returncode == 2, proc.stderr
+    host = socket.gethostname()
+    for rank in range(3):
+        line = next((ln for ln in proc.stderr.splitlines()
+                     if ln.startswith(f"[rank {rank}/3] ERROR ")), None)
+        assert line is not None, f"rank {rank} said nothing:\n{proc.stderr}"
+        assert f"rank 1 (host {host}): device 'cuda' asked for, but " in line, line
+        assert "or use --device cpu" in line, line                      # the fix
+        assert "no device on" in line and "nothing was exchanged" in line, line
+    assert "Traceback" not in proc.stderr
+    assert not (run / "checkpoint.pt").exists() and not (run / "run.json").exists()
+

@@ -101,6 +101,21 @@ def report_failures(errors: list[str | None] | None) -> None:
         log.error("%s: no error; stopping with the others", rank_list(fine))
 
 
+def device_failures(failures: list[tuple[str, str | None]]) -> str:
+    """The one line every rank logs when some ranks could not take their device
+    (``hpcgnn.comm.context.DeviceUnavailable``; ``failures``: every rank's (host, error or
+    None)): which ranks on which hosts failed, and why, once per distinct message."""
+    errors = [error for _, error in failures]
+    groups = group_errors(errors)
+    failed = sum(len(ranks) for _, ranks in groups)
+    said = "; also ".join(
+        f"{rank_list(ranks)} (host{'s' * (len(hosts) > 1)} {', '.join(hosts)}): {message}"
+        for message, ranks in groups
+        for hosts in [sorted({failures[r][0] for r in ranks})])
+    return (f"no device on {failed} of {len(errors)} rank{'s' * (len(errors) != 1)}; nothing "
+            f"was exchanged, so every rank stops: {said}")
+
+
 def group_errors(errors: list[str | None]) -> list[tuple[str, list[int]]]:
     """(message, ranks) per distinct message, in order of the lowest rank that hit it."""
     groups: dict[str, list[int]] = {}
