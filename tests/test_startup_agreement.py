@@ -24,6 +24,7 @@ import json, os, runpy, sys
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
 mine = json.loads(os.environ["TEST_PER_RANK"]).get(rank, {})
 os.environ.update(mine.get("env", {}))
+os.chdir(mine.get("cwd", "."))
 sys.path[:0] = mine.get("path", [])
 args = [a.replace(*mine["swap"]) if "swap" in mine else a for a in json.loads(os.environ["TEST_ARGS"])]
 sys.argv = ["hpcgnn"] + args + mine.get("args", [])
@@ -114,3 +115,27 @@ def test_a_device_failure_on_one_rank_is_said_on_every_rank(shards, tmp_path):
     assert "Traceback" not in proc.stderr
     assert not (run / "checkpoint.pt").exists() and not (run / "run.json").exists()
 
+
+def test_a_run_directory_one_rank_cannot_write_ends_the_job_at_start_up(shards, tmp_path):
+    """A relative --out that rank 1 cannot create (its node's working directory is elsewhere,
+    here on sysfs, where even root makes no directory): refused at start-up, before any
+    exchange, naming the directory, the rank's host and the fix, with exit code 2. (Before: the
+    ranks agreed to start, rank 1's ``mkdir`` raised in ``Trainer.start`` after the first
+    collectives, and the job aborted with a traceback on that rank alone.)"""
+    import os
+    import socket
+    try:
+        os.mkdir("/sys/hpcgnn-test")
+        os.rmdir("/sys/hpcgnn-test")
+        pytest.skip("/sys accepts a new directory here")
+    except OSError:
+        pass
+    args = train_args(shards("cora", 2), "run")
+    args[args.index("configs/cora.toml")] = str(REPO / "configs" / "cora.toml")
+    proc = launch(tmp_path, 2, args, {"0": {"cwd": str(tmp_path)}, "1": {"cwd": "/sys"}})
+    assert proc.returncode == 2, proc.stderr
+    assert "[rank 0/2] ERROR rank 1: --out run: cannot make or write it on this rank " in proc.stderr
+    assert f"; host {socket.gethostname()}, working directory /sys). Fix: give --out " in proc.stderr
+    assert "[rank 0/2] ERROR rank 0: no error; stopping with the others" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "run.json").exists()
