@@ -49,6 +49,12 @@ def test_no_gpu_names_its_cause_and_the_fix(monkeypatch):
         with pytest.raises(RuntimeError, match=rf"CUDA_VISIBLE_DEVICES={hidden!r} hides every "
                                                r"GPU from torch: ask the job for GPUs"):
             gpu.pick_device(0, "cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")        # a GPU the node may not have
+    with pytest.raises(RuntimeError, match=r"sees no GPU on this node with CUDA_VISIBLE_DEVICES="
+                                           r"'7': it may name GPUs this node does not have "
+                                           r"\(nvidia-smi -L lists them; .*\), or the node has no "
+                                           r"GPU, or no NVIDIA driver that supports CUDA 13.0"):
+        gpu.pick_device(0, "cuda")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")

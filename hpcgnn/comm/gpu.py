@@ -64,9 +64,14 @@ def _why_no_cuda() -> str:
     if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
         return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from torch: ask the job for "
                 f"GPUs (e.g. srun/sbatch --gpus-per-task=1) or unset it")
+    named = ""
+    if visible is not None:          # names GPUs, but torch sees none of them
+        named = (f" with CUDA_VISIBLE_DEVICES={visible!r}: it may name GPUs this node does not "
+                 f"have (nvidia-smi -L lists them; a job script that set it for another node), or "
+                 f"the node has")
     return (f"torch {torch.__version__} (built for CUDA {torch.version.cuda}) sees no GPU on "
-            f"this node: no GPU, or no NVIDIA driver that supports CUDA {torch.version.cuda} "
-            f"(nvidia-smi shows the driver's CUDA version)")
+            f"this node{named or ':'} no GPU, or no NVIDIA driver that supports CUDA "
+            f"{torch.version.cuda} (nvidia-smi shows the driver's CUDA version)")
 
 
 # -- is the MPI library CUDA-aware? ------------------------------------------------------------
