@@ -98,14 +98,16 @@ def _configure_memory() -> None:
 def _start(args, build=None):
     """The MPI context and ``build(ctx, args)`` (the trainer by default), agreed by all ranks;
     a start-up failure on any rank ends the job cleanly with code 2."""
-    from hpcgnn.comm.context import CommContext
+    from hpcgnn.comm.context import CommContext, DeviceUnavailable
+    from hpcgnn.train.early import device_failures
     from hpcgnn.train.launch import build_trainer, prepare_or_report
     freeze_imports()
     try:
         ctx = CommContext.from_world(args.device)
-    except RuntimeError as exc:                 # e.g. --device cuda without a GPU: every rank
-        say_error(f"error: {exc}")
-        sys.exit(EXIT_USER_ERROR)
+    except DeviceUnavailable as exc:            # e.g. --device cuda on a node without a GPU:
+        setup_logging(exc.rank, exc.size)       # every rank knows which ranks failed, and why
+        get_logger().error("%s", device_failures(exc.failures))
+        _finalize_and_exit(EXIT_USER_ERROR)
     setup_logging(ctx.rank, ctx.size)
     job = prepare_or_report(ctx, args, build or build_trainer)
     if job is None:                           # every rank knows: someone failed at start-up

@@ -49,6 +49,33 @@ def test_no_gpu_names_its_cause_and_the_fix(monkeypatch):
         with pytest.raises(RuntimeError, match=rf"CUDA_VISIBLE_DEVICES={hidden!r} hides every "
                                                r"GPU from torch: ask the job for GPUs"):
             gpu.pick_device(0, "cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")        # a GPU the node may not have
+    with pytest.raises(RuntimeError, match=r"sees no GPU on this node with CUDA_VISIBLE_DEVICES="
+                                           r"'7': it may name GPUs this node does not have "
+                                           r"\(nvidia-smi -L lists them; .*\), or the node has no "
+                                           r"GPU, or no NVIDIA driver that supports CUDA 13.0"):
+        gpu.pick_device(0, "cuda")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")
+def test_a_gpu_that_cannot_be_used_names_it_and_the_fix(monkeypatch):
+    """A GPU torch sees but cannot use (busy in Exclusive_Process mode, in an error state) is
+    refused where the rank picks it, naming the GPU and the fix, so that the start-up device
+    agreement reports it on every rank (it used to fail later, in the trainer's build, as a
+    bare CUDA error and a traceback on that rank alone). torch.cuda is faked: no GPU here."""
+    from hpcgnn.comm import gpu
+
+    def busy(index):
+        raise RuntimeError("CUDA error: CUDA-capable device(s) is/are busy or unavailable\n"
+                           "CUDA kernel errors might be asynchronously reported")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", busy)
+    with pytest.raises(RuntimeError, match=r"^GPU 1 \(node-local rank 3 takes GPU 3 mod 2\) "
+                                           r"cannot be used: CUDA error: CUDA-capable device\(s\) "
+                                           r"is/are busy or unavailable\. Fix: nvidia-smi .* or "
+                                           r"use --device cpu$"):
+        gpu.pick_device(3, "cuda")
 
 
 @pytest.mark.gpu

@@ -24,6 +24,7 @@ import json, os, runpy, sys
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
 mine = json.loads(os.environ["TEST_PER_RANK"]).get(rank, {})
 os.environ.update(mine.get("env", {}))
+os.chdir(mine.get("cwd", "."))
 sys.path[:0] = mine.get("path", [])
 args = [a.replace(*mine["swap"]) if "swap" in mine else a for a in json.loads(os.environ["TEST_ARGS"])]
 sys.argv = ["hpcgnn"] + args + mine.get("args", [])
@@ -91,3 +92,50 @@ def test_a_copy_of_the_shard_set_elsewhere_and_local_settings_are_accepted(shard
     proc = launch(tmp_path, 2, train_args(src, tmp_path / "run"), per_rank)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_a_device_failure_on_one_rank_is_said_on_every_rank(shards, tmp_path):
+    """Rank 1 alone asks for a GPU it cannot get (a node whose GPUs are hidden or missing):
+    every rank, not only rank 1, logs which rank on which host failed and why, with the fix,
+    and the job ends with the user-error exit code, before any exchange and without a hang.
+    (Before: rank 1 alone said it and the launcher killed the others with nothing logged.)"""
+    import socket
+    run = tmp_path / "run"
+    proc = launch(tmp_path, 3, train_args(shards("cora", 3), run),
+                  {"1": {"args": ["--device", "cuda"]}})
+    assert proc.returncode == 2, proc.stderr
+    host = socket.gethostname()
+    for rank in range(3):
+        line = next((ln for ln in proc.stderr.splitlines()
+                     if ln.startswith(f"[rank {rank}/3] ERROR ")), None)
+        assert line is not None, f"rank {rank} said nothing:\n{proc.stderr}"
+        assert f"rank 1 (host {host}): device 'cuda' asked for, but " in line, line
+        assert "or use --device cpu" in line, line                      # the fix
+        assert "no device on" in line and "nothing was exchanged" in line, line
+    assert "Traceback" not in proc.stderr
+    assert not (run / "checkpoint.pt").exists() and not (run / "run.json").exists()
+
+
+def test_a_run_directory_one_rank_cannot_write_ends_the_job_at_start_up(shards, tmp_path):
+    """A relative --out that rank 1 cannot create (its node's working directory is elsewhere,
+    here on sysfs, where even root makes no directory): refused at start-up, before any
+    exchange, naming the directory, the rank's host and the fix, with exit code 2. (Before: the
+    ranks agreed to start, rank 1's ``mkdir`` raised in ``Trainer.start`` after the first
+    collectives, and the job aborted with a traceback on that rank alone.)"""
+    import os
+    import socket
+    try:
+        os.mkdir("/sys/hpcgnn-test")
+        os.rmdir("/sys/hpcgnn-test")
+        pytest.skip("/sys accepts a new directory here")
+    except OSError:
+        pass
+    args = train_args(shards("cora", 2), "run")
+    args[args.index("configs/cora.toml")] = str(REPO / "configs" / "cora.toml")
+    proc = launch(tmp_path, 2, args, {"0": {"cwd": str(tmp_path)}, "1": {"cwd": "/sys"}})
+    assert proc.returncode == 2, proc.stderr
+    assert "[rank 0/2] ERROR rank 1: --out run: cannot make or write it on this rank " in proc.stderr
+    assert f"; host {socket.gethostname()}, working directory /sys). Fix: give --out " in proc.stderr
+    assert "[rank 0/2] ERROR rank 0: no error; stopping with the others" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "run.json").exists()

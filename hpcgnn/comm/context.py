@@ -5,6 +5,7 @@ everything that communicates (no module-level rank/comm globals anywhere else).
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -32,20 +33,23 @@ class CommContext:
 
     @classmethod
     def from_world(cls, device: str = "auto") -> "CommContext":
-        """Build the context from ``MPI.COMM_WORLD``; ``device``: auto | cpu | cuda."""
+        """Build the context from ``MPI.COMM_WORLD``; ``device``: auto | cpu | cuda. Every rank
+        takes its device, then the ranks agree whether all got one (one tiny Allreduce): where
+        any rank failed, every rank raises ``DeviceUnavailable`` with every rank's host and
+        error, so that each can say which ranks failed and why, before any exchange."""
         from mpi4py import MPI
         world = MPI.COMM_WORLD
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
         local_rank, local_size = node.Get_rank(), node.Get_size()
         node.Free()
-        dev = gpu.pick_device(local_rank, device)
-        aware = dev.type == "cuda" and gpu.mpi_is_cuda_aware()
-        level = MPI.Query_thread()
-        if dev.type == "cuda" and level < MPI.THREAD_SERIALIZED:
-            raise RuntimeError(
-                f"MPI granted thread level {level} (< MPI_THREAD_SERIALIZED); on a GPU, autograd "
-                f"runs the backward halo exchange on its device thread. Launch with "
-                f"MPI4PY_RC_THREAD_LEVEL=multiple (or serialized), or use --device cpu")
+        error = None
+        try:
+            dev, aware, level = _take_device(local_rank, device)
+        except RuntimeError as exc:             # no GPU, a busy one, a bad HPCGNN_CUDA_AWARE, ...
+            error = str(exc)
+        if world.allreduce(error is not None, op=MPI.LOR):
+            raise DeviceUnavailable(world.Get_rank(), world.Get_size(),
+                                    world.allgather((socket.gethostname(), error)))
         return cls(comm=world, rank=world.Get_rank(), size=world.Get_size(),
                    local_rank=local_rank, local_size=local_size, device=dev, cuda_aware=aware,
                    thread_level=level)
@@ -53,3 +57,28 @@ class CommContext:
     @property
     def is_root(self) -> bool:
         return self.rank == 0
+
+
+class DeviceUnavailable(RuntimeError):
+    """Raised on every rank when any rank could not take its device: ``failures`` holds every
+    rank's ``(hostname, error or None)``, the same list on every rank."""
+
+    def __init__(self, rank: int, size: int, failures: list[tuple[str, str | None]]):
+        super().__init__("; ".join(f"rank {r} ({host}): {e}" for r, (host, e) in
+                                   enumerate(failures) if e is not None))
+        self.rank, self.size, self.failures = rank, size, failures
+
+
+def _take_device(local_rank: int, device: str) -> tuple[torch.device, bool, int]:
+    """This rank's (device, CUDA-aware MPI, MPI thread level); RuntimeError naming the fix
+    where it cannot use the device asked for."""
+    from mpi4py import MPI
+    dev = gpu.pick_device(local_rank, device)
+    aware = dev.type == "cuda" and gpu.mpi_is_cuda_aware()
+    level = MPI.Query_thread()
+    if dev.type == "cuda" and level < MPI.THREAD_SERIALIZED:
+        raise RuntimeError(
+            f"MPI granted thread level {level} (< MPI_THREAD_SERIALIZED); on a GPU, autograd "
+            f"runs the backward halo exchange on its device thread. Launch with "
+            f"MPI4PY_RC_THREAD_LEVEL=multiple (or serialized), or use --device cpu")
+    return dev, aware, level

@@ -40,8 +40,18 @@ def pick_device(local_rank: int, want: str = "auto") -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError(f"device 'cuda' asked for, but {_why_no_cuda()}; or use --device cpu")
-    index = local_rank % torch.cuda.device_count()
-    torch.cuda.set_device(index)
+    count = torch.cuda.device_count()
+    index = local_rank % count
+    try:
+        torch.cuda.set_device(index)
+        torch.zeros(1, device=torch.device("cuda", index))   # makes the CUDA context: a busy or
+    except RuntimeError as exc:                              # broken GPU fails here, not later
+        raise RuntimeError(
+            f"GPU {index} (node-local rank {local_rank} takes GPU {local_rank} mod {count}) cannot "
+            f"be used: {str(exc).strip().splitlines()[0]}. Fix: nvidia-smi on this node shows "
+            f"the GPUs' compute mode and processes (an Exclusive_Process GPU takes one process: "
+            f"another job's, or a second rank where the node runs more ranks than it has GPUs); "
+            f"a GPU in an error state needs another node; or use --device cpu") from exc
     return torch.device("cuda", index)
 
 
@@ -54,9 +64,14 @@ def _why_no_cuda() -> str:
     if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
         return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from torch: ask the job for "
                 f"GPUs (e.g. srun/sbatch --gpus-per-task=1) or unset it")
+    named = ""
+    if visible is not None:          # names GPUs, but torch sees none of them
+        named = (f" with CUDA_VISIBLE_DEVICES={visible!r}: it may name GPUs this node does not "
+                 f"have (nvidia-smi -L lists them; a job script that set it for another node), or "
+                 f"the node has")
     return (f"torch {torch.__version__} (built for CUDA {torch.version.cuda}) sees no GPU on "
-            f"this node: no GPU, or no NVIDIA driver that supports CUDA {torch.version.cuda} "
-            f"(nvidia-smi shows the driver's CUDA version)")
+            f"this node{named or ':'} no GPU, or no NVIDIA driver that supports CUDA "
+            f"{torch.version.cuda} (nvidia-smi shows the driver's CUDA version)")
 
 
 # -- is the MPI library CUDA-aware? ------------------------------------------------------------

@@ -20,7 +20,7 @@ from hpcgnn.comm.settings import check_halo_message
 from hpcgnn.config import Config, ConfigError, config_source, load_config
 from hpcgnn.data.shardset import ShardSet
 from hpcgnn.log import get_logger, setup_logging
-from hpcgnn.train.rundir import CONFIG_NAME, check_run_dir
+from hpcgnn.train.rundir import CONFIG_NAME, check_run_dir, check_writable
 
 # Errors a user can cause and fix (bad file, bad key, bad value); anything else is a bug and
 # aborts the job with a traceback (python -m mpi4py).
@@ -35,11 +35,13 @@ def train_checks(args, size: int) -> None:
     cfg = load_config(args.config, args.set)
     if cfg.parallel.algorithm == "halo":
         check_halo_message(cfg.comm, size, config_source(args.config, args.set))
-    check_run_dir(Path(args.out or cfg.run.out), args.resume, getattr(args, "force", False))
+    run_dir = Path(args.out or cfg.run.out)
+    check_run_dir(run_dir, args.resume, getattr(args, "force", False))
     shards = ShardSet.open(args.shards)
     shards.check_trainable()                   # from meta.json's counts (older sets: later)
     if cfg.parallel.algorithm == "halo":
         shards.check_ranks(size)
+    check_writable(run_dir)                    # last: made only where the rest passed here
 
 
 def predict_checks(args, size: int) -> None:
@@ -99,6 +101,21 @@ def report_failures(errors: list[str | None] | None) -> None:
     fine = [r for r, e in enumerate(errors) if e is None]
     if fine:
         log.error("%s: no error; stopping with the others", rank_list(fine))
+
+
+def device_failures(failures: list[tuple[str, str | None]]) -> str:
+    """The one line every rank logs when some ranks could not take their device
+    (``hpcgnn.comm.context.DeviceUnavailable``; ``failures``: every rank's (host, error or
+    None)): which ranks on which hosts failed, and why, once per distinct message."""
+    errors = [error for _, error in failures]
+    groups = group_errors(errors)
+    failed = sum(len(ranks) for _, ranks in groups)
+    said = "; also ".join(
+        f"{rank_list(ranks)} (host{'s' * (len(hosts) > 1)} {', '.join(hosts)}): {message}"
+        for message, ranks in groups
+        for hosts in [sorted({failures[r][0] for r in ranks})])
+    return (f"no device on {failed} of {len(errors)} rank{'s' * (len(errors) != 1)}; nothing "
+            f"was exchanged, so every rank stops: {said}")
 
 
 def group_errors(errors: list[str | None]) -> list[tuple[str, list[int]]]:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
+import socket
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -59,6 +62,25 @@ def check_dir_path(path: Path, flag: str, fix: str) -> None:
             if not parent.is_dir():
                 raise RunDirError(f"{flag} {path}: {parent} is a file, not a directory; {fix}")
             return
+
+
+def check_writable(path: Path, flag: str = "--out") -> None:
+    """Make ``path`` (and its parents) and create and remove a file in it, on this rank: raise
+    ``RunDirError`` naming it, this rank's host and the fix where that fails (a file system
+    missing or read-only on this node, no permission, a relative path from another working
+    directory), so that the job ends at start-up, on every rank, not at this rank's first write
+    after the others entered a collective."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".hpcgnn-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise RunDirError(
+            f"{flag} {path}: cannot make or write it on this rank ({exc.strerror or exc}; host "
+            f"{socket.gethostname()}, working directory {os.getcwd()}). Fix: give {flag} a "
+            f"directory that every rank can write (on a file system mounted on every node, as "
+            f"an absolute path where ranks start in other directories)") from exc
 
 
 def describe_run(run_dir: Path) -> str | None:
