@@ -5,7 +5,8 @@ receiver, halo gradients reach their owners s epochs later, the first s epochs a
 synchronous, and smoothing averages both; Sylvie (quantised stale rows and gradients) is the
 same PipeGCN fed what the numpy quantiser of ``test_codecs`` gives, and BNS-GCN's ``sample`` on
 stale layers the same PipeGCN fed the sample of the epoch the rows were sent at (their gradients
-back through that selection); resume with staleness on
+back through that selection), and smoothing under a lossy codec the same PipeGCN with smoothing
+fed the codec's rows and gradients; resume with staleness on
 equals the uninterrupted run, and a stale 1-bit run still learns. Compression: a sampled,
 random-channel schedule (and ``sample`` alone on a one-way directed graph) trains exactly as the
 whole-graph model whose halo rows are what the documented selection delivers, and VARCO's learned codec as the whole-graph model whose halo
@@ -339,37 +340,43 @@ def test_sampled_sage_mean_equals_single_process_computation(shards, init_of, tm
 SYLVIE = 'codec = "quant"\nbits = 2\ncompress_last_layer = true\n'    # backward: 2 bits too
 
 
-def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0):
+def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0, ratio: float = 1.0):
     """``(received, returned)`` of ``tests/_pipegcn.py`` as the documented quantiser
     (``test_codecs.ref_quant``, numpy) delivers rows and gradients. Rows: each sender ``p``
     quantises its whole send buffer ``h[global_id[send_index]]`` (grouped by destination) with
     the noise key ``mix(seed, epoch, layer, 0, p)``, and ``q``'s block of it is ``q``'s halo
     block from ``p``, in order. Gradients: part ``q`` quantises those of all its halo rows, in
     halo order, with ``mix(seed, epoch, layer, 1, q)`` (``epoch``: the one the rows were used
-    at), and each owner takes its block."""
+    at), and each owner takes its block. ``ratio > 1``: ``truncate+quant``, whose rate stage
+    keeps the first ``k = max(1, floor(F / ratio))`` channels of every row before the rounding
+    (the others arrive as zeros) and sends back the gradients of those channels alone."""
     from hpcgnn.data.shard import read_shard
     from test_codecs import ref_quant
     from test_exchange_exact import mix
     shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
 
+    def width(h: torch.Tensor) -> int:
+        return max(1, int(h.shape[1] / ratio + 1e-9))
+
     def returned(layer: int, epoch: int, grad: torch.Tensor, q: int) -> torch.Tensor:
-        gid = torch.from_numpy(shards[q].halo_global_id)
+        gid, k = torch.from_numpy(shards[q].halo_global_id), width(grad)
         out = torch.zeros_like(grad)
         if len(gid):                        # a part without halo rows (a chain's first) sends none
-            out[gid] = torch.from_numpy(ref_quant(grad[gid].numpy(), bits,
-                                                  mix(seed, epoch, layer, 1, q)))
+            out[gid, :k] = torch.from_numpy(ref_quant(grad[gid, :k].numpy(), bits,
+                                                      mix(seed, epoch, layer, 1, q)))
         return out
 
     def received(layer: int, epoch: int, h: torch.Tensor, q: int) -> torch.Tensor:
-        out, start = h.detach().clone(), 0
+        out, start, k = h.detach().clone(), 0, width(h)
         for p, rows in enumerate(shards[q].recv_counts.tolist()):
             if rows:
                 sp_ = shards[p]
-                buf = h.detach()[torch.from_numpy(sp_.global_id[sp_.send_index])].numpy()
+                buf = h.detach()[torch.from_numpy(sp_.global_id[sp_.send_index]), :k].numpy()
                 deq = ref_quant(buf, bits, mix(seed, epoch, layer, 0, p))
                 off = int(sp_.send_counts[:q].sum())
-                gid = shards[q].halo_global_id[start:start + rows]
-                out[torch.from_numpy(gid)] = torch.from_numpy(deq[off:off + rows])
+                gid = torch.from_numpy(shards[q].halo_global_id[start:start + rows])
+                out[gid] = 0.0
+                out[gid, :k] = torch.from_numpy(deq[off:off + rows])
             start += rows
         return out
 
@@ -412,10 +419,15 @@ def sampled_rows(shard_dir, ranks: int, keep: float, s: int, seed: int = 0):
     return received, returned
 
 
-# Sylvie, and BNS-GCN's sample under PipeGCN's staleness: (schedule, staleness), one 3-rank job
-STALE_CODECS = {"sylvie": (SYLVIE, 1),
+# Sylvie, and BNS-GCN's sample under PipeGCN's staleness, and PipeGCN's smoothing of what a
+# lossy codec delivers: (schedule, staleness, smoothing), one 3-rank job
+TRUNCATE_QUANT = ('codec = "truncate+quant"\nbits = 2\nkind = "constant"\nratio = 2.0\n'
+                  'compress_last_layer = true\n')
+STALE_CODECS = {"sylvie": (SYLVIE, 1, 0.0),
                 "sample-s2": ('codec = "sample"\nkind = "constant"\nratio = 2.0\n'
-                              'compress_last_layer = true\n', 2)}
+                              'compress_last_layer = true\n', 2, 0.0),
+                "sylvie-smooth": (SYLVIE, 1, 0.5),
+                "truncate-quant-s2-smooth": (TRUNCATE_QUANT, 2, 0.5)}
 STALE_CODEC_MODEL = ("model.arch=gcn", "model.layers=3")
 STALE_CODEC_SETS = (*STALE_CODEC_MODEL, "model.dropout=0.5", f"train.epochs={EPOCHS}")
 
@@ -425,10 +437,10 @@ def stale_codec_runs(shards, tmp_path_factory):
     """name -> run dir of STALE_CODECS: 3 uneven METIS parts, a 3-layer GCN with dropout."""
     work = tmp_path_factory.mktemp("stale-codecs")
     runs = []
-    for name, (schedule, s) in STALE_CODECS.items():
+    for name, (schedule, s, m) in STALE_CODECS.items():
         (work / f"{name}.toml").write_text(schedule)
         runs.append((shards(CSBM, 3, "metis"), work / name,
-                     (*STALE_CODEC_SETS, f"train.staleness={s}"), {},
+                     (*STALE_CODEC_SETS, f"train.staleness={s}", f"train.smoothing={m}"), {},
                      ("--schedule", str(work / f"{name}.toml"))))
     for proc in train_together(3, runs, work):
         check_ok(proc)
@@ -474,6 +486,35 @@ def test_stale_sampled_training_equals_pipegcn_of_the_sample(shards, init_of, st
     assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
     fp32 = pipegcn_losses(g, parts, init, model, s, 0.0, EPOCHS)
     assert got != pytest.approx(fp32, rel=1e-4)            # the sample changed the run
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name, ratio", [("sylvie-smooth", 1.0), ("truncate-quant-s2-smooth", 2.0)])
+def test_smoothed_stale_codec_training_equals_pipegcn(name, ratio, shards, init_of,
+                                                      stale_codec_runs):
+    """PipeGCN's smoothing (0.5) of stale rows and gradients under a lossy codec: 2-bit rows
+    and gradients at staleness 1, and the first half of the channels in 2 bits at staleness 2,
+    on 3 uneven METIS parts, a 3-layer GCN with dropout 0.5. What is averaged is what the codec
+    delivered (the decoded rows, the decoded gradients summed into their owners' rows), the
+    average starting at its first value; the layer drops out the averaged rows: the
+    single-process PipeGCN with smoothing fed the numpy codec's rows and gradients."""
+    from _pipegcn import pipegcn_losses
+    from hpcgnn.data.datasets import load_dataset
+    ranks, shard_dir = 3, shards(CSBM, 3, "metis")
+    _, s, m = STALE_CODECS[name]
+    got = [r["loss"] for r in read_metrics(stale_codec_runs[name])]
+    g, parts, init = load_dataset(CSBM), _parts(shard_dir, ranks), init_of(CSBM, STALE_CODEC_SETS)
+    assert len(set(np.bincount(parts).tolist())) > 1                      # uneven parts
+    model = reference_model(STALE_CODEC_MODEL)
+    received, returned = quantised_rows(shard_dir, ranks, 2, ratio=ratio)
+    want = pipegcn_losses(g, parts, init, model, s, m, EPOCHS, received=received,
+                          returned=returned)
+    assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
+    unsmoothed = pipegcn_losses(g, parts, init, model, s, 0.0, EPOCHS, received=received,
+                                returned=returned)
+    assert got != pytest.approx(unsmoothed, rel=1e-4)      # the smoothing changed the run
+    fp32 = pipegcn_losses(g, parts, init, model, s, m, EPOCHS)
+    assert got != pytest.approx(fp32, rel=1e-4)            # so did the codec
 
 
 # -- VARCO's learned codec against a single-process computation ----------------------------
