@@ -9,7 +9,8 @@ back through that selection), and smoothing under a lossy codec the same PipeGCN
 fed the codec's rows and gradients; resume with staleness on
 equals the uninterrupted run, and a stale 1-bit run still learns. Compression: a sampled,
 random-channel schedule (and ``sample`` alone on a one-way directed graph) trains exactly as the
-whole-graph model whose halo rows are what the documented selection delivers, and VARCO's learned codec as the whole-graph model whose halo
+whole-graph model whose halo rows are what the documented selection delivers (and, with a
+quantised ``[backward]``, whose halo gradients go back through the numpy quantiser), and VARCO's learned codec as the whole-graph model whose halo
 rows pass a trained encoder, the first k channels and a trained decoder while k < F."""
 from __future__ import annotations
 
@@ -203,16 +204,39 @@ def _split_operator(shard_dir, ranks: int, spec: str = CSBM, operator=_gcn_opera
     return g, a_loc, a_halo
 
 
-def _train_gcn(g, p: dict, opt, propagate) -> list[float]:
-    """EPOCHS full-batch steps of the 2-layer GCN (layer 0 propagates X, layer 1 H W1, as the
-    ranks do for these widths) with ``propagate(e, layer, epoch)``; the losses."""
+def _transforms_first(layer: int, f_in: int, f_out: int) -> bool:
+    """Whether the ranks exchange a layer's transformed rows (``x W``) rather than its input:
+    the narrower rows per step, forward and backward, the first layer's input needing no
+    backward (``hpcgnn/nn/layers.py``); a tie transforms first."""
+    return 2 * f_out <= f_in * (1 if layer == 0 else 2)
+
+
+def _train(g, p: dict, opt, propagate, arch: str = "gcn") -> list[float]:
+    """EPOCHS full-batch steps of the GCN (``A x W + b``) or, with ``arch = "sage"``, the
+    GraphSAGE-mean (``x W_s + mean(x) W_n + b``, ``weight = [W_s | W_n]``) of ``p``'s layers,
+    ReLU between them, its operator ``propagate(e, layer, epoch)``; the losses. Each layer
+    propagates its input or its transformed rows as the ranks pick (``_transforms_first``): a
+    channel selection commutes with neither ``W`` nor ``W_n``."""
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
     train_idx = torch.from_numpy(g.train_idx)
+    layers = 0
+    while f"layers.{layers}.weight" in p:
+        layers += 1
+
+    def layer(h, i, t):
+        w, b = p[f"layers.{i}.weight"], p[f"layers.{i}.bias"]
+        out = w.shape[1] // 2 if arch == "sage" else w.shape[1]
+        w_self, w_neigh = (w[:, :out], w[:, out:]) if arch == "sage" else (None, w)
+        neigh = (propagate(h @ w_neigh, i, t) if _transforms_first(i, w.shape[0], out)
+                 else propagate(h, i, t) @ w_neigh)
+        return (neigh if w_self is None else h @ w_self + neigh) + b
     losses = []
     for t in range(EPOCHS):
-        h = torch.relu(propagate(x, 0, t) @ p["layers.0.weight"] + p["layers.0.bias"])
-        out = propagate(h @ p["layers.1.weight"], 1, t) + p["layers.1.bias"]
-        loss = F.cross_entropy(out[train_idx], y[train_idx])
+        h = x
+        for i in range(layers):
+            h = layer(h, i, t)
+            h = torch.relu(h) if i < layers - 1 else h
+        loss = F.cross_entropy(h[train_idx], y[train_idx])
         opt.zero_grad(set_to_none=False)      # a parameter this step leaves alone still steps
         loss.backward()
         opt.step()
@@ -220,64 +244,77 @@ def _train_gcn(g, p: dict, opt, propagate) -> list[float]:
     return losses
 
 
-def _train_sage(g, p: dict, opt, propagate) -> list[float]:
-    """EPOCHS full-batch steps of the 2-layer GraphSAGE-mean, ``x W_s + mean(x) W_n + b`` with
-    ``weight = [W_s | W_n]``, its mean ``propagate(e, layer, epoch)``; the losses. (The ranks
-    aggregate layer 0's input and layer 1's ``h W_n``: a row selection commutes with ``W_n``.)"""
-    x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
-    train_idx = torch.from_numpy(g.train_idx)
-
-    def layer(h, i, t):
-        w, b = p[f"layers.{i}.weight"], p[f"layers.{i}.bias"]
-        out = w.shape[1] // 2
-        return h @ w[:, :out] + propagate(h, i, t) @ w[:, out:] + b
-    losses = []
-    for t in range(EPOCHS):
-        loss = F.cross_entropy(layer(torch.relu(layer(x, 0, t)), 1, t)[train_idx], y[train_idx])
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
-                         channels: bool = True, arch: str = "gcn", seed: int = 0) -> list[float]:
-    """The same GCN (or with ``arch = "sage"`` GraphSAGE-mean) on the whole graph, each part's
-    halo rows of every layer replaced by what the documented selection of ``sample+random``
-    (keep 1/2 of each block's rows, the same rows in both layers of an epoch, half the
-    channels, drawn per layer, scaled by rows/kept) delivers, or of ``sample`` alone (every
-    channel) without ``channels``, with the blocks' keys of the run's ``train.seed``
-    (``seed``); autograd gives the gradient of that forward."""
+                         channels: str = "random", arch: str = "gcn", seed: int = 0,
+                         keep: float = 0.5, ratio: float = 2.0, backward_bits: int = 32,
+                         params: dict | None = None) -> list[float]:
+    """The GCN (or with ``arch = "sage"`` GraphSAGE-mean) of ``init``'s layers on the whole
+    graph (``_train``), each part's halo rows of every layer replaced by what the documented
+    selection delivers: ``keep`` of each block's rows (the same rows in every layer of an
+    epoch, scaled by rows/kept; 1: every row) and ``k = max(1, floor(F / ratio))`` channels, drawn per block and layer (``channels =
+    "random"``), the first ``k`` (``"truncate"``) or every channel (``"all"``: ``sample``
+    alone), with the blocks' keys of the run's ``train.seed`` (``seed``). The halo gradients
+    go back through the adjoint of that selection: exactly the rows and channels sent, scaled
+    by the sender (the halo's part), in fp32, or with ``backward_bits < 32`` the ``[backward]``
+    table's ``quant``: the part's whole buffer of them (its halo blocks in order, each block's
+    kept rows ascending, its channels ascending) stochastically rounded as
+    ``test_codecs.ref_quant`` does with the key ``mix(seed, epoch, layer, 1, part)``.
+    ``params``: a dict to fill with the trained parameters."""
+    from _pipegcn import Sent
     from hpcgnn.data.shard import read_shard
-    operator, train_model = ((_gcn_operator, _train_gcn) if arch == "gcn"
-                             else (_mean_operator, _train_sage))
+    from test_codecs import ref_quant
+    from test_exchange_exact import mix
+    operator = _gcn_operator if arch == "gcn" else _mean_operator
     g, a_loc, a_halo = _split_operator(shard_dir, ranks, spec, operator)
     shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
 
-    def masks(layer: int, width: int, epoch: int) -> list[torch.Tensor]:
-        out = []
-        for q, sq in enumerate(shards):
-            m, start = torch.zeros(g.num_nodes, width), 0
-            for src, rows in enumerate(sq.recv_counts.tolist()):
-                gid = sq.halo_global_id[start:start + rows]
-                row_key, chan_key = _block_keys(seed, layer, src, q, epoch)
-                kept = ref_kept_rows(row_key, rows, 0.5)
-                chans = ref_channels(chan_key, width, width // 2) if channels else list(range(width))
-                if kept:
-                    m[np.ix_(gid[kept], chans)] = rows / len(kept)
-                start += rows
-            out.append(m)
+    def selection(q: int, layer: int, width: int, epoch: int) -> list[tuple]:
+        """Part ``q``'s halo blocks in order: (kept rows' global ids, channels, scale)."""
+        out, start = [], 0
+        k = max(1, int(width / ratio + 1e-9))
+        for src, rows in enumerate(shards[q].recv_counts.tolist()):
+            gid = shards[q].halo_global_id[start:start + rows]
+            start += rows
+            if not rows:
+                continue
+            row_key, chan_key = _block_keys(seed, layer, src, q, epoch)
+            kept = ref_kept_rows(row_key, rows, keep)
+            chans = {"random": lambda: ref_channels(chan_key, width, k),
+                     "truncate": lambda: list(range(k)), "all": lambda: list(range(width))}
+            out.append((gid[kept], chans[channels](), rows / len(kept)))
+        return out
+
+    def adjoint(q: int, layer: int, epoch: int, blocks: list[tuple], grad: torch.Tensor):
+        """What the owners get of ``grad`` (``(N, F)``), the gradient of part ``q``'s halo."""
+        parts = [(grad[torch.from_numpy(gid)] * scale)[:, chans] for gid, chans, scale in blocks]
+        buf = torch.cat(parts).numpy() if parts else np.zeros((0, 0), np.float32)
+        if backward_bits < 32 and len(buf):
+            buf = ref_quant(buf, backward_bits, mix(seed, epoch, layer, 1, q))
+        out, start = torch.zeros_like(grad), 0
+        for (gid, chans, _), part in zip(blocks, parts):
+            out[np.ix_(gid, chans)] = torch.from_numpy(np.ascontiguousarray(
+                buf[start:start + len(gid)]))
+            start += len(gid)
         return out
 
     def propagate(e: torch.Tensor, layer: int, epoch: int) -> torch.Tensor:
-        ms = masks(layer, e.shape[1], epoch)
-        return torch.sparse.mm(a_loc, e) + sum(torch.sparse.mm(a_halo[q], ms[q] * e)
-                                               for q in range(ranks))
+        out = torch.sparse.mm(a_loc, e)
+        for q in range(ranks):
+            blocks = selection(q, layer, e.shape[1], epoch)
+            m = torch.zeros(g.num_nodes, e.shape[1])
+            for gid, chans, scale in blocks:
+                m[np.ix_(gid, chans)] = scale
+            sent = Sent.apply(e, m * e.detach(), lambda grad, q=q, blocks=blocks:
+                              adjoint(q, layer, epoch, blocks, grad))
+            out = out + torch.sparse.mm(a_halo[q], sent)
+        return out
 
-    return train_model(g, p, opt, propagate)
+    losses = _train(g, p, opt, propagate, arch)
+    if params is not None:
+        params.update({k: v.detach() for k, v in p.items()})
+    return losses
 
 
 @pytest.mark.mpi
@@ -314,7 +351,7 @@ def test_boundary_sampling_on_a_directed_graph_equals_single_process_computation
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
     init = init_of(lattice_spec, SETS[:4])
     assert got == pytest.approx(compressed_reference(shard_dir, ranks, init, lattice_spec,
-                                                     channels=False), rel=2e-5)
+                                                     channels="all"), rel=2e-5)
 
 
 @pytest.mark.mpi
@@ -331,7 +368,7 @@ def test_sampled_sage_mean_equals_single_process_computation(shards, init_of, tm
                    extra=("--schedule", str(tmp_path / "s.toml")), timeout=180))
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
     init = init_of(CSBM, (*sets[:4], "train.seed=3"))
-    assert got == pytest.approx(compressed_reference(shard_dir, 2, init, channels=False,
+    assert got == pytest.approx(compressed_reference(shard_dir, 2, init, channels="all",
                                                      arch="sage", seed=3), rel=2e-5)
 
 
@@ -554,7 +591,7 @@ def learned_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM) -> li
                     + codec[f"layers.{layer}.decoder.bias"])
         return torch.sparse.mm(a_loc, e) + torch.sparse.mm(a_cross, sent)
 
-    return _train_gcn(g, p, opt, propagate), codec
+    return _train(g, p, opt, propagate), codec
 
 
 @pytest.mark.mpi
