@@ -7,8 +7,8 @@ in rounds), dropout 0.5, against
 the single-process PipeGCN of ``tests/_pipegcn.py`` on the npz's graph; Sylvie (staleness 1,
 1-bit rows and gradients; GCN and GAT) against that PipeGCN fed what a numpy quantiser written in the tests
 delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
-``sample+random`` under GCN, and ``sample+random`` (3-layer GCN) and ``truncate`` (3-layer SAGE)
-with a quantised ``[backward]`` table, against ``test_methods_exact``'s whole-graph computations; the last
+``sample+random`` under GCN, and ``sample+random`` (3-layer GCN) and ``truncate+quant`` (3-layer
+SAGE, 4 bits) with a quantised ``[backward]`` table, against ``test_methods_exact``'s whole-graph computations; the last
 evaluation of those runs against a dense stack of their checkpoint; three of the stale runs
 stopped and resumed against the uninterrupted ones; RETEXO (GCN; SAGE on the neighbourhood
 collective) against the 1-rank run (2, 4, 8 ranks: ``test_directed``); ``hpcgnn predict`` of
@@ -60,8 +60,8 @@ SYLVIE_SCHEDULE = Path(__file__).resolve().parent.parent / "configs/schedules/qu
 # 4 of its 8 transformed channels (a row of 1 or 2 values quantises exactly: its ends are levels)
 SAMPLE_RANDOM_BACK2 = ('codec = "sample+random"\nkeep = 0.5\nkind = "constant"\nratio = 2.0\n'
                        'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 2\n')
-TRUNCATE_BACK1 = ('codec = "truncate"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'
-                  '[backward]\ncodec = "quant"\nbits = 1\n')
+TRUNCATE4_BACK1 = ('codec = "truncate+quant"\nbits = 4\nkind = "constant"\nratio = 2.0\n'
+                   'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 1\n')
 THREE = ("model.layers=3", "model.hidden=8", *EXACT_SETS[3:])
 # name -> (--set list, schedule, keywords of test_methods_exact.compressed_reference or None for
 # the learned codec): test_methods_exact's 2-layer model, its schedules
@@ -73,9 +73,10 @@ SELECTED = {"learned": (EXACT_SETS, LEARNED, None),
             "sample-random-gcn3-back2": (("model.arch=gcn", *THREE), SAMPLE_RANDOM_BACK2,
                                          {"channels": "random", "arch": "gcn",
                                           "backward_bits": 2}),
-            "truncate-sage3-back1": (("model.arch=sage", *THREE), TRUNCATE_BACK1,
-                                     {"channels": "truncate", "arch": "sage", "keep": 1.0,
-                                      "backward_bits": 1})}
+            "truncate-quant4-sage3-back1": (("model.arch=sage", *THREE), TRUNCATE4_BACK1,
+                                            {"channels": "truncate", "arch": "sage",
+                                             "keep": 1.0, "forward_bits": 4,
+                                             "backward_bits": 1})}
 # synchronous runs whose predictions are checked against dense stacks (GCN, SAGE, GAT)
 PREDICT = {"sync": ("model.arch=gcn", "model.layers=3", "model.hidden=6", "train.epochs=4"),
            "sync-sage": ("model.arch=sage", "model.layers=3", "model.hidden=6", "train.epochs=4"),
@@ -245,9 +246,9 @@ def test_learned_codec_equals_whole_graph_computation(lattice, lattice_spec, run
 @pytest.mark.parametrize("name", [k for k, v in SELECTED.items() if v[2]])
 def test_row_selection_equals_whole_graph_computation(name, lattice, lattice_spec, runs):
     """BNS-GCN's ``sample`` (SAGE: the kept halo rows scaled, the sum over the whole
-    in-degree), ``sample+random`` (GCN) and ``truncate`` (SAGE) where a part receives from its
-    predecessor only, the last two also with a ``[backward]`` table that quantises the halo
-    gradients of the rows and channels sent (2 and 1 bits):
+    in-degree), ``sample+random`` (GCN) and ``truncate+quant`` (SAGE, 4 bits) where a part
+    receives from its predecessor only, the last two also with a ``[backward]`` table that
+    quantises the halo gradients of the rows and channels sent (2 and 1 bits):
     ``test_methods_exact.compressed_reference``'s whole-graph model fed the documented
     selection and, backward, its adjoint through the numpy quantiser: the losses, and the
     checkpoint's parameters (which tell the backward's rounding apart more sharply)."""

@@ -246,20 +246,22 @@ def _train(g, p: dict, opt, propagate, arch: str = "gcn") -> list[float]:
 
 def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
                          channels: str = "random", arch: str = "gcn", seed: int = 0,
-                         keep: float = 0.5, ratio: float = 2.0, backward_bits: int = 32,
-                         params: dict | None = None) -> list[float]:
+                         keep: float = 0.5, ratio: float = 2.0, forward_bits: int = 32,
+                         backward_bits: int = 32, params: dict | None = None) -> list[float]:
     """The GCN (or with ``arch = "sage"`` GraphSAGE-mean) of ``init``'s layers on the whole
     graph (``_train``), each part's halo rows of every layer replaced by what the documented
     selection delivers: ``keep`` of each block's rows (the same rows in every layer of an
-    epoch, scaled by rows/kept; 1: every row) and ``k = max(1, floor(F / ratio))`` channels, drawn per block and layer (``channels =
-    "random"``), the first ``k`` (``"truncate"``) or every channel (``"all"``: ``sample``
-    alone), with the blocks' keys of the run's ``train.seed`` (``seed``). The halo gradients
-    go back through the adjoint of that selection: exactly the rows and channels sent, scaled
-    by the sender (the halo's part), in fp32, or with ``backward_bits < 32`` the ``[backward]``
-    table's ``quant``: the part's whole buffer of them (its halo blocks in order, each block's
-    kept rows ascending, its channels ascending) stochastically rounded as
-    ``test_codecs.ref_quant`` does with the key ``mix(seed, epoch, layer, 1, part)``.
-    ``params``: a dict to fill with the trained parameters."""
+    epoch, scaled by rows/kept; 1: every row) and ``k = max(1, floor(F / ratio))`` channels,
+    drawn per block and layer (``channels = "random"``), the first ``k`` (``"truncate"``) or
+    every channel (``"all"``: ``sample`` alone), with the blocks' keys of the run's
+    ``train.seed`` (``seed``), in fp32 or, with ``forward_bits < 32``, through a ``quant``
+    stage (``delivered``). The halo gradients go back through the adjoint of that selection:
+    exactly the rows and channels sent, scaled by the sender (the halo's part), in fp32, or
+    with ``backward_bits < 32`` the ``[backward]`` table's ``quant``: the part's whole buffer
+    of them (its halo blocks in order, each block's kept rows ascending, its channels
+    ascending) stochastically rounded as ``test_codecs.ref_quant`` does with the key
+    ``mix(seed, epoch, layer, 1, part)``. ``params``: a dict to fill with the trained
+    parameters."""
     from _pipegcn import Sent
     from hpcgnn.data.shard import read_shard
     from test_codecs import ref_quant
@@ -271,7 +273,8 @@ def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
     opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
 
     def selection(q: int, layer: int, width: int, epoch: int) -> list[tuple]:
-        """Part ``q``'s halo blocks in order: (kept rows' global ids, channels, scale)."""
+        """Part ``q``'s halo blocks in order: (source part, kept rows' global ids, channels,
+        scale)."""
         out, start = [], 0
         k = max(1, int(width / ratio + 1e-9))
         for src, rows in enumerate(shards[q].recv_counts.tolist()):
@@ -283,31 +286,48 @@ def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
             kept = ref_kept_rows(row_key, rows, keep)
             chans = {"random": lambda: ref_channels(chan_key, width, k),
                      "truncate": lambda: list(range(k)), "all": lambda: list(range(width))}
-            out.append((gid[kept], chans[channels](), rows / len(kept)))
+            out.append((src, gid[kept], chans[channels](), rows / len(kept)))
+        return out
+
+    def rounded(blocks: list[np.ndarray], bits: int, key: int) -> list[np.ndarray]:
+        """One buffer of ``blocks`` (rows of the channels sent), quantised as a whole."""
+        if bits == 32 or not blocks:
+            return blocks
+        buf, out = ref_quant(np.concatenate(blocks), bits, key), []
+        for b in blocks:
+            out.append(buf[:len(b)])
+            buf = buf[len(b):]
+        return out
+
+    def delivered(x: torch.Tensor, sel: list[list[tuple]], layer: int, epoch: int) -> list:
+        """Per part ``q``, ``(N, F)``: the values its halo rows arrive with. Each sender
+        quantises the rows and channels it sends, unscaled, as one buffer (its blocks by
+        destination, in order) with ``mix(seed, epoch, layer, 0, sender)``; the receiver scales
+        the kept rows."""
+        out = [torch.zeros_like(x) for _ in range(ranks)]
+        for src in range(ranks):
+            blocks = [(q, b) for q in range(ranks) for b in sel[q] if b[0] == src]
+            vals = rounded([x[torch.from_numpy(gid)][:, chans].numpy() for _, (_, gid, chans, _) in blocks],
+                           forward_bits, mix(seed, epoch, layer, 0, src))
+            for (q, (_, gid, chans, scale)), v in zip(blocks, vals):
+                out[q][np.ix_(gid, chans)] = torch.from_numpy(np.ascontiguousarray(v)) * scale
         return out
 
     def adjoint(q: int, layer: int, epoch: int, blocks: list[tuple], grad: torch.Tensor):
         """What the owners get of ``grad`` (``(N, F)``), the gradient of part ``q``'s halo."""
-        parts = [(grad[torch.from_numpy(gid)] * scale)[:, chans] for gid, chans, scale in blocks]
-        buf = torch.cat(parts).numpy() if parts else np.zeros((0, 0), np.float32)
-        if backward_bits < 32 and len(buf):
-            buf = ref_quant(buf, backward_bits, mix(seed, epoch, layer, 1, q))
-        out, start = torch.zeros_like(grad), 0
-        for (gid, chans, _), part in zip(blocks, parts):
-            out[np.ix_(gid, chans)] = torch.from_numpy(np.ascontiguousarray(
-                buf[start:start + len(gid)]))
-            start += len(gid)
+        vals = rounded([(grad[torch.from_numpy(gid)] * scale)[:, chans].numpy()
+                        for _, gid, chans, scale in blocks],
+                       backward_bits, mix(seed, epoch, layer, 1, q))
+        out = torch.zeros_like(grad)
+        for (_, gid, chans, _), v in zip(blocks, vals):
+            out[np.ix_(gid, chans)] = torch.from_numpy(np.ascontiguousarray(v))
         return out
 
     def propagate(e: torch.Tensor, layer: int, epoch: int) -> torch.Tensor:
         out = torch.sparse.mm(a_loc, e)
-        for q in range(ranks):
-            blocks = selection(q, layer, e.shape[1], epoch)
-            m = torch.zeros(g.num_nodes, e.shape[1])
-            for gid, chans, scale in blocks:
-                m[np.ix_(gid, chans)] = scale
-            sent = Sent.apply(e, m * e.detach(), lambda grad, q=q, blocks=blocks:
-                              adjoint(q, layer, epoch, blocks, grad))
+        sel = [selection(q, layer, e.shape[1], epoch) for q in range(ranks)]
+        for q, rows in enumerate(delivered(e.detach(), sel, layer, epoch)):
+            sent = Sent.apply(e, rows, lambda grad, q=q: adjoint(q, layer, epoch, sel[q], grad))
             out = out + torch.sparse.mm(a_halo[q], sent)
         return out
 
