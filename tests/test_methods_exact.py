@@ -564,14 +564,18 @@ def test_smoothed_stale_codec_training_equals_pipegcn(name, ratio, shards, init_
     assert len(set(np.bincount(parts).tolist())) > 1                      # uneven parts
     model = reference_model(STALE_CODEC_MODEL)
     received, returned = quantised_rows(shard_dir, ranks, 2, ratio=ratio)
+    params, unsmoothed = {}, {}
     want = pipegcn_losses(g, parts, init, model, s, m, EPOCHS, received=received,
-                          returned=returned)
+                          returned=returned, params=params)
     assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
-    unsmoothed = pipegcn_losses(g, parts, init, model, s, 0.0, EPOCHS, received=received,
-                                returned=returned)
-    assert got != pytest.approx(unsmoothed, rel=1e-4)      # the smoothing changed the run
+    state = torch.load(stale_codec_runs[name] / "checkpoint.pt", weights_only=True)["model"]
+    for key, value in params.items():                 # sharper than the losses' late epochs
+        torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5)
+    pipegcn_losses(g, parts, init, model, s, 0.0, EPOCHS, received=received, returned=returned,
+                   params=unsmoothed)
+    assert max((state[k] - v).abs().max().item() for k, v in unsmoothed.items()) > 1e-3
     fp32 = pipegcn_losses(g, parts, init, model, s, m, EPOCHS)
-    assert got != pytest.approx(fp32, rel=1e-4)            # so did the codec
+    assert got != pytest.approx(fp32, rel=1e-4)            # the codec changed the run
 
 
 # -- VARCO's learned codec against a single-process computation ----------------------------
