@@ -116,7 +116,8 @@ def layer_fn(x, p, layer, model: Model, ops, epoch):
 
 def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: float,
                    epochs: int, lr: float = 0.01, weight_decay: float = 5e-4,
-                   received=None, returned=None, after_step=None) -> list[float]:
+                   received=None, returned=None, after_step=None,
+                   params: dict | None = None) -> list[float]:
     """Per-epoch training losses of PipeGCN with staleness ``s`` (0: synchronous) over the
     node partition ``parts`` (``part[v]``), from the parameters ``init``. ``received(layer,
     epoch, h, q)``: the rows of ``h`` (``(N, F)``, each layer's input after the first) that part
@@ -125,7 +126,8 @@ def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: fl
     what the owners get of the gradient ``grad`` (``(N, F)``) of the halo rows part ``q`` used
     at ``epoch`` (only ``q``'s halo rows; the owners add up what every part returns). Defaults:
     the rows and the gradients themselves (fp32). ``after_step(epoch, params)``: called after
-    every epoch's step with the parameters (e.g. to evaluate them)."""
+    every epoch's step with the parameters (e.g. to evaluate them). ``params``: a dict to fill
+    with the trained parameters."""
     recv_of = received or (lambda layer, epoch, h, q: h)
     back_of = returned or (lambda layer, epoch, grad, q: grad)
     ops = graph_ops(g)
@@ -183,4 +185,6 @@ def pipegcn_losses(g, parts: np.ndarray, init: dict, model: Model, s: int, m: fl
         losses.append(loss.item())
         if after_step is not None:
             after_step(t, {k: v.detach() for k, v in p.items()})
+    if params is not None:
+        params.update({k: v.detach() for k, v in p.items()})
     return losses

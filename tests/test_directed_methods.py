@@ -7,7 +7,9 @@ in rounds), dropout 0.5, against
 the single-process PipeGCN of ``tests/_pipegcn.py`` on the npz's graph; Sylvie (staleness 1,
 1-bit rows and gradients; GCN and GAT) against that PipeGCN fed what a numpy quantiser written in the tests
 delivers; VARCO's ``learned`` codec, BNS-GCN's ``sample`` under SAGE's mean and
-``sample+random`` under GCN against ``test_methods_exact``'s whole-graph computations; the last
+``sample+random`` under GCN, and ``sample+random`` (3-layer GCN) and ``truncate+quant`` (3-layer
+SAGE, 4 bits) with a quantised ``[backward]`` table, against ``test_methods_exact``'s
+whole-graph computations; the last
 evaluation of those runs against a dense stack of their checkpoint; evaluation through the
 training codecs (``train.eval_codec = "train"``: truncate+quant, sample, sample+random, quant on
 GCN, SAGE and GAT, the learned pair on GCN and GAT, ``kind = "auto"``'s bits on GCN and GAT,
@@ -68,12 +70,27 @@ SYLVIE = ("model.arch=gcn", "model.layers=3", "model.hidden=8", "model.dropout=0
 SYLVIE_GAT = ("model.arch=gat", "model.heads=2", "model.hidden=4", "model.attn_dropout=0.3",
               *SYLVIE[3:])
 SYLVIE_SCHEDULE = Path(__file__).resolve().parent.parent / "configs/schedules/quant1-all.toml"
-# name -> (--set list, schedule, (channels, arch) of test_methods_exact.compressed_reference or
-# None for the learned codec): test_methods_exact's 2-layer model, its schedules
+# a selecting forward with its own, quantised backward ([backward]), on 3 layers: layer 1 sends
+# 4 of its 8 transformed channels (a row of 1 or 2 values quantises exactly: its ends are levels)
+SAMPLE_RANDOM_BACK2 = ('codec = "sample+random"\nkeep = 0.5\nkind = "constant"\nratio = 2.0\n'
+                       'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 2\n')
+TRUNCATE4_BACK1 = ('codec = "truncate+quant"\nbits = 4\nkind = "constant"\nratio = 2.0\n'
+                   'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 1\n')
+THREE = ("model.layers=3", "model.hidden=8", *EXACT_SETS[3:])
+# name -> (--set list, schedule, keywords of test_methods_exact.compressed_reference or None for
+# the learned codec): test_methods_exact's 2-layer model, its schedules
 SELECTED = {"learned": (EXACT_SETS, LEARNED, None),
             # BNS-GCN's sample under SAGE's mean: 1 / the whole in-degree (not the out-degree)
-            "sample-sage": (("model.arch=sage", *EXACT_SETS[1:]), SAMPLE, (False, "sage")),
-            "sample-random-gcn": (EXACT_SETS, COMPRESSED, (True, "gcn"))}
+            "sample-sage": (("model.arch=sage", *EXACT_SETS[1:]), SAMPLE,
+                            {"channels": "all", "arch": "sage"}),
+            "sample-random-gcn": (EXACT_SETS, COMPRESSED, {"channels": "random", "arch": "gcn"}),
+            "sample-random-gcn3-back2": (("model.arch=gcn", *THREE), SAMPLE_RANDOM_BACK2,
+                                         {"channels": "random", "arch": "gcn",
+                                          "backward_bits": 2}),
+            "truncate-quant4-sage3-back1": (("model.arch=sage", *THREE), TRUNCATE4_BACK1,
+                                            {"channels": "truncate", "arch": "sage",
+                                             "keep": 1.0, "forward_bits": 4,
+                                             "backward_bits": 1})}
 # synchronous runs whose predictions are checked against dense stacks (GCN, SAGE, GAT)
 PREDICT = {"sync": ("model.arch=gcn", "model.layers=3", "model.hidden=6", "train.epochs=4"),
            "sync-sage": ("model.arch=sage", "model.layers=3", "model.hidden=6", "train.epochs=4"),
@@ -323,16 +340,27 @@ def test_learned_codec_equals_whole_graph_computation(lattice, lattice_spec, run
 @pytest.mark.parametrize("name", [k for k, v in SELECTED.items() if v[2]])
 def test_row_selection_equals_whole_graph_computation(name, lattice, lattice_spec, runs):
     """BNS-GCN's ``sample`` (SAGE: the kept halo rows scaled, the sum over the whole
-    in-degree) and ``sample+random`` (GCN) where a part receives from its predecessor only:
+    in-degree), ``sample+random`` (GCN) and ``truncate+quant`` (SAGE, 4 bits) where a part
+    receives from its predecessor only, the last two also with a ``[backward]`` table that
+    quantises the halo gradients of the rows and channels sent (2 and 1 bits):
     ``test_methods_exact.compressed_reference``'s whole-graph model fed the documented
-    selection."""
+    selection and, backward, its adjoint through the numpy quantiser: the losses, and the
+    checkpoint's parameters (which tell the backward's rounding apart more sharply)."""
     from test_methods_exact import compressed_reference
-    sets, _, (channels, arch) = SELECTED[name]
+    sets, _, kw = SELECTED[name]
     _, _, one, three = lattice
     got = [r["loss"] for r in read_metrics(runs[name])]
-    want = compressed_reference(three, RANKS, initial_params(one, *sets), lattice_spec,
-                                channels=channels, arch=arch)
+    init, params = initial_params(one, *sets), {}
+    want = compressed_reference(three, RANKS, init, lattice_spec, **kw, params=params)
     assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
+    state = torch.load(runs[name] / "checkpoint.pt", weights_only=True)["model"]
+    for key, value in params.items():
+        torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5)
+    if kw.get("backward_bits", 32) < 32:                # the quantised gradients changed the run
+        fp32 = {}
+        compressed_reference(three, RANKS, init, lattice_spec, **{**kw, "backward_bits": 32},
+                             params=fp32)
+        assert max((state[k] - v).abs().max().item() for k, v in fp32.items()) > 1e-3
     assert_last_evaluation_is_dense(runs[name], sets, lattice[0])
 
 

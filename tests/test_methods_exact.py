@@ -5,10 +5,12 @@ receiver, halo gradients reach their owners s epochs later, the first s epochs a
 synchronous, and smoothing averages both; Sylvie (quantised stale rows and gradients) is the
 same PipeGCN fed what the numpy quantiser of ``test_codecs`` gives, and BNS-GCN's ``sample`` on
 stale layers the same PipeGCN fed the sample of the epoch the rows were sent at (their gradients
-back through that selection); resume with staleness on
+back through that selection), and smoothing under a lossy codec the same PipeGCN with smoothing
+fed the codec's rows and gradients; resume with staleness on
 equals the uninterrupted run, and a stale 1-bit run still learns. Compression: a sampled,
 random-channel schedule (and ``sample`` alone on a one-way directed graph) trains exactly as the
-whole-graph model whose halo rows are what the documented selection delivers, and VARCO's learned codec as the whole-graph model whose halo
+whole-graph model whose halo rows are what the documented selection delivers (and, with a
+quantised ``[backward]``, whose halo gradients go back through the numpy quantiser), and VARCO's learned codec as the whole-graph model whose halo
 rows pass a trained encoder, the first k channels and a trained decoder while k < F."""
 from __future__ import annotations
 
@@ -202,16 +204,39 @@ def _split_operator(shard_dir, ranks: int, spec: str = CSBM, operator=_gcn_opera
     return g, a_loc, a_halo
 
 
-def _train_gcn(g, p: dict, opt, propagate) -> list[float]:
-    """EPOCHS full-batch steps of the 2-layer GCN (layer 0 propagates X, layer 1 H W1, as the
-    ranks do for these widths) with ``propagate(e, layer, epoch)``; the losses."""
+def _transforms_first(layer: int, f_in: int, f_out: int) -> bool:
+    """Whether the ranks exchange a layer's transformed rows (``x W``) rather than its input:
+    the narrower rows per step, forward and backward, the first layer's input needing no
+    backward (``hpcgnn/nn/layers.py``); a tie transforms first."""
+    return 2 * f_out <= f_in * (1 if layer == 0 else 2)
+
+
+def _train(g, p: dict, opt, propagate, arch: str = "gcn") -> list[float]:
+    """EPOCHS full-batch steps of the GCN (``A x W + b``) or, with ``arch = "sage"``, the
+    GraphSAGE-mean (``x W_s + mean(x) W_n + b``, ``weight = [W_s | W_n]``) of ``p``'s layers,
+    ReLU between them, its operator ``propagate(e, layer, epoch)``; the losses. Each layer
+    propagates its input or its transformed rows as the ranks pick (``_transforms_first``): a
+    channel selection commutes with neither ``W`` nor ``W_n``."""
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
     train_idx = torch.from_numpy(g.train_idx)
+    layers = 0
+    while f"layers.{layers}.weight" in p:
+        layers += 1
+
+    def layer(h, i, t):
+        w, b = p[f"layers.{i}.weight"], p[f"layers.{i}.bias"]
+        out = w.shape[1] // 2 if arch == "sage" else w.shape[1]
+        w_self, w_neigh = (w[:, :out], w[:, out:]) if arch == "sage" else (None, w)
+        neigh = (propagate(h @ w_neigh, i, t) if _transforms_first(i, w.shape[0], out)
+                 else propagate(h, i, t) @ w_neigh)
+        return (neigh if w_self is None else h @ w_self + neigh) + b
     losses = []
     for t in range(EPOCHS):
-        h = torch.relu(propagate(x, 0, t) @ p["layers.0.weight"] + p["layers.0.bias"])
-        out = propagate(h @ p["layers.1.weight"], 1, t) + p["layers.1.bias"]
-        loss = F.cross_entropy(out[train_idx], y[train_idx])
+        h = x
+        for i in range(layers):
+            h = layer(h, i, t)
+            h = torch.relu(h) if i < layers - 1 else h
+        loss = F.cross_entropy(h[train_idx], y[train_idx])
         opt.zero_grad(set_to_none=False)      # a parameter this step leaves alone still steps
         loss.backward()
         opt.step()
@@ -219,64 +244,97 @@ def _train_gcn(g, p: dict, opt, propagate) -> list[float]:
     return losses
 
 
-def _train_sage(g, p: dict, opt, propagate) -> list[float]:
-    """EPOCHS full-batch steps of the 2-layer GraphSAGE-mean, ``x W_s + mean(x) W_n + b`` with
-    ``weight = [W_s | W_n]``, its mean ``propagate(e, layer, epoch)``; the losses. (The ranks
-    aggregate layer 0's input and layer 1's ``h W_n``: a row selection commutes with ``W_n``.)"""
-    x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
-    train_idx = torch.from_numpy(g.train_idx)
-
-    def layer(h, i, t):
-        w, b = p[f"layers.{i}.weight"], p[f"layers.{i}.bias"]
-        out = w.shape[1] // 2
-        return h @ w[:, :out] + propagate(h, i, t) @ w[:, out:] + b
-    losses = []
-    for t in range(EPOCHS):
-        loss = F.cross_entropy(layer(torch.relu(layer(x, 0, t)), 1, t)[train_idx], y[train_idx])
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def compressed_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM,
-                         channels: bool = True, arch: str = "gcn", seed: int = 0) -> list[float]:
-    """The same GCN (or with ``arch = "sage"`` GraphSAGE-mean) on the whole graph, each part's
-    halo rows of every layer replaced by what the documented selection of ``sample+random``
-    (keep 1/2 of each block's rows, the same rows in both layers of an epoch, half the
-    channels, drawn per layer, scaled by rows/kept) delivers, or of ``sample`` alone (every
-    channel) without ``channels``, with the blocks' keys of the run's ``train.seed``
-    (``seed``); autograd gives the gradient of that forward."""
+                         channels: str = "random", arch: str = "gcn", seed: int = 0,
+                         keep: float = 0.5, ratio: float = 2.0, forward_bits: int = 32,
+                         backward_bits: int = 32, params: dict | None = None) -> list[float]:
+    """The GCN (or with ``arch = "sage"`` GraphSAGE-mean) of ``init``'s layers on the whole
+    graph (``_train``), each part's halo rows of every layer replaced by what the documented
+    selection delivers: ``keep`` of each block's rows (the same rows in every layer of an
+    epoch, scaled by rows/kept; 1: every row) and ``k = max(1, floor(F / ratio))`` channels,
+    drawn per block and layer (``channels = "random"``), the first ``k`` (``"truncate"``) or
+    every channel (``"all"``: ``sample`` alone), with the blocks' keys of the run's
+    ``train.seed`` (``seed``), in fp32 or, with ``forward_bits < 32``, through a ``quant``
+    stage (``delivered``). The halo gradients go back through the adjoint of that selection:
+    exactly the rows and channels sent, scaled by the sender (the halo's part), in fp32, or
+    with ``backward_bits < 32`` the ``[backward]`` table's ``quant``: the part's whole buffer
+    of them (its halo blocks in order, each block's kept rows ascending, its channels
+    ascending) stochastically rounded as ``test_codecs.ref_quant`` does with the key
+    ``mix(seed, epoch, layer, 1, part)``. ``params``: a dict to fill with the trained
+    parameters."""
+    from _pipegcn import Sent
     from hpcgnn.data.shard import read_shard
-    operator, train_model = ((_gcn_operator, _train_gcn) if arch == "gcn"
-                             else (_mean_operator, _train_sage))
+    from test_codecs import ref_quant
+    from test_exchange_exact import mix
+    operator = _gcn_operator if arch == "gcn" else _mean_operator
     g, a_loc, a_halo = _split_operator(shard_dir, ranks, spec, operator)
     shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
 
-    def masks(layer: int, width: int, epoch: int) -> list[torch.Tensor]:
-        out = []
-        for q, sq in enumerate(shards):
-            m, start = torch.zeros(g.num_nodes, width), 0
-            for src, rows in enumerate(sq.recv_counts.tolist()):
-                gid = sq.halo_global_id[start:start + rows]
-                row_key, chan_key = _block_keys(seed, layer, src, q, epoch)
-                kept = ref_kept_rows(row_key, rows, 0.5)
-                chans = ref_channels(chan_key, width, width // 2) if channels else list(range(width))
-                if kept:
-                    m[np.ix_(gid[kept], chans)] = rows / len(kept)
-                start += rows
-            out.append(m)
+    def selection(q: int, layer: int, width: int, epoch: int) -> list[tuple]:
+        """Part ``q``'s halo blocks in order: (source part, kept rows' global ids, channels,
+        scale)."""
+        out, start = [], 0
+        k = max(1, int(width / ratio + 1e-9))
+        for src, rows in enumerate(shards[q].recv_counts.tolist()):
+            gid = shards[q].halo_global_id[start:start + rows]
+            start += rows
+            if not rows:
+                continue
+            row_key, chan_key = _block_keys(seed, layer, src, q, epoch)
+            kept = ref_kept_rows(row_key, rows, keep)
+            chans = {"random": lambda: ref_channels(chan_key, width, k),
+                     "truncate": lambda: list(range(k)), "all": lambda: list(range(width))}
+            out.append((src, gid[kept], chans[channels](), rows / len(kept)))
+        return out
+
+    def rounded(blocks: list[np.ndarray], bits: int, key: int) -> list[np.ndarray]:
+        """One buffer of ``blocks`` (rows of the channels sent), quantised as a whole."""
+        if bits == 32 or not blocks:
+            return blocks
+        buf, out = ref_quant(np.concatenate(blocks), bits, key), []
+        for b in blocks:
+            out.append(buf[:len(b)])
+            buf = buf[len(b):]
+        return out
+
+    def delivered(x: torch.Tensor, sel: list[list[tuple]], layer: int, epoch: int) -> list:
+        """Per part ``q``, ``(N, F)``: the values its halo rows arrive with. Each sender
+        quantises the rows and channels it sends, unscaled, as one buffer (its blocks by
+        destination, in order) with ``mix(seed, epoch, layer, 0, sender)``; the receiver scales
+        the kept rows."""
+        out = [torch.zeros_like(x) for _ in range(ranks)]
+        for src in range(ranks):
+            blocks = [(q, b) for q in range(ranks) for b in sel[q] if b[0] == src]
+            vals = rounded([x[torch.from_numpy(gid)][:, chans].numpy() for _, (_, gid, chans, _) in blocks],
+                           forward_bits, mix(seed, epoch, layer, 0, src))
+            for (q, (_, gid, chans, scale)), v in zip(blocks, vals):
+                out[q][np.ix_(gid, chans)] = torch.from_numpy(np.ascontiguousarray(v)) * scale
+        return out
+
+    def adjoint(q: int, layer: int, epoch: int, blocks: list[tuple], grad: torch.Tensor):
+        """What the owners get of ``grad`` (``(N, F)``), the gradient of part ``q``'s halo."""
+        vals = rounded([(grad[torch.from_numpy(gid)] * scale)[:, chans].numpy()
+                        for _, gid, chans, scale in blocks],
+                       backward_bits, mix(seed, epoch, layer, 1, q))
+        out = torch.zeros_like(grad)
+        for (_, gid, chans, _), v in zip(blocks, vals):
+            out[np.ix_(gid, chans)] = torch.from_numpy(np.ascontiguousarray(v))
         return out
 
     def propagate(e: torch.Tensor, layer: int, epoch: int) -> torch.Tensor:
-        ms = masks(layer, e.shape[1], epoch)
-        return torch.sparse.mm(a_loc, e) + sum(torch.sparse.mm(a_halo[q], ms[q] * e)
-                                               for q in range(ranks))
+        out = torch.sparse.mm(a_loc, e)
+        sel = [selection(q, layer, e.shape[1], epoch) for q in range(ranks)]
+        for q, rows in enumerate(delivered(e.detach(), sel, layer, epoch)):
+            sent = Sent.apply(e, rows, lambda grad, q=q: adjoint(q, layer, epoch, sel[q], grad))
+            out = out + torch.sparse.mm(a_halo[q], sent)
+        return out
 
-    return train_model(g, p, opt, propagate)
+    losses = _train(g, p, opt, propagate, arch)
+    if params is not None:
+        params.update({k: v.detach() for k, v in p.items()})
+    return losses
 
 
 @pytest.mark.mpi
@@ -313,7 +371,7 @@ def test_boundary_sampling_on_a_directed_graph_equals_single_process_computation
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
     init = init_of(lattice_spec, SETS[:4])
     assert got == pytest.approx(compressed_reference(shard_dir, ranks, init, lattice_spec,
-                                                     channels=False), rel=2e-5)
+                                                     channels="all"), rel=2e-5)
 
 
 @pytest.mark.mpi
@@ -330,7 +388,7 @@ def test_sampled_sage_mean_equals_single_process_computation(shards, init_of, tm
                    extra=("--schedule", str(tmp_path / "s.toml")), timeout=180))
     got = [r["loss"] for r in read_metrics(tmp_path / "run")]
     init = init_of(CSBM, (*sets[:4], "train.seed=3"))
-    assert got == pytest.approx(compressed_reference(shard_dir, 2, init, channels=False,
+    assert got == pytest.approx(compressed_reference(shard_dir, 2, init, channels="all",
                                                      arch="sage", seed=3), rel=2e-5)
 
 
@@ -339,37 +397,43 @@ def test_sampled_sage_mean_equals_single_process_computation(shards, init_of, tm
 SYLVIE = 'codec = "quant"\nbits = 2\ncompress_last_layer = true\n'    # backward: 2 bits too
 
 
-def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0):
+def quantised_rows(shard_dir, ranks: int, bits: int, seed: int = 0, ratio: float = 1.0):
     """``(received, returned)`` of ``tests/_pipegcn.py`` as the documented quantiser
     (``test_codecs.ref_quant``, numpy) delivers rows and gradients. Rows: each sender ``p``
     quantises its whole send buffer ``h[global_id[send_index]]`` (grouped by destination) with
     the noise key ``mix(seed, epoch, layer, 0, p)``, and ``q``'s block of it is ``q``'s halo
     block from ``p``, in order. Gradients: part ``q`` quantises those of all its halo rows, in
     halo order, with ``mix(seed, epoch, layer, 1, q)`` (``epoch``: the one the rows were used
-    at), and each owner takes its block."""
+    at), and each owner takes its block. ``ratio > 1``: ``truncate+quant``, whose rate stage
+    keeps the first ``k = max(1, floor(F / ratio))`` channels of every row before the rounding
+    (the others arrive as zeros) and sends back the gradients of those channels alone."""
     from hpcgnn.data.shard import read_shard
     from test_codecs import ref_quant
     from test_exchange_exact import mix
     shards = [read_shard(shard_dir / f"part-{p:05d}.h5") for p in range(ranks)]
 
+    def width(h: torch.Tensor) -> int:
+        return max(1, int(h.shape[1] / ratio + 1e-9))
+
     def returned(layer: int, epoch: int, grad: torch.Tensor, q: int) -> torch.Tensor:
-        gid = torch.from_numpy(shards[q].halo_global_id)
+        gid, k = torch.from_numpy(shards[q].halo_global_id), width(grad)
         out = torch.zeros_like(grad)
         if len(gid):                        # a part without halo rows (a chain's first) sends none
-            out[gid] = torch.from_numpy(ref_quant(grad[gid].numpy(), bits,
-                                                  mix(seed, epoch, layer, 1, q)))
+            out[gid, :k] = torch.from_numpy(ref_quant(grad[gid, :k].numpy(), bits,
+                                                      mix(seed, epoch, layer, 1, q)))
         return out
 
     def received(layer: int, epoch: int, h: torch.Tensor, q: int) -> torch.Tensor:
-        out, start = h.detach().clone(), 0
+        out, start, k = h.detach().clone(), 0, width(h)
         for p, rows in enumerate(shards[q].recv_counts.tolist()):
             if rows:
                 sp_ = shards[p]
-                buf = h.detach()[torch.from_numpy(sp_.global_id[sp_.send_index])].numpy()
+                buf = h.detach()[torch.from_numpy(sp_.global_id[sp_.send_index]), :k].numpy()
                 deq = ref_quant(buf, bits, mix(seed, epoch, layer, 0, p))
                 off = int(sp_.send_counts[:q].sum())
-                gid = shards[q].halo_global_id[start:start + rows]
-                out[torch.from_numpy(gid)] = torch.from_numpy(deq[off:off + rows])
+                gid = torch.from_numpy(shards[q].halo_global_id[start:start + rows])
+                out[gid] = 0.0
+                out[gid, :k] = torch.from_numpy(deq[off:off + rows])
             start += rows
         return out
 
@@ -412,10 +476,15 @@ def sampled_rows(shard_dir, ranks: int, keep: float, s: int, seed: int = 0):
     return received, returned
 
 
-# Sylvie, and BNS-GCN's sample under PipeGCN's staleness: (schedule, staleness), one 3-rank job
-STALE_CODECS = {"sylvie": (SYLVIE, 1),
+# Sylvie, and BNS-GCN's sample under PipeGCN's staleness, and PipeGCN's smoothing of what a
+# lossy codec delivers: (schedule, staleness, smoothing), one 3-rank job
+TRUNCATE_QUANT = ('codec = "truncate+quant"\nbits = 2\nkind = "constant"\nratio = 2.0\n'
+                  'compress_last_layer = true\n')
+STALE_CODECS = {"sylvie": (SYLVIE, 1, 0.0),
                 "sample-s2": ('codec = "sample"\nkind = "constant"\nratio = 2.0\n'
-                              'compress_last_layer = true\n', 2)}
+                              'compress_last_layer = true\n', 2, 0.0),
+                "sylvie-smooth": (SYLVIE, 1, 0.5),
+                "truncate-quant-s2-smooth": (TRUNCATE_QUANT, 2, 0.5)}
 STALE_CODEC_MODEL = ("model.arch=gcn", "model.layers=3")
 STALE_CODEC_SETS = (*STALE_CODEC_MODEL, "model.dropout=0.5", f"train.epochs={EPOCHS}")
 
@@ -425,10 +494,10 @@ def stale_codec_runs(shards, tmp_path_factory):
     """name -> run dir of STALE_CODECS: 3 uneven METIS parts, a 3-layer GCN with dropout."""
     work = tmp_path_factory.mktemp("stale-codecs")
     runs = []
-    for name, (schedule, s) in STALE_CODECS.items():
+    for name, (schedule, s, m) in STALE_CODECS.items():
         (work / f"{name}.toml").write_text(schedule)
         runs.append((shards(CSBM, 3, "metis"), work / name,
-                     (*STALE_CODEC_SETS, f"train.staleness={s}"), {},
+                     (*STALE_CODEC_SETS, f"train.staleness={s}", f"train.smoothing={m}"), {},
                      ("--schedule", str(work / f"{name}.toml"))))
     for proc in train_together(3, runs, work):
         check_ok(proc)
@@ -476,6 +545,39 @@ def test_stale_sampled_training_equals_pipegcn_of_the_sample(shards, init_of, st
     assert got != pytest.approx(fp32, rel=1e-4)            # the sample changed the run
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("name, ratio", [("sylvie-smooth", 1.0), ("truncate-quant-s2-smooth", 2.0)])
+def test_smoothed_stale_codec_training_equals_pipegcn(name, ratio, shards, init_of,
+                                                      stale_codec_runs):
+    """PipeGCN's smoothing (0.5) of stale rows and gradients under a lossy codec: 2-bit rows
+    and gradients at staleness 1, and the first half of the channels in 2 bits at staleness 2,
+    on 3 uneven METIS parts, a 3-layer GCN with dropout 0.5. What is averaged is what the codec
+    delivered (the decoded rows, the decoded gradients summed into their owners' rows), the
+    average starting at its first value; the layer drops out the averaged rows: the
+    single-process PipeGCN with smoothing fed the numpy codec's rows and gradients."""
+    from _pipegcn import pipegcn_losses
+    from hpcgnn.data.datasets import load_dataset
+    ranks, shard_dir = 3, shards(CSBM, 3, "metis")
+    _, s, m = STALE_CODECS[name]
+    got = [r["loss"] for r in read_metrics(stale_codec_runs[name])]
+    g, parts, init = load_dataset(CSBM), _parts(shard_dir, ranks), init_of(CSBM, STALE_CODEC_SETS)
+    assert len(set(np.bincount(parts).tolist())) > 1                      # uneven parts
+    model = reference_model(STALE_CODEC_MODEL)
+    received, returned = quantised_rows(shard_dir, ranks, 2, ratio=ratio)
+    params, unsmoothed = {}, {}
+    want = pipegcn_losses(g, parts, init, model, s, m, EPOCHS, received=received,
+                          returned=returned, params=params)
+    assert len(got) == EPOCHS and got == pytest.approx(want, rel=2e-5)
+    state = torch.load(stale_codec_runs[name] / "checkpoint.pt", weights_only=True)["model"]
+    for key, value in params.items():                 # sharper than the losses' late epochs
+        torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5)
+    pipegcn_losses(g, parts, init, model, s, 0.0, EPOCHS, received=received, returned=returned,
+                   params=unsmoothed)
+    assert max((state[k] - v).abs().max().item() for k, v in unsmoothed.items()) > 1e-3
+    fp32 = pipegcn_losses(g, parts, init, model, s, m, EPOCHS)
+    assert got != pytest.approx(fp32, rel=1e-4)            # the codec changed the run
+
+
 # -- VARCO's learned codec against a single-process computation ----------------------------
 
 LEARNED = ('codec = "learned"\nkind = "linear"\nmax_ratio = 4.0\nmin_ratio = 1.0\nslope = 1.0\n'
@@ -513,7 +615,7 @@ def learned_reference(shard_dir, ranks: int, init: dict, spec: str = CSBM) -> li
                     + codec[f"layers.{layer}.decoder.bias"])
         return torch.sparse.mm(a_loc, e) + torch.sparse.mm(a_cross, sent)
 
-    return _train_gcn(g, p, opt, propagate), codec
+    return _train(g, p, opt, propagate), codec
 
 
 @pytest.mark.mpi
