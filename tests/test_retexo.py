@@ -204,6 +204,14 @@ def test_resume_mid_stage_and_at_a_boundary_equals_the_uninterrupted_run(shards,
     sf, sp_ = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "part"))
     assert sp_["stages"] == sf["stages"] and sp_["bytes_sent"] == sf["bytes_sent"]
     assert sf["bytes_sent"] < sf["bytes_full"]                     # the codec compressed them
+    # train.lr = 0.4: stage 0's best round is its second, the third scores lower, so the run
+    # stopped after 2 epochs must finish the stage with the best state its checkpoint holds
+    sf, sp_ = (json.loads((tmp_path / d / "summary.json").read_text())
+               for d in ("best-full", "best-part"))
+    val = [r["val_acc"] for r in read_metrics(tmp_path / "best-full")]
+    assert sf["stages"][0]["best_epoch"] == 1 and val[2] < val[1], val   # the case's premise
+    assert untimed(tmp_path / "best-part") == untimed(tmp_path / "best-full")
+    assert sp_["stages"] == sf["stages"]
 
 
 def predict_refuses_unfinished(run_dir, shard_dir, out):
@@ -249,7 +257,8 @@ def test_learned_codec_is_refused(shards, tmp_path):
 
 def _resume_worker(shard_dir: str, out: str, schedule: str) -> None:
     """On every rank: the straight run into OUT/full; OUT/part stopped at 4, resumed and
-    stopped at 6 (its metrics then copied to OUT/stop6 for predict), resumed to the end."""
+    stopped at 6 (its metrics then copied to OUT/stop6 for predict), resumed to the end; with
+    train.lr = 0.4, the straight run into OUT/best-full, OUT/best-part stopped at 2 and resumed."""
     import shutil
     from pathlib import Path
 
@@ -268,6 +277,10 @@ def _resume_worker(shard_dir: str, out: str, schedule: str) -> None:
         shutil.copytree(out / "part", out / "stop6")
     MPI.COMM_WORLD.Barrier()
     assert main(base + ["--out", str(out / "part"), "--resume"]) == 0
+    base += ["--set", "train.lr=0.4"]      # OUT/best-*: stopped after stage 0's best round
+    assert main(base + ["--out", str(out / "best-full")]) == 0
+    assert main(base + ["--out", str(out / "best-part"), "--stop-after", "2"]) == 0
+    assert main(base + ["--out", str(out / "best-part"), "--resume"]) == 0
 
 
 if __name__ == "__main__":
