@@ -17,6 +17,7 @@ from conftest import CSBM, check_ok, initial_params, read_metrics, run_mpi, trai
 from test_resume_exact import untimed
 
 LAYERS, HIDDEN, ROUNDS, CLASSES, FEATS = 3, 8, 3, 4, 24
+TABLE = (3.0, 2.0, 1.0)          # the resume test's table schedule: stage l's ratio (3 | FEATS)
 SETS = ("train.method=retexo", f"model.layers={LAYERS}", f"model.hidden={HIDDEN}",
         f"train.rounds_per_layer={ROUNDS}", f"train.epochs={LAYERS * ROUNDS}", "train.lr=0.05")
 
@@ -194,9 +195,13 @@ def test_resume_mid_stage_and_at_a_boundary_equals_the_uninterrupted_run(shards,
     shard_dir = shards(CSBM, 2, "random")
     sched = tmp_path / "q.toml"
     sched.write_text('codec = "quant"\nbits = 2\ncompress_last_layer = true\n')
+    table = tmp_path / "table.toml"              # stage l exchanges at epoch 3 l: ratio 3, 2, 1
+    table.write_text('codec = "truncate"\nkind = "table"\ncompress_last_layer = true\n' + "".join(
+        f"[[phase]]\nuntil_epoch = {3 * (s + 1)}\nratio = {r}\n" for s, r in enumerate(TABLE)))
     # one launch (start-up dominates): the straight run, then stop at 4 (inside stage 1), resume
     # and stop at 6 (stage 2 starts next), resume to the end — all through the CLI's main()
-    check_ok(run_mpi(2, [__file__, str(shard_dir), str(tmp_path), str(sched)], timeout=300))
+    check_ok(run_mpi(2, [__file__, str(shard_dir), str(tmp_path), str(sched), str(table)],
+                     timeout=300))
     assert [r["epoch"] for r in read_metrics(tmp_path / "stop4")] == list(range(4))
     predict_refuses_unfinished(tmp_path / "stop6", shards(CSBM, 1), tmp_path / "pred")
     assert [r["epoch"] for r in read_metrics(tmp_path / "part")] == list(range(9))
@@ -204,10 +209,15 @@ def test_resume_mid_stage_and_at_a_boundary_equals_the_uninterrupted_run(shards,
     sf, sp_ = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "part"))
     assert sp_["stages"] == sf["stages"] and sp_["bytes_sent"] == sf["bytes_sent"]
     assert sf["bytes_sent"] < sf["bytes_full"]                     # the codec compressed them
-    # train.lr = 0.4: stage 0's best round is its second, the third scores lower, so the run
-    # stopped after 2 epochs must finish the stage with the best state its checkpoint holds
+    # the table schedule, train.lr = 0.3: stage l's one exchange takes the ratio of its first
+    # epoch 3 l (truncate: width / ratio channels of each halo row); stage 0's best round is
+    # its second, the third scores lower, so the run stopped after 2 epochs must finish the
+    # stage with the best state its checkpoint holds
     sf, sp_ = (json.loads((tmp_path / d / "summary.json").read_text())
                for d in ("best-full", "best-part"))
+    widths = [FEATS] + [HIDDEN] * (LAYERS - 1)
+    assert [r["exchange_bytes"] for r in sf["stages"]] == \
+        [halo_rows(shard_dir, 2) * int(w / r) * 4 for w, r in zip(widths, TABLE)]
     val = [r["val_acc"] for r in read_metrics(tmp_path / "best-full")]
     assert sf["stages"][0]["best_epoch"] == 1 and val[2] < val[1], val   # the case's premise
     assert untimed(tmp_path / "best-part") == untimed(tmp_path / "best-full")
@@ -255,10 +265,11 @@ def test_learned_codec_is_refused(shards, tmp_path):
                         load_schedule(sched))
 
 
-def _resume_worker(shard_dir: str, out: str, schedule: str) -> None:
+def _resume_worker(shard_dir: str, out: str, schedule: str, table: str) -> None:
     """On every rank: the straight run into OUT/full; OUT/part stopped at 4, resumed and
     stopped at 6 (its metrics then copied to OUT/stop6 for predict), resumed to the end; with
-    train.lr = 0.4, the straight run into OUT/best-full, OUT/best-part stopped at 2 and resumed."""
+    the ``table`` schedule and train.lr = 0.3, the straight run into OUT/best-full, OUT/best-part
+    stopped at 2 and resumed."""
     import shutil
     from pathlib import Path
 
@@ -277,7 +288,8 @@ def _resume_worker(shard_dir: str, out: str, schedule: str) -> None:
         shutil.copytree(out / "part", out / "stop6")
     MPI.COMM_WORLD.Barrier()
     assert main(base + ["--out", str(out / "part"), "--resume"]) == 0
-    base += ["--set", "train.lr=0.4"]      # OUT/best-*: stopped after stage 0's best round
+    base[base.index(schedule)] = table
+    base += ["--set", "train.lr=0.3"]      # OUT/best-*: stopped after stage 0's best round
     assert main(base + ["--out", str(out / "best-full")]) == 0
     assert main(base + ["--out", str(out / "best-part"), "--stop-after", "2"]) == 0
     assert main(base + ["--out", str(out / "best-part"), "--resume"]) == 0
@@ -285,4 +297,4 @@ def _resume_worker(shard_dir: str, out: str, schedule: str) -> None:
 
 if __name__ == "__main__":
     import sys
-    _resume_worker(*sys.argv[1:4])
+    _resume_worker(*sys.argv[1:5])
