@@ -546,3 +546,20 @@ def test_auto_with_nothing_it_may_compress_is_refused_at_bind(tmp_path):
     got = str(err.value)
     assert str(path) in got and "'compress_last_layer'" in got and "fix: set compress_last_layer = true" in got
     assert policy.bind(10, 2).compresses(0, 2, "forward")
+
+
+def test_a_codec_keeps_the_least_time_it_was_measured_at():
+    """A codec's cost is a property of the sizes: a later probe that timed it slower (a busy
+    core) does not raise it, a faster one lowers it."""
+    def scaled(factor: float) -> Figures:
+        fig = ExchangeFigures(FIG.norm2, FIG.error2,
+                              {b: s * factor for b, s in FIG.codec_s.items()}, FIG.bytes)
+        return Figures({(0, "forward"): fig}, {"forward": [(256000.0, 0.26)], "backward": []})
+
+    settings, state = AutoSettings(objective="time"), AutoState()
+    for epoch, factor, want in ((0, 1.0, 1.0), (1, 10.0, 1.0), (2, 0.5, 0.5)):
+        state.window.append(1.0)
+        state, _ = decide(state, settings, scaled(factor), epoch)
+        got = state.measured["0/forward"]["codec_s"]
+        assert {int(b): s for b, s in got.items()} == \
+            pytest.approx({b: s * want for b, s in FIG.codec_s.items()}), epoch

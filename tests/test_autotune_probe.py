@@ -82,6 +82,17 @@ def test_probe_measures_the_documented_error_of_the_sent_rows(ranks, cap, shards
         # the last rank arrived SKEW_S late at the probed exchange: a probed exchange starts
         # aligned, so no rank's wire seconds carry that wait (it would pass for a cost per byte)
         assert all(s[3] < SKEW_S / 2 for s in got["wire"]), (r, got["wire"])
+    # what every rank decides from (autotuning.reduce_figures): the errors and norms summed
+    # over the ranks, the bytes the largest rank's
+    for d, name in enumerate(("forward", "backward")):
+        want = [expected(shard_dir, r, d, cap) for r in range(ranks)]
+        for r in range(ranks):
+            fig = json.loads((tmp_path / f"{r}.json").read_text())["reduced"][name]
+            assert fig["norm2"] == pytest.approx(sum(x["norm2"] for x in want), rel=1e-9)
+            for b in BITS:
+                assert fig["error2"][str(b)] == pytest.approx(
+                    sum(x["error2"][b] for x in want), rel=1e-5), (r, name, b)
+            assert fig["bytes"] == {str(b): max(x["bytes"][b] for x in want) for b in (*BITS, 32)}
 
 
 def _exchange(ctx, shard, exch, settings):
@@ -120,8 +131,13 @@ def _worker(shard_dir: str, out: str, cap: int) -> None:
                        "error2": {str(c.bits): v for c, v in fig.error2.items() if c.bits != 32},
                        "bytes": {str(c.bits): v for c, v in fig.bytes.items()}}
               for (layer, d), fig in stats.probes.items() if layer == LAYER}
+    from hpcgnn.train.autotuning import reduce_figures
+    figures = reduce_figures(ctx, stats, [(LAYER, d, cands) for d in (0, 1)])
+    reduced = {name: {"norm2": fig.norm2, "error2": {str(b): v for b, v in fig.error2.items()},
+                      "bytes": {str(b): v for b, v in fig.bytes.items()}}
+               for (layer, name), fig in figures.exchanges.items()}
     Path(out, f"{ctx.rank}.json").write_text(json.dumps({
-        "probes": probes, "wire": [[s.layer, s.direction, s.bytes, s.seconds, s.compute_s] for s in stats.wire],
+        "probes": probes, "reduced": reduced, "wire": [[s.layer, s.direction, s.bytes, s.seconds, s.compute_s] for s in stats.wire],
         "bytes_fwd": sum(plan.send_counts) * WIDTH * 4,
         "bytes_bwd": sum(plan.recv_counts) * WIDTH * 4,
         "same_as_unprobed": bool(torch.equal(halo, plain[1]) and torch.equal(grad, plain[2])

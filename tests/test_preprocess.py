@@ -233,14 +233,89 @@ def test_verify_catches_consistent_looking_but_wrong_parts(cora, tmp_path, part,
         verify_shards(tmp_path)
 
 
-def test_verify_checks_meta_totals(cora, tmp_path):
+def _row_with_two_owned_columns(s) -> tuple[int, int]:
+    """(row, position in graph/indices of its first entry) of the first owned row whose first
+    two in-neighbours are owned nodes (neither a halo slot)."""
+    for r in range(s.n_owned):
+        lo, hi = s.indptr[r], s.indptr[r + 1]
+        if hi - lo >= 2 and s.indices[lo] < s.n_owned and s.indices[lo + 1] < s.n_owned:
+            return r, int(lo)
+    raise AssertionError("no row with two owned in-neighbours")
+
+
+def _repeat_an_edge(s) -> np.ndarray:
+    """The row's second in-neighbour replaced by its first: row lengths, halo use, cut kept."""
+    _, lo = _row_with_two_owned_columns(s)
+    a = s.indices.copy()
+    a[lo + 1] = a[lo]
+    return a
+
+
+def _add_a_self_loop(s) -> np.ndarray:
+    """The row's first (owned) in-neighbour replaced by the row itself."""
+    r, lo = _row_with_two_owned_columns(s)
+    a = s.indices.copy()
+    a[lo] = r
+    return a
+
+
+def _unuse_a_halo_slot(s) -> np.ndarray:
+    """The one edge of a halo slot used once redirected to an owned node not in its row (nor
+    the row itself): the slot is left unused, the row's length kept."""
+    used = np.bincount(s.indices[s.indices >= s.n_owned] - s.n_owned, minlength=s.n_halo)
+    at = int(np.flatnonzero(s.indices == s.n_owned + int(np.flatnonzero(used == 1)[0]))[0])
+    r = int(np.searchsorted(s.indptr, at, side="right")) - 1
+    row = set(s.indices[s.indptr[r]:s.indptr[r + 1]].tolist()) | {r}
+    a = s.indices.copy()
+    a[at] = next(v for v in range(s.n_owned) if v not in row)
+    return a
+
+
+@pytest.mark.parametrize("change, expect", [
+    (_repeat_an_edge, "graph/indices repeats an edge"),
+    (_add_a_self_loop, "graph/indices holds a self-loop"),
+    (_unuse_a_halo_slot, "a halo slot is used by no edge"),
+])
+def test_verify_catches_a_wrong_local_csr(cora, tmp_path, change, expect):
+    """graph/indices changed in place (its length, the row lengths and nodes/degree kept): a
+    repeated edge, a self-loop, a halo row that no edge reads."""
+    write_shards(cora, partition_graph(cora, 4, "random", seed=0), tmp_path,
+                 partitioner="random", seed=0)
+    verify_shards(tmp_path)
+    changed = change(read_shard(tmp_path / "part-00001.h5"))
+    tamper(tmp_path, 1, "graph/indices", lambda a: changed)
+    with pytest.raises(ShardFormatError, match=f"part-00001.h5: {expect}"):
+        verify_shards(tmp_path)
+
+
+def test_verify_catches_a_halo_node_from_the_wrong_owner(cora, tmp_path):
+    """One of part 0's halo nodes from part 1 replaced by a node that part 2 owns, between
+    its neighbours in the group (so the group stays ascending and every count matches)."""
+    parts = partition_graph(cora, 4, "random", seed=0)
+    write_shards(cora, parts, tmp_path, partitioner="random", seed=0)
+    s = read_shard(tmp_path / "part-00000.h5")
+    gid = s.halo_global_id.copy()
+    group = gid[:s.recv_counts[1]]                               # received from part 1
+    bounds = np.r_[-1, group, cora.num_nodes]
+    i, v = next((i, v) for i in range(len(group)) for v in np.flatnonzero(parts == 2)
+                if bounds[i] < v < bounds[i + 2])
+    gid[i] = v
+    tamper(tmp_path, 0, "halo/global_id", lambda a: gid)
+    with pytest.raises(ShardFormatError, match="part-00000.h5: a halo node is not owned by the "
+                                               "part it is received from"):
+        verify_shards(tmp_path)
+
+
+@pytest.mark.parametrize("key, expect", [("edge_cut", "edge_cut says"),
+                                         ("num_edges", "num_edges says")])
+def test_verify_checks_meta_totals(cora, tmp_path, key, expect):
     from hpcgnn.data.shard import write_meta
     write_shards(cora, partition_graph(cora, 2, "metis", seed=0), tmp_path,
                  partitioner="metis", seed=0)
     meta = read_meta(tmp_path)
-    meta["edge_cut"] += 2
+    meta[key] += 2
     write_meta(tmp_path, meta)
-    with pytest.raises(ShardFormatError, match="edge_cut says"):
+    with pytest.raises(ShardFormatError, match=expect):
         verify_shards(tmp_path)
 
 

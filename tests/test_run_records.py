@@ -159,3 +159,20 @@ def test_harmless_and_math_keys_are_told_apart(tmp_path):
     r_old, r_now = record(*retexo).fingerprint(), record(*retexo, "train.eval_every=3").fingerprint()
     assert differences(r_old, r_now) == ["train.eval_every: checkpoint 1, now 3"]
     assert harmless_changes(r_old, r_now) == []
+
+
+def test_a_key_the_checkpoints_version_lacked_counts_as_its_default(tmp_path):
+    """A checkpoint of an older hpcgnn has no entry for a key added since
+    (``train.weight_decay_on``): it ran with the default, so a resume at the default is no
+    difference, one off it is."""
+    from hpcgnn.config import load_config
+    from hpcgnn.data.shardset import ShardSet
+    from hpcgnn.train.records import RunRecord, differences
+
+    def record(*sets):
+        return RunRecord.make(load_config(None, list(sets)), None, ShardSet(tmp_path, {}, "0" * 64))
+    old = record().fingerprint()
+    assert old["config"]["train"].pop("weight_decay_on") == "all"
+    assert differences(old, record().fingerprint()) == []
+    assert differences(old, record("train.weight_decay_on=first_layer").fingerprint()) == \
+        ["train.weight_decay_on: checkpoint 'all', now 'first_layer'"]

@@ -92,6 +92,8 @@ def test_resume_on_the_same_ranks_is_exact_and_keeps_one_set(stale_runs, tmp_pat
         data = (run / f"checkpoint.rank-{r:05d}.{tag}.pt").read_bytes()
         (run / f".checkpoint.rank-{r:05d}.0123456789ab.pt.tmp-{4000 + r}").write_bytes(data[:100])
     (run / ".checkpoint.pt.tmp-3999").write_bytes((run / "checkpoint.pt").read_bytes()[:100])
+    for r in (RANKS, RANKS + 1):                     # rank files a run on more ranks left here
+        (run / f"checkpoint.rank-{r:05d}.0123456789ab.pt").write_bytes(b"left over")
     check_ok(_train(RANKS, shard_dir, run, "--resume"))
     assert not list(run.glob(".checkpoint*.tmp-*"))
     want = [r["loss"] for r in read_metrics(root / "straight")]

@@ -35,14 +35,19 @@ def test_shard_count_differs_from_ranks(shards, tmp_path):
 
 
 def test_corrupt_shard_on_one_rank(shards, tmp_path):
+    """A part file changed after meta.json was written, still a readable HDF5 shard (one
+    feature value; a truncated file is test_startup_failure's): only its sha256 tells."""
+    import h5py
     good = shards("cora", 2, "metis")
     bad = tmp_path / "shards"
     shutil.copytree(good, bad)
     part = bad / "part-00001.h5"
-    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    with h5py.File(part, "r+") as f:
+        f["nodes/features"][0, 0] += 1.0
     proc = train(2, bad, tmp_path / "run", "train.epochs=2", timeout=90)
     assert proc.returncode != 0
     assert "[rank 0/2] ERROR rank 1: " in proc.stderr and "part-00001.h5" in proc.stderr
+    assert "sha256 differs from meta.json" in proc.stderr
     assert "preprocess" in proc.stderr                                  # the fix
     assert "[rank 0/2] ERROR rank 0: no error; stopping with the others" in proc.stderr
     assert "[rank 1/2]" not in proc.stderr
