@@ -3,7 +3,7 @@ PyG's ``GATConv`` when installed), on both paths of the attention sums; training
 ranks (uneven METIS parts, dropout and attention dropout on) against 1 rank; a
 ``truncate``-compressed and a 2-bit ``quant`` run against whole-graph computations written here
 (each part sees its halo rows truncated, or as the numpy quantiser of ``test_codecs`` rounds
-them), and a ``truncate`` and a 4-bit ``quant`` forward under a 2-bit ``[backward]`` table
+them), and a ``truncate``, a ``sample`` and a 4-bit ``quant`` forward under a 2-bit ``[backward]`` table
 (halo gradients as that quantiser rounds them); ``hpcgnn predict`` of a GAT run against the
 dense GAT. Staleness with
 GAT is tested in ``test_methods_exact.py`` (against ``_pipegcn.py``). This file is also the MPI
@@ -54,12 +54,17 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
                        'codec = "truncate"\nkind = "constant"\nratio = 2.0\n'
                        'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 2\n'),
     # plain quant: rows 4-bit, their gradients 2-bit ([backward]'s bits)
+    # a row-selecting forward (BNS-GCN's sample, the rows unscaled) likewise: the kept rows'
+    # gradients 2-bit
+    "sample-back2": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+                     'codec = "sample"\nkind = "constant"\nratio = 2.0\n'
+                     'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 2\n'),
     "quant4-back2": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
                      'codec = "quant"\nbits = 4\ncompress_last_layer = true\n'
                      '[backward]\nbits = 2\n'),
 }
 LAUNCHES = [(2, ("gat", "truncate", "quant", "sample", "sample-truncate", "quant4-back2",
-                 "predict:gat")),
+                 "sample-back2", "predict:gat")),
             (3, ("gat", "gat-deep", "sample-quant", "truncate-back2")), (4, ("gat",))]
 
 
@@ -389,17 +394,34 @@ class Quantised:
 
 
 class BackQuantised:
-    """A synchronous forward ``seen`` (``Truncated``, ``Quantised``) under a quantised
-    ``[backward]`` table: part ``q``'s halo rows arrive as ``seen`` delivers them, and the
-    gradient of its halo rows, of the ``k = max(1, floor(H C / ratio))`` channels sent, goes
-    back to their owners as ``test_methods_exact.quantised_rows`` rounds it (``q``'s whole
-    buffer of them, halo order, the noise key ``mix(0, t, layer, 1, q)``), the other channels'
-    gradients nothing: what the numpy codec returns, not autograd of the forward."""
+    """A synchronous forward ``seen`` (``Truncated``, ``Quantised``, ``Sampled``) under a
+    quantised ``[backward]`` table: part ``q``'s halo rows arrive as ``seen`` delivers them
+    (``Sampled``: its ``sources`` too), and the gradient of the halo rows sent (every one, or
+    ``seen.sent(q, t)``'s kept rows, unscaled) of the ``k = max(1, floor(H C / ratio))``
+    channels sent goes back to their owners rounded by ``test_codecs.ref_quant`` as ``q``'s one
+    buffer of them (halo blocks in order, a block's rows ascending) with the noise key
+    ``mix(0, t, layer, 1, q)``, the other rows' and channels' gradients nothing: what the numpy
+    codec returns, not autograd of the forward."""
 
     def __init__(self, seen, parts, shard_dir, ranks, bits: int, ratio: float = 1.0):
-        from test_methods_exact import quantised_rows
-        self.seen, self.parts = seen, parts
-        self.returned = quantised_rows(shard_dir, ranks, bits, ratio=ratio)[1]
+        from hpcgnn.data.shard import read_shard
+        self.seen, self.parts, self.bits, self.ratio = seen, parts, bits, ratio
+        self.halo = [read_shard(shard_dir / f"part-{r:05d}.h5").halo_global_id
+                     for r in range(ranks)]
+        if hasattr(seen, "sources"):
+            self.sources = seen.sources
+
+    def returned(self, layer: int, t: int, grad: torch.Tensor, q: int) -> torch.Tensor:
+        from test_codecs import ref_quant
+        from test_exchange_exact import mix
+        sent = getattr(self.seen, "sent", None)
+        gid = torch.from_numpy(sent(q, t) if sent else self.halo[q])
+        k = max(1, int(grad.shape[1] / self.ratio + 1e-9))
+        out = torch.zeros_like(grad)
+        if len(gid):
+            out[gid, :k] = torch.from_numpy(ref_quant(grad[gid, :k].numpy(), self.bits,
+                                                      mix(0, t, layer, 1, q)))
+        return out
 
     def __call__(self, layer, h, q, t):
         from _pipegcn import Sent
@@ -442,10 +464,15 @@ class Sampled:
         start = int(counts[:src].sum())
         return self.shards[q].halo_global_id[start:start + int(counts[src])]
 
+    def sent(self, q: int, t: int) -> np.ndarray:
+        """Global ids of the halo rows part ``q`` is sent at epoch ``t``: its blocks in order,
+        each block's kept rows ascending."""
+        return np.concatenate([self._halo(q, src)[self.kept[src, q, t]]
+                               for src in range(len(self.shards))])
+
     def sources(self, q: int, t: int) -> torch.Tensor:
         ok = (self.parts == q).clone()
-        for src in range(len(self.shards)):
-            ok[torch.from_numpy(self._halo(q, src)[self.kept[src, q, t]])] = True
+        ok[torch.from_numpy(self.sent(q, t))] = True
         return ok
 
     def __call__(self, layer, h, q, t):
@@ -501,10 +528,10 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
             assert losses == pytest.approx(whole_graph_losses(
                 init, parts, 2, 4, Quantised(parts, shard_dir, ranks)), rel=2e-5)
             assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
-        elif variant.startswith("sample"):
-            check_sampled(variant, got, want, init, parts, shard_dir, ranks)
         elif variant.endswith("-back2"):
             check_back_quantised(variant, got, init, parts, shard_dir, ranks, tmp_path / variant)
+        elif variant.startswith("sample"):
+            check_sampled(variant, got, want, init, parts, shard_dir, ranks)
         else:
             assert losses == pytest.approx([r["loss"] for r in want], rel=1e-5), variant
             assert [r["val_acc"] for r in got] == pytest.approx([r["val_acc"] for r in want], abs=2e-3)
@@ -534,6 +561,8 @@ def check_back_quantised(variant: str, got: list[dict], init: dict, parts, shard
     truncate = variant.startswith("truncate")
 
     def forward():
+        if variant.startswith("sample"):
+            return Sampled(parts, shard_dir, ranks)
         return Truncated(parts) if truncate else Quantised(parts, shard_dir, ranks, bits=4)
     ref = BackQuantised(forward(), parts, shard_dir, ranks, 2, ratio=2.0 if truncate else 1.0)
     want, fp32 = {}, {}
