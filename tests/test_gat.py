@@ -3,7 +3,9 @@ PyG's ``GATConv`` when installed), on both paths of the attention sums; training
 ranks (uneven METIS parts, dropout and attention dropout on) against 1 rank; a
 ``truncate``-compressed and a 2-bit ``quant`` run against whole-graph computations written here
 (each part sees its halo rows truncated, or as the numpy quantiser of ``test_codecs`` rounds
-them); ``hpcgnn predict`` of a GAT run against the dense GAT. Staleness with
+them), and a ``truncate``, a ``sample`` and a 4-bit ``quant`` forward under a 2-bit ``[backward]`` table
+(halo gradients as that quantiser rounds them); ``hpcgnn predict`` of a GAT run against the
+dense GAT. Staleness with
 GAT is tested in ``test_methods_exact.py`` (against ``_pipegcn.py``). This file is also the MPI
 worker (several variants per launch).
 """
@@ -46,9 +48,24 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
     "sample-quant": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.3"),
                      'codec = "sample+quant"\nbits = 2\nkind = "constant"\nratio = 2.0\n'
                      'compress_last_layer = true\ncompress_backward = false\n'),
+    # a channel-selecting forward with a quantised [backward]: the halo gradients of the
+    # channels sent go back 2-bit (the receiver's buffer of them, its own key); attention dropout
+    "truncate-back2": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+                       'codec = "truncate"\nkind = "constant"\nratio = 2.0\n'
+                       'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 2\n'),
+    # plain quant: rows 4-bit, their gradients 2-bit ([backward]'s bits)
+    # a row-selecting forward (BNS-GCN's sample, the rows unscaled) likewise: the kept rows'
+    # gradients 2-bit
+    "sample-back2": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+                     'codec = "sample"\nkind = "constant"\nratio = 2.0\n'
+                     'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 2\n'),
+    "quant4-back2": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+                     'codec = "quant"\nbits = 4\ncompress_last_layer = true\n'
+                     '[backward]\nbits = 2\n'),
 }
-LAUNCHES = [(2, ("gat", "truncate", "quant", "sample", "sample-truncate", "predict:gat")),
-            (3, ("gat", "gat-deep", "sample-quant")), (4, ("gat",))]
+LAUNCHES = [(2, ("gat", "truncate", "quant", "sample", "sample-truncate", "quant4-back2",
+                 "sample-back2", "predict:gat")),
+            (3, ("gat", "gat-deep", "sample-quant", "truncate-back2")), (4, ("gat",))]
 
 
 # -- an independent GAT: dense attention over the whole graph --------------------------------
@@ -294,13 +311,15 @@ def part_of(shard_dir: Path, ranks: int) -> torch.Tensor:
 
 
 def whole_graph_losses(init: dict, parts: torch.Tensor, heads: int, hidden: int, seen,
-                       spec: str = CSBM, attn_dropout: float = 0.0) -> list[float]:
+                       spec: str = CSBM, attn_dropout: float = 0.0,
+                       params: dict | None = None) -> list[float]:
     """2-layer GAT, no input dropout, Adam (lr 0.01, wd 5e-4), mean CE on the training nodes.
     ``seen(layer, h, q, t)``: the source rows ``(N, H, C)`` the rows of part ``q`` attend to at
     epoch ``t`` (those of other parts are halo rows); ``seen.sources(q, t)``, where defined:
     bool ``(N,)``, the nodes whose edges into part ``q`` exist at epoch ``t`` (the others' are
     removed from the graph); ``after(t)`` runs after backward. ``attn_dropout``: the attention
-    coefficients dropped with the mask of the layer test above (seed 0)."""
+    coefficients dropped with the mask of the layer test above (seed 0). ``params``: a dict to
+    fill with the trained parameters."""
     from hpcgnn.nn.dropout import edge_keep_mask
     g, adj = graph_of(spec)
     x, y = torch.from_numpy(g.dense_features()), torch.from_numpy(g.labels)
@@ -334,6 +353,8 @@ def whole_graph_losses(init: dict, parts: torch.Tensor, heads: int, hidden: int,
         seen.after(t)
         opt.step()
         losses.append(loss.item())
+    if params is not None:
+        params.update({k: v.detach() for k, v in p.items()})
     return losses
 
 
@@ -360,13 +381,54 @@ class Quantised:
     and the message of a halo source both from the decoded row. The backward takes the rounding
     as the identity (fp32 gradients, ``compress_backward = false``)."""
 
-    def __init__(self, parts, shard_dir, ranks):
+    def __init__(self, parts, shard_dir, ranks, bits: int = 2):
         from test_methods_exact import quantised_rows
-        self.parts, self.received = parts, quantised_rows(shard_dir, ranks, 2)[0]
+        self.parts, self.received = parts, quantised_rows(shard_dir, ranks, bits)[0]
 
     def __call__(self, layer, h, q, t):
         flat = h.flatten(1)
         return flat.add((self.received(layer, t, flat, q) - flat).detach()).view_as(h)
+
+    def after(self, t):
+        pass
+
+
+class BackQuantised:
+    """A synchronous forward ``seen`` (``Truncated``, ``Quantised``, ``Sampled``) under a
+    quantised ``[backward]`` table: part ``q``'s halo rows arrive as ``seen`` delivers them
+    (``Sampled``: its ``sources`` too), and the gradient of the halo rows sent (every one, or
+    ``seen.sent(q, t)``'s kept rows, unscaled) of the ``k = max(1, floor(H C / ratio))``
+    channels sent goes back to their owners rounded by ``test_codecs.ref_quant`` as ``q``'s one
+    buffer of them (halo blocks in order, a block's rows ascending) with the noise key
+    ``mix(0, t, layer, 1, q)``, the other rows' and channels' gradients nothing: what the numpy
+    codec returns, not autograd of the forward."""
+
+    def __init__(self, seen, parts, shard_dir, ranks, bits: int, ratio: float = 1.0):
+        from hpcgnn.data.shard import read_shard
+        self.seen, self.parts, self.bits, self.ratio = seen, parts, bits, ratio
+        self.halo = [read_shard(shard_dir / f"part-{r:05d}.h5").halo_global_id
+                     for r in range(ranks)]
+        if hasattr(seen, "sources"):
+            self.sources = seen.sources
+
+    def returned(self, layer: int, t: int, grad: torch.Tensor, q: int) -> torch.Tensor:
+        from test_codecs import ref_quant
+        from test_exchange_exact import mix
+        sent = getattr(self.seen, "sent", None)
+        gid = torch.from_numpy(sent(q, t) if sent else self.halo[q])
+        k = max(1, int(grad.shape[1] / self.ratio + 1e-9))
+        out = torch.zeros_like(grad)
+        if len(gid):
+            out[gid, :k] = torch.from_numpy(ref_quant(grad[gid, :k].numpy(), self.bits,
+                                                      mix(0, t, layer, 1, q)))
+        return out
+
+    def __call__(self, layer, h, q, t):
+        from _pipegcn import Sent
+        flat = h.flatten(1)
+        rows = self.seen(layer, h.detach(), q, t).flatten(1)
+        sent = Sent.apply(flat, rows, lambda grad: self.returned(layer, t, grad, q))
+        return torch.where((self.parts == q)[:, None], flat, sent).view_as(h)
 
     def after(self, t):
         pass
@@ -402,10 +464,15 @@ class Sampled:
         start = int(counts[:src].sum())
         return self.shards[q].halo_global_id[start:start + int(counts[src])]
 
+    def sent(self, q: int, t: int) -> np.ndarray:
+        """Global ids of the halo rows part ``q`` is sent at epoch ``t``: its blocks in order,
+        each block's kept rows ascending."""
+        return np.concatenate([self._halo(q, src)[self.kept[src, q, t]]
+                               for src in range(len(self.shards))])
+
     def sources(self, q: int, t: int) -> torch.Tensor:
         ok = (self.parts == q).clone()
-        for src in range(len(self.shards)):
-            ok[torch.from_numpy(self._halo(q, src)[self.kept[src, q, t]])] = True
+        ok[torch.from_numpy(self.sent(q, t))] = True
         return ok
 
     def __call__(self, layer, h, q, t):
@@ -461,6 +528,8 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
             assert losses == pytest.approx(whole_graph_losses(
                 init, parts, 2, 4, Quantised(parts, shard_dir, ranks)), rel=2e-5)
             assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
+        elif variant.endswith("-back2"):
+            check_back_quantised(variant, got, init, parts, shard_dir, ranks, tmp_path / variant)
         elif variant.startswith("sample"):
             check_sampled(variant, got, want, init, parts, shard_dir, ranks)
         else:
@@ -480,6 +549,32 @@ def check_sampled(variant: str, got: list[dict], want: list[dict], init: dict, p
     assert losses == pytest.approx(whole_graph_losses(
         init, parts, 2, 4, ref, spec, float(sets["model.attn_dropout"])), rel=1e-5), variant
     assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
+    assert all(0 < r["bytes_sent"] < r["bytes_full"] for r in got), variant
+
+
+def check_back_quantised(variant: str, got: list[dict], init: dict, parts, shard_dir,
+                         ranks: int, run_dir: Path) -> None:
+    """A run with a quantised ``[backward]`` table: its losses and final parameters equal the
+    whole-graph GAT whose halo rows are the forward codec's and whose halo gradients the numpy
+    quantiser rounds (``BackQuantised``); the parameters differ from those of fp32 gradients."""
+    sets = dict(s.split("=") for s in VARIANTS[variant][0])
+    truncate = variant.startswith("truncate")
+
+    def forward():
+        if variant.startswith("sample"):
+            return Sampled(parts, shard_dir, ranks)
+        return Truncated(parts) if truncate else Quantised(parts, shard_dir, ranks, bits=4)
+    ref = BackQuantised(forward(), parts, shard_dir, ranks, 2, ratio=2.0 if truncate else 1.0)
+    want, fp32 = {}, {}
+    losses = [r["loss"] for r in got]
+    attn = float(sets["model.attn_dropout"])
+    assert losses == pytest.approx(whole_graph_losses(init, parts, 2, 4, ref, CSBM, attn,
+                                                      params=want), rel=1e-5), variant
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+    for key, value in want.items():
+        torch.testing.assert_close(state[key], value, rtol=1e-4, atol=1e-5)
+    whole_graph_losses(init, parts, 2, 4, forward(), CSBM, attn, params=fp32)
+    assert max((state[k] - v).abs().max().item() for k, v in fp32.items()) > 1e-3, variant
     assert all(0 < r["bytes_sent"] < r["bytes_full"] for r in got), variant
 
 

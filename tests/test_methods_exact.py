@@ -478,15 +478,22 @@ def sampled_rows(shard_dir, ranks: int, keep: float, s: int, seed: int = 0):
 
 # Sylvie, and BNS-GCN's sample under PipeGCN's staleness, and PipeGCN's smoothing of what a
 # lossy codec delivers: (schedule, staleness, smoothing), one 3-rank job
+SAMPLE_HALF = 'codec = "sample"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'
 TRUNCATE_QUANT = ('codec = "truncate+quant"\nbits = 2\nkind = "constant"\nratio = 2.0\n'
                   'compress_last_layer = true\n')
 STALE_CODECS = {"sylvie": (SYLVIE, 1, 0.0),
-                "sample-s2": ('codec = "sample"\nkind = "constant"\nratio = 2.0\n'
-                              'compress_last_layer = true\n', 2, 0.0),
+                "sample-s2": (SAMPLE_HALF, 2, 0.0),
                 "sylvie-smooth": (SYLVIE, 1, 0.5),
-                "truncate-quant-s2-smooth": (TRUNCATE_QUANT, 2, 0.5)}
+                "truncate-quant-s2-smooth": (TRUNCATE_QUANT, 2, 0.5),
+                "sample-s1-smooth": (SAMPLE_HALF, 1, 0.5),
+                "sample-sage-s2-smooth": (SAMPLE_HALF, 2, 0.5)}
 STALE_CODEC_MODEL = ("model.arch=gcn", "model.layers=3")
 STALE_CODEC_SETS = (*STALE_CODEC_MODEL, "model.dropout=0.5", f"train.epochs={EPOCHS}")
+
+
+def stale_codec_model(name: str) -> tuple[str, ...]:
+    """A STALE_CODECS run's model: the 3-layer GCN, or (``-sage-``) the same GraphSAGE-mean."""
+    return ("model.arch=sage", *STALE_CODEC_MODEL[1:]) if "-sage-" in name else STALE_CODEC_MODEL
 
 
 @pytest.fixture(scope="module")
@@ -497,7 +504,8 @@ def stale_codec_runs(shards, tmp_path_factory):
     for name, (schedule, s, m) in STALE_CODECS.items():
         (work / f"{name}.toml").write_text(schedule)
         runs.append((shards(CSBM, 3, "metis"), work / name,
-                     (*STALE_CODEC_SETS, f"train.staleness={s}", f"train.smoothing={m}"), {},
+                     (*stale_codec_model(name), *STALE_CODEC_SETS[2:], f"train.staleness={s}",
+                      f"train.smoothing={m}"), {},
                      ("--schedule", str(work / f"{name}.toml"))))
     for proc in train_together(3, runs, work):
         check_ok(proc)
@@ -546,24 +554,28 @@ def test_stale_sampled_training_equals_pipegcn_of_the_sample(shards, init_of, st
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("name, ratio", [("sylvie-smooth", 1.0), ("truncate-quant-s2-smooth", 2.0)])
-def test_smoothed_stale_codec_training_equals_pipegcn(name, ratio, shards, init_of,
-                                                      stale_codec_runs):
+@pytest.mark.parametrize("name", ["sylvie-smooth", "truncate-quant-s2-smooth",
+                                  "sample-s1-smooth", "sample-sage-s2-smooth"])
+def test_smoothed_stale_codec_training_equals_pipegcn(name, shards, init_of, stale_codec_runs):
     """PipeGCN's smoothing (0.5) of stale rows and gradients under a lossy codec: 2-bit rows
-    and gradients at staleness 1, and the first half of the channels in 2 bits at staleness 2,
-    on 3 uneven METIS parts, a 3-layer GCN with dropout 0.5. What is averaged is what the codec
-    delivered (the decoded rows, the decoded gradients summed into their owners' rows), the
-    average starting at its first value; the layer drops out the averaged rows: the
-    single-process PipeGCN with smoothing fed the numpy codec's rows and gradients."""
+    and gradients at staleness 1, the first half of the channels in 2 bits at staleness 2, and
+    BNS-GCN's ``sample`` (keep 1/2) at staleness 1 and (GraphSAGE-mean) 2, on 3 uneven METIS
+    parts, a 3-layer GCN (or SAGE) with dropout 0.5. What is averaged is what the codec delivered (the decoded rows, a row not sent
+    as zeros and a row sent scaled by rows/kept; the decoded gradients summed into their
+    owners' rows), the average starting at its first value; the layer drops out the averaged
+    rows: the single-process PipeGCN with smoothing fed the numpy codec's rows and gradients."""
     from _pipegcn import pipegcn_losses
     from hpcgnn.data.datasets import load_dataset
     ranks, shard_dir = 3, shards(CSBM, 3, "metis")
     _, s, m = STALE_CODECS[name]
     got = [r["loss"] for r in read_metrics(stale_codec_runs[name])]
-    g, parts, init = load_dataset(CSBM), _parts(shard_dir, ranks), init_of(CSBM, STALE_CODEC_SETS)
+    sets = (*stale_codec_model(name), *STALE_CODEC_SETS[2:])
+    g, parts, init = load_dataset(CSBM), _parts(shard_dir, ranks), init_of(CSBM, sets)
     assert len(set(np.bincount(parts).tolist())) > 1                      # uneven parts
-    model = reference_model(STALE_CODEC_MODEL)
-    received, returned = quantised_rows(shard_dir, ranks, 2, ratio=ratio)
+    model = reference_model(stale_codec_model(name))
+    received, returned = (sampled_rows(shard_dir, ranks, 0.5, s) if name.startswith("sample")
+                          else quantised_rows(shard_dir, ranks, 2,
+                                              ratio=2.0 if "truncate" in name else 1.0))
     params, unsmoothed = {}, {}
     want = pipegcn_losses(g, parts, init, model, s, m, EPOCHS, received=received,
                           returned=returned, params=params)
