@@ -178,6 +178,10 @@ class _NoExchange:
     def aggregate(self, graph, src, settings, modules=(None, None)):
         return graph.owned @ src
 
+    @staticmethod
+    def received_rows(settings, width):        # no row-sampling stage: every halo row counts
+        return None
+
 
 def _local_graph(n: int, n_halo: int, seed: int):
     from hpcgnn.nn.graph import LocalGraph, SparseOp
