@@ -25,6 +25,7 @@ from conftest import check_ok, initial_params, read_metrics, run_mpi, train_here
 CSBM = "csbm:nodes=799,classes=4,degree=8,features=24,seed=3"   # small (dense references); odd: uneven parts
 EPOCHS = 6
 NO_DROPOUT = ("model.arch=gat", "model.dropout=0.0", f"train.epochs={EPOCHS}")
+TWO_HEADS = (*NO_DROPOUT, "model.heads=2", "model.hidden=4")   # the codec cases' widths
 VARIANTS = {   # name -> (--set list, schedule text or None)
     "gat": (("model.arch=gat", "model.heads=2", "model.hidden=8", "model.attn_dropout=0.5",
              f"train.epochs={EPOCHS}"), None),
@@ -32,34 +33,34 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
                   "model.out_heads=2", "model.attn_dropout=0.3", "train.overlap=true",
                   f"train.epochs={EPOCHS}"), None),
     # layer 0: 24 -> 2 x 4 (exchanges h, width 8: k = 4); layer 1: 8 -> 4 (h, width 4: k = 2)
-    "truncate": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4"),
+    "truncate": (TWO_HEADS,
                  'codec = "truncate"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'),
     # the same widths, every forward row 2-bit (AdaQP's quantiser), gradients fp32
-    "quant": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4"),
+    "quant": (TWO_HEADS,
               'codec = "quant"\nbits = 2\ncompress_last_layer = true\ncompress_backward = false\n'),
     # BNS-GCN: half of every peer block's rows an epoch (the same rows in both layers), the
     # others' edges out of the softmax, no rows/kept scale; attention dropout on
-    "sample": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+    "sample": ((*TWO_HEADS, "model.attn_dropout=0.5"),
                'codec = "sample"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'),
-    "sample-truncate": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+    "sample-truncate": ((*TWO_HEADS, "model.attn_dropout=0.5"),
                         'codec = "sample+truncate"\nkeep = 0.5\nkind = "constant"\nratio = 2.0\n'
                         'compress_last_layer = true\n'),
     # the kept rows 2-bit (each sender quantises its buffer of kept rows), gradients fp32
-    "sample-quant": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.3"),
+    "sample-quant": ((*TWO_HEADS, "model.attn_dropout=0.3"),
                      'codec = "sample+quant"\nbits = 2\nkind = "constant"\nratio = 2.0\n'
                      'compress_last_layer = true\ncompress_backward = false\n'),
     # a channel-selecting forward with a quantised [backward]: the halo gradients of the
     # channels sent go back 2-bit (the receiver's buffer of them, its own key); attention dropout
-    "truncate-back2": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+    "truncate-back2": ((*TWO_HEADS, "model.attn_dropout=0.5"),
                        'codec = "truncate"\nkind = "constant"\nratio = 2.0\n'
                        'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 2\n'),
-    # plain quant: rows 4-bit, their gradients 2-bit ([backward]'s bits)
     # a row-selecting forward (BNS-GCN's sample, the rows unscaled) likewise: the kept rows'
     # gradients 2-bit
-    "sample-back2": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+    "sample-back2": ((*TWO_HEADS, "model.attn_dropout=0.5"),
                      'codec = "sample"\nkind = "constant"\nratio = 2.0\n'
                      'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 2\n'),
-    "quant4-back2": ((*NO_DROPOUT, "model.heads=2", "model.hidden=4", "model.attn_dropout=0.5"),
+    # plain quant: rows 4-bit, their gradients 2-bit ([backward]'s bits)
+    "quant4-back2": ((*TWO_HEADS, "model.attn_dropout=0.5"),
                      'codec = "quant"\nbits = 4\ncompress_last_layer = true\n'
                      '[backward]\nbits = 2\n'),
 }

@@ -103,7 +103,6 @@ def max_float64(ctx: CommContext, values: list[float]) -> list[float]:
     return arr.tolist()
 
 
-
 def gather_float64(ctx: CommContext, values: list[float]) -> np.ndarray | None:
     """Every rank's ``values`` on rank 0, one row per rank (``(size, len(values))``; one small
     Gather); None on the other ranks."""

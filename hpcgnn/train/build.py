@@ -215,14 +215,15 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
     check_combination(cfg, policy, source)
     if ctx.device.type == "cpu":     # load the C kernels now (or build them, once: seconds), not
         native.lib()                 # inside epoch 0's timing where env/setup.sh did not build them
-    ctx = with_comm_settings(ctx, CommSettings.resolve(cfg.comm))
+    comm = CommSettings.resolve(cfg.comm)
+    ctx = with_comm_settings(ctx, comm)
     if cfg.parallel.algorithm == "halo":          # CAGNET's operators check theirs (below)
         check_halo_message(cfg.comm, ctx.size, source)
     policy = policy.bind(cfg.train.epochs, cfg.model.layers, silent=silent_layers(cfg, ctx))
     shard_set = ShardSet.open(shards)                  # meta.json, read once
     setup = ALGORITHMS[cfg.parallel.algorithm](ctx, cfg, shard_set)
     if setup.spmm is not None:                    # CAGNET: what its grid's calls must carry
-        check_message_limit(CommSettings.resolve(cfg.comm), *setup.spmm.least_message(), source)
+        check_message_limit(comm, *setup.spmm.least_message(), source)
     if training:
         shard_set.check_trainable(num_train(setup.shard))
     data = part_tensors(setup.shard, cfg.data.normalize_features, ctx.device)
