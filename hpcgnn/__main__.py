@@ -135,11 +135,13 @@ def cmd_predict(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from hpcgnn.train.preempt import process_flag
+    from hpcgnn.train.preempt import process_flag, say_listening
     process_flag().install()             # a SIGUSR1/SIGTERM from here on is kept, not fatal
     from hpcgnn.train.early import check_before_torch
     if not check_before_torch(args):     # config, --out, meta.json, rank count: before torch
         _finalize_and_exit(EXIT_USER_ERROR)
+    from mpi4py import MPI
+    say_listening(MPI.COMM_WORLD.rank == 0)   # every rank passed install(): tell the job script
     trainer = _start(args)
     if args.force and not args.resume and trainer.ctx.is_root:   # all ranks agreed to start
         _replace_old_run(trainer.run_dir)

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,30 @@ def test_a_warning_after_the_ranks_have_ended_does_not_kill_the_job_script():
     proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
                           timeout=60, stdin=subprocess.DEVNULL, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "went on", (proc.returncode, proc.stderr)
+
+
+# A rank that USR1 kills for its first second (bash's default action, as jobs/lib/bind.sh before
+# its first line), then handles it and, as hpcgnn train's rank 0 does, says so by creating
+# $HPCGNN_LISTENING (unless told not to).
+STARTING_RANK = ("sleep 1; trap 'echo got it; exit 0' USR1; "
+                 "[[ $SAY == 1 ]] && touch \"$HPCGNN_LISTENING\"; sleep 8 >/dev/null 2>&1 & wait; exit 3")
+
+
+@pytest.mark.parametrize("say", [1, 0])
+def test_a_warning_as_the_ranks_start_waits_until_they_listen(tmp_path, say):
+    """A USR1 to the job script 0.2 s after the launch: passed on only once the ranks listen
+    (the file appears), or, where it never does, after HPCGNN_LISTEN_WAIT seconds. Passed on at
+    once, it killed a rank still starting (exit 138)."""
+    script = ("source jobs/lib/common.sh; (sleep 0.2; kill -USR1 $$) & "
+              "hpcgnn_run_forwarding bash -c \"$RANK\"; echo \"status $?\"")
+    # the wait counts whole seconds (bash's SECONDS): 3 passes on after 2-3 s, past the rank's 1
+    env = {**os.environ, "RANK": STARTING_RANK, "SAY": str(say),
+           "HPCGNN_LISTEN_WAIT": "60" if say else "3",
+           "HPCGNN_LISTENING": str(tmp_path / ".ranks-listening"), "HPCGNN_RESIGNAL": "1"}
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=90, stdin=subprocess.DEVNULL, env=env)
+    took = time.monotonic() - t0
+    assert proc.stdout.split() == ["got", "it", "status", "0"], (proc.stdout, proc.stderr)
+    assert took < 30 if say else took > 1.9, took      # the file, not the 60 s wait; the wait
+    assert "got USR1: the ranks are not listening yet" in proc.stderr, proc.stderr

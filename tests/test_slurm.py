@@ -488,6 +488,13 @@ def test_a_warning_as_the_job_starts_checkpoints_and_requeues(slurm, chain_run, 
     log = tmp_path / "train.out"
     # sent again every second, not 5: the whole run takes a few seconds here
     env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_RESIGNAL="1")
+    if when == "ranks-starting":
+        # Each rank's bash (jobs/lib/bind.sh) sleeps 2 s before its first line, `trap '' USR1`
+        # (BASH_ENV is read first): a USR1 passed on as the ranks start finds every rank there,
+        # as it found one now and then with bash's start-up alone (exit 138).
+        slow = tmp_path / "slow-rank-start.sh"
+        slow.write_text('[[ $0 == */bind.sh ]] && sleep 2\n')
+        env["BASH_ENV"] = str(slow)
     job = slurm.sbatch(f"--output={log}", "--ntasks=2", JOBS / "train.sbatch", chain_run.shards,
                        CORA, "--set", f"train.epochs={EPOCHS}", cwd=tmp_path, env=env)
     run_dir = tmp_path / "runs" / f"slurm-{job}"
@@ -507,6 +514,9 @@ def test_a_warning_as_the_job_starts_checkpoints_and_requeues(slurm, chain_run, 
     assert "preempted at epoch " in out, out[-3000:]
     if when == "script-starting":
         assert "got USR1 before the launch" in out, out[-3000:]
+    else:
+        assert "not listening yet" in out, out[-3000:]
+    assert not (run_dir / ".ranks-listening").exists()    # the script's, removed after the launch
     assert_same_training(chain_run.run_dir, run_dir)
 
 

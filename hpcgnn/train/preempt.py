@@ -12,6 +12,7 @@ Open MPI's ``mpirun`` forwards SIGUSR1 to its ranks.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -43,6 +44,26 @@ class PreemptFlag:
         script also sends SIGUSR1 again until the ranks have ended (jobs/lib/common.sh)."""
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+
+
+LISTENING_ENV = "HPCGNN_LISTENING"
+
+
+def say_listening(is_root: bool) -> None:
+    """Rank 0, once every rank has installed its flag (after the start-up checks' Allreduce):
+    create the file ``$HPCGNN_LISTENING`` names, if it does. The job script passes a USR1 on
+    to the ranks only once it exists (jobs/lib/common.sh, ``hpcgnn_run_forwarding``): before,
+    the signal would kill a rank whose bash wrapper has not run its first line."""
+    path = os.environ.get(LISTENING_ENV)
+    if not path or not is_root:
+        return
+    try:
+        Path(path).touch()
+    except OSError as exc:
+        from hpcgnn.log import get_logger
+        get_logger().warning("cannot create %s (%s): the job script passes a preemption "
+                             "warning on to the ranks only after HPCGNN_LISTEN_WAIT seconds",
+                             path, exc.strerror or exc)
 
 
 _PROCESS_FLAG: PreemptFlag | None = None

@@ -4,8 +4,9 @@
 # (exec: the launcher's signals reach python itself). A no-op on CPU-only nodes.
 # USR1 (the preemption warning) is ignored from here until the program installs its own
 # handler (hpcgnn train does, first thing): one that arrives while python starts, imports
-# mpi4py and joins MPI is dropped instead of killing the rank, and the job script sends it
-# again until the ranks have ended (jobs/lib/common.sh, hpcgnn_run_forwarding).
+# mpi4py and joins MPI is dropped instead of killing the rank. Before this line bash's default
+# action kills the rank, so the job script passes USR1 on only once hpcgnn train says every rank
+# handles it (jobs/lib/common.sh, hpcgnn_run_forwarding), and again until the ranks have ended.
 trap '' USR1
 # The local rank the launcher of the ranks set, before SLURM's: under mpirun in a batch job every
 # rank inherits the batch step's SLURM_LOCALID=0 (Open MPI's mpirun and MPICH's alike).

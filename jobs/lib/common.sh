@@ -115,21 +115,25 @@ hpcgnn_launcher() {
 # (#SBATCH --signal=B:USR1@N) reaches the launcher, which forwards it to the ranks (srun,
 # Open MPI's mpirun and MPICH's mpiexec all do). A TERM to this shell is passed on as USR1 too:
 # srun and mpirun take TERM as "kill the ranks now", USR1 reaches the ranks, which treat both
-# alike (checkpoint at the end of the epoch). A rank ignores USR1 until its program has set up
-# its handler (jobs/lib/bind.sh), so one signal could be lost on ranks still starting: once
-# signalled (here, or before the launch: HPCGNN_SIGNALLED=1), USR1 is sent again every
-# HPCGNN_RESIGNAL seconds (default 5) until the command ends; hpcgnn train ignores it again
-# once it stops training. Returns the command's exit status.
+# alike (checkpoint at the end of the epoch). Until a rank's bash has run its first line
+# (jobs/lib/bind.sh: `trap '' USR1`), USR1 kills it, and so it kills a launcher that has not set
+# up its own handler yet: where HPCGNN_LISTENING names a file, the signal is passed on only once
+# it exists (hpcgnn train's rank 0 creates it when every rank has set up its handler) or
+# HPCGNN_LISTEN_WAIT seconds (default 60) have passed. Once signalled (here, or before the
+# launch: HPCGNN_SIGNALLED=1), USR1 is sent again every HPCGNN_RESIGNAL seconds (default 5)
+# until the command ends; hpcgnn train ignores it again once it stops training. Returns the
+# command's exit status.
 hpcgnn_run_forwarding() {
     "$@" &
     local pid=$!
+    HPCGNN_LAUNCHED=$SECONDS
     # shellcheck disable=SC2064
-    trap "hpcgnn_say 'got USR1: passing it to the ranks'; kill -USR1 $pid 2>/dev/null; hpcgnn_resend $pid" USR1
+    trap "hpcgnn_pass_usr1 $pid 'got USR1'" USR1
     # shellcheck disable=SC2064
-    trap "hpcgnn_say 'got TERM: passing it to the ranks as USR1'; kill -USR1 $pid 2>/dev/null; hpcgnn_resend $pid" TERM
+    trap "hpcgnn_pass_usr1 $pid 'got TERM' ' as USR1'" TERM
     if [[ ${HPCGNN_SIGNALLED:-0} == 1 ]]; then   # not at once: the ranks may not ignore it yet
-        hpcgnn_say "got USR1 before the launch: passing it to the ranks in ${HPCGNN_RESIGNAL:-5} s"
-        hpcgnn_resend "$pid"
+        hpcgnn_say "got USR1 before the launch: passing it to the ranks once they listen"
+        hpcgnn_resend "$pid" 0
     fi
     # A trapped signal interrupts wait (status > 128): wait again until the launcher has ended.
     while kill -0 "$pid" 2>/dev/null; do wait "$pid" || true; done
@@ -142,17 +146,45 @@ hpcgnn_run_forwarding() {
     return $rc
 }
 
-# In the background, send USR1 to PID every HPCGNN_RESIGNAL seconds until it ends (started once).
+# Do the ranks keep a USR1 now (see hpcgnn_run_forwarding)?
+hpcgnn_ranks_listening() {
+    [[ -z ${HPCGNN_LISTENING:-} || -e $HPCGNN_LISTENING ]] ||
+        (( SECONDS - ${HPCGNN_LAUNCHED:-0} >= ${HPCGNN_LISTEN_WAIT:-60} ))
+}
+
+# The trap of hpcgnn_run_forwarding: PID is the launcher, WHAT the signal this shell got.
+hpcgnn_pass_usr1() {
+    local pid=$1 what=$2 as=${3:-}
+    if hpcgnn_ranks_listening; then
+        hpcgnn_say "$what: passing it to the ranks$as"
+        kill -USR1 "$pid" 2>/dev/null
+        hpcgnn_resend "$pid" 1
+    else
+        hpcgnn_say "$what: the ranks are not listening yet; passing it to them$as once they are"
+        hpcgnn_resend "$pid" 0
+    fi
+}
+
+# In the background, send USR1 to PID once the ranks listen (at once unless SENT is 1: it was
+# just sent), then every HPCGNN_RESIGNAL seconds until PID ends (started once).
 hpcgnn_resend() {
     [[ -z ${HPCGNN_RESENDER:-} ]] || return 0
-    local pid=$1 every=${HPCGNN_RESIGNAL:-5}
+    local pid=$1 sent=$2 every=${HPCGNN_RESIGNAL:-5}
     (
         nap=""
         trap 'kill $nap 2>/dev/null; exit 0' TERM
         while kill -0 "$pid" 2>/dev/null; do
-            sleep "$every" & nap=$!
-            wait "$nap" || true
+            if ! hpcgnn_ranks_listening; then
+                sleep 0.2 & nap=$!
+                wait "$nap" || true
+                continue
+            fi
+            if [[ $sent == 1 ]]; then
+                sleep "$every" & nap=$!
+                wait "$nap" || true
+            fi
             kill -USR1 "$pid" 2>/dev/null || true
+            sent=1
         done
     ) &
     HPCGNN_RESENDER=$!

@@ -194,8 +194,12 @@ hpcgnn_train_main() {
     hpcgnn_say "run dir $run_dir (resume: $resumed)"
     local started=$run_dir/.segment-started rc=0
     touch "$started"
+    # made by rank 0 once every rank keeps a USR1 (hpcgnn_run_forwarding passes it on then)
+    export HPCGNN_LISTENING=$run_dir/.ranks-listening
+    rm -f "$HPCGNN_LISTENING"
     hpcgnn_run_forwarding "${LAUNCH[@]}" python -m mpi4py -m hpcgnn train \
         --shards "$shards" --config "$config" "$@" "${extra[@]}" || rc=$?
+    rm -f "$HPCGNN_LISTENING"
     if [[ $rc -eq 0 && -f $run_dir/preempted.json && $run_dir/preempted.json -nt $started ]]; then
         local again=("$shards" "$config" "$@")   # an array task's schedule goes with it
         [[ -n $schedule ]] && again+=(--schedule "$schedule")
