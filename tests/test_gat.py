@@ -4,9 +4,10 @@ ranks (uneven METIS parts, dropout and attention dropout on) against 1 rank; a
 ``truncate``-compressed and a 2-bit ``quant`` run against whole-graph computations written here
 (each part sees its halo rows truncated, or as the numpy quantiser of ``test_codecs`` rounds
 them), and a ``truncate``, a ``sample`` and a 4-bit ``quant`` forward under a 2-bit ``[backward]`` table
-(halo gradients as that quantiser rounds them); ``hpcgnn predict`` of a GAT run against the
-dense GAT. Staleness with
-GAT is tested in ``test_methods_exact.py`` (against ``_pipegcn.py``). This file is also the MPI
+(halo gradients as that quantiser rounds them); ``sample`` with staleness against the dense GAT
+keeping its own stale buffer (and a resumed run against the uninterrupted one); ``hpcgnn
+predict`` of a GAT run against the dense GAT. Staleness with GAT without ``sample`` is tested in
+``test_methods_exact.py`` (against ``_pipegcn.py``). This file is also the MPI
 worker (several variants per launch).
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ CSBM = "csbm:nodes=799,classes=4,degree=8,features=24,seed=3"   # small (dense r
 EPOCHS = 6
 NO_DROPOUT = ("model.arch=gat", "model.dropout=0.0", f"train.epochs={EPOCHS}")
 TWO_HEADS = (*NO_DROPOUT, "model.heads=2", "model.hidden=4")   # the codec cases' widths
+SAMPLE = 'codec = "sample"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'
 VARIANTS = {   # name -> (--set list, schedule text or None)
     "gat": (("model.arch=gat", "model.heads=2", "model.hidden=8", "model.attn_dropout=0.5",
              f"train.epochs={EPOCHS}"), None),
@@ -40,8 +42,7 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
               'codec = "quant"\nbits = 2\ncompress_last_layer = true\ncompress_backward = false\n'),
     # BNS-GCN: half of every peer block's rows an epoch (the same rows in both layers), the
     # others' edges out of the softmax, no rows/kept scale; attention dropout on
-    "sample": ((*TWO_HEADS, "model.attn_dropout=0.5"),
-               'codec = "sample"\nkind = "constant"\nratio = 2.0\ncompress_last_layer = true\n'),
+    "sample": ((*TWO_HEADS, "model.attn_dropout=0.5"), SAMPLE),
     "sample-truncate": ((*TWO_HEADS, "model.attn_dropout=0.5"),
                         'codec = "sample+truncate"\nkeep = 0.5\nkind = "constant"\nratio = 2.0\n'
                         'compress_last_layer = true\n'),
@@ -59,14 +60,20 @@ VARIANTS = {   # name -> (--set list, schedule text or None)
     "sample-back2": ((*TWO_HEADS, "model.attn_dropout=0.5"),
                      'codec = "sample"\nkind = "constant"\nratio = 2.0\n'
                      'compress_last_layer = true\n[backward]\ncodec = "quant"\nbits = 2\n'),
+    # BNS-GCN's sample with PipeGCN's staleness: the stale layer (layer 1) attends over the
+    # halo rows of the epoch they were sent at (t - s; t in the warm-up), that epoch's sample
+    "stale-sample": ((*TWO_HEADS, "model.attn_dropout=0.5", "train.staleness=1"), SAMPLE),
+    "stale-sample-s2": ((*TWO_HEADS, "model.attn_dropout=0.3", "train.staleness=2"), SAMPLE),
     # plain quant: rows 4-bit, their gradients 2-bit ([backward]'s bits)
     "quant4-back2": ((*TWO_HEADS, "model.attn_dropout=0.5"),
                      'codec = "quant"\nbits = 4\ncompress_last_layer = true\n'
                      '[backward]\nbits = 2\n'),
 }
+RESUME_AT = 3       # "resume:V": V stopped after RESUME_AT epochs (checkpoint), then resumed
 LAUNCHES = [(2, ("gat", "truncate", "quant", "sample", "sample-truncate", "quant4-back2",
-                 "sample-back2", "predict:gat")),
-            (3, ("gat", "gat-deep", "sample-quant", "truncate-back2")), (4, ("gat",))]
+                 "sample-back2", "stale-sample", "predict:gat")),
+            (3, ("gat", "gat-deep", "sample-quant", "truncate-back2", "stale-sample-s2",
+                 "resume:stale-sample-s2")), (4, ("gat",))]
 
 
 # -- an independent GAT: dense attention over the whole graph --------------------------------
@@ -250,9 +257,10 @@ def test_resume_check_takes_keys_added_since_as_defaults():
                                      "model.heads: checkpoint 1, now 4"]
 
 
-def test_sample_codec_with_staleness_is_refused(shards, tmp_path):
-    """``sample`` with staleness is refused at start-up, before any exchange (a stale layer's
-    halo rows are of an earlier epoch's sample); without staleness it builds."""
+def test_sample_codec_with_smoothed_staleness_is_refused(shards, tmp_path):
+    """``sample`` with staleness and smoothing is refused at start-up, before any exchange (a
+    smoothed halo row averages several epochs' samples); with staleness alone, and without
+    staleness, it builds."""
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
     from hpcgnn.schedule import load_schedule
@@ -260,12 +268,16 @@ def test_sample_codec_with_staleness_is_refused(shards, tmp_path):
     sched = load_schedule("configs/schedules/sample-all.toml")
     with pytest.raises(ValueError, match="codec = 'sample' is not allowed; layer 1: the "
                                          "schedule's 'sample' stage .*train.staleness = 1 .*"
-                                         "Use train.staleness = 0 with sample"):
+                                         "train.smoothing = 0.5 averages .*"
+                                         "Use train.smoothing = 0 with sample"):
         prepare_trainer(CommContext.from_world("cpu"),
-                        load_config(None, ["model.arch=gat", "train.staleness=1"]),
-                        shards(CSBM, 1), tmp_path / "stale", sched)
-    prepare_trainer(CommContext.from_world("cpu"), load_config(None, ["model.arch=gat"]),
-                    shards(CSBM, 1), tmp_path / "sync", sched)
+                        load_config(None, ["model.arch=gat", "train.staleness=1",
+                                           "train.smoothing=0.5"]),
+                        shards(CSBM, 1), tmp_path / "smooth", sched)
+    for sets, out in ((["model.arch=gat", "train.staleness=1"], "stale"),
+                      (["model.arch=gat"], "sync")):
+        prepare_trainer(CommContext.from_world("cpu"), load_config(None, sets),
+                        shards(CSBM, 1), tmp_path / out, sched)
 
 
 def test_config_checks():
@@ -316,9 +328,11 @@ def whole_graph_losses(init: dict, parts: torch.Tensor, heads: int, hidden: int,
                        params: dict | None = None) -> list[float]:
     """2-layer GAT, no input dropout, Adam (lr 0.01, wd 5e-4), mean CE on the training nodes.
     ``seen(layer, h, q, t)``: the source rows ``(N, H, C)`` the rows of part ``q`` attend to at
-    epoch ``t`` (those of other parts are halo rows); ``seen.sources(q, t)``, where defined:
-    bool ``(N,)``, the nodes whose edges into part ``q`` exist at epoch ``t`` (the others' are
-    removed from the graph); ``after(t)`` runs after backward. ``attn_dropout``: the attention
+    epoch ``t`` (those of other parts are halo rows); ``seen.sources(q, t, layer)``, where
+    defined: bool ``(N,)``, the nodes whose edges into part ``q`` exist at epoch ``t`` (the
+    others' are removed from the graph); ``seen.inputs(layer, h_in, q, t)``, where defined: the
+    layer's input rows ``(N, F)`` part ``q`` transforms (its own rows are ``h_in``'s; a stale
+    layer's halo rows), else ``h_in``; ``after(t)`` runs after backward. ``attn_dropout``: the attention
     coefficients dropped with the mask of the layer test above (seed 0). ``params``: a dict to
     fill with the trained parameters."""
     from hpcgnn.nn.dropout import edge_keep_mask
@@ -327,17 +341,20 @@ def whole_graph_losses(init: dict, parts: torch.Tensor, heads: int, hidden: int,
     p = {k: v.clone().requires_grad_(True) for k, v in init.items()}
     opt = torch.optim.Adam(p.values(), lr=0.01, weight_decay=5e-4)
     shapes = [(heads, hidden), (1, int(g.labels.max()) + 1)]
-    sources = getattr(seen, "sources", None)
+    sources, inputs = getattr(seen, "sources", None), getattr(seen, "inputs", None)
     ids = torch.arange(g.num_nodes)
     losses = []
     for t in range(EPOCHS):
         h_in = x
         for i, (nh, c) in enumerate(shapes):
-            h = (h_in @ p[f"layers.{i}.weight"]).view(-1, nh, c)
+            w = p[f"layers.{i}.weight"]
+            h = (h_in @ w).view(-1, nh, c)
             out = torch.zeros(g.num_nodes, nh, c)
             for q in range(int(parts.max()) + 1):
                 rows = parts == q
-                a = adj[rows] if sources is None else adj[rows] & sources(q, t)[None, :]
+                a = adj[rows] if sources is None else adj[rows] & sources(q, t, i)[None, :]
+                if inputs is not None:
+                    h = (inputs(i, h_in, q, t) @ w).view(-1, nh, c)
                 src = seen(i, h, q, t)
                 alpha, _ = dense_attention(h[rows], src, a, p[f"layers.{i}.att_src"],
                                            p[f"layers.{i}.att_dst"])
@@ -471,7 +488,7 @@ class Sampled:
         return np.concatenate([self._halo(q, src)[self.kept[src, q, t]]
                                for src in range(len(self.shards))])
 
-    def sources(self, q: int, t: int) -> torch.Tensor:
+    def sources(self, q: int, t: int, layer: int = 0) -> torch.Tensor:
         ok = (self.parts == q).clone()
         ok[torch.from_numpy(self.sent(q, t))] = True
         return ok
@@ -502,19 +519,72 @@ class Sampled:
         pass
 
 
+class StaleSampled(Sampled):
+    """BNS-GCN's ``sample`` under PipeGCN's staleness ``s``, as GAT composes them: the first
+    layer runs on the features' halo rows, fetched once and kept (every edge, nothing
+    sampled); layer 1 of part ``q`` at epoch ``t`` transforms, with the current weights, the
+    halo rows of its input posted at ``t - s`` (at ``t < s``, those of ``t``, synchronously),
+    and attends only over the halo rows that epoch's sample sent (``sent_at(t)``; a test
+    passes another epoch to see it fail), unscaled. The gradient of part ``q``'s stale halo
+    rows at ``t``, of the rows sent alone, is added into their owners' input gradient at
+    ``t + s``: PipeGCN's buffers, kept here."""
+
+    def __init__(self, parts, shard_dir, ranks, s: int, sent_at=None):
+        super().__init__(parts, shard_dir, ranks)
+        self.s = s
+        self.sent_at = sent_at or (lambda t: t if t < s else t - s)
+        self.posted: dict[int, torch.Tensor] = {}     # epoch -> layer 1's input it posted
+        self.late: dict[int, torch.Tensor] = {}       # epoch -> halo gradients it posted
+        self.leaves: dict[int, torch.Tensor] = {}     # part -> its stale halo rows this epoch
+
+    def sources(self, q: int, t: int, layer: int = 0) -> torch.Tensor:
+        if layer == 0:
+            return torch.ones_like(self.parts, dtype=torch.bool)
+        return super().sources(q, self.sent_at(t))
+
+    def inputs(self, layer, h_in, q, t):
+        if layer == 0:
+            return h_in
+        if q == 0:                                        # the epoch's posts and late gradients
+            self.posted[t], self.leaves = h_in.detach().clone(), {}
+            back = self.late.pop(t - self.s, None)
+            if back is not None:
+                h_in.register_hook(lambda grad: grad + back)
+        if t < self.s:
+            return h_in
+        self.leaves[q] = leaf = self.posted[t - self.s].clone().requires_grad_(True)
+        return torch.where((self.parts == q)[:, None], h_in, leaf)
+
+    def after(self, t):
+        late = 0
+        for q, leaf in self.leaves.items():
+            sent = torch.zeros_like(self.parts, dtype=torch.bool)
+            sent[torch.from_numpy(self.sent(q, t - self.s))] = True
+            late = late + leaf.grad * sent[:, None]
+        if self.leaves:
+            self.late[t] = late
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks,variants", LAUNCHES, ids=[f"{r}-ranks" for r, _ in LAUNCHES])
 def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
     """Uneven METIS parts: uncompressed training equals 1 rank; ``truncate`` equals the
-    whole-graph computation with truncated halo rows; ``hpcgnn predict`` equals the dense GAT.
+    whole-graph computation with truncated halo rows (and every codec variant its own, above);
+    ``resume:V`` equals ``V``; ``hpcgnn predict`` equals the dense GAT.
     (Staleness with GAT: ``tests/test_methods_exact.py``, against ``_pipegcn.py``.)"""
     shard_dir = shards(CSBM, ranks, "metis")
-    check_ok(run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path), *variants], timeout=240))
+    proc = run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path), *variants], timeout=240)
+    check_ok(proc)
     parts = part_of(shard_dir, ranks)
     assert len(set(torch.bincount(parts).tolist())) > 1                 # uneven parts
     for variant in variants:
         if variant.startswith("predict:"):
             check_predictions(tmp_path / variant, tmp_path / variant.split(":")[1])
+            continue
+        if variant.startswith("resume:"):      # the same losses as the run not interrupted
+            assert f"stopped after {RESUME_AT} epochs" in proc.stderr, proc.stderr
+            assert [r["loss"] for r in read_metrics(tmp_path / variant)] == \
+                [r["loss"] for r in read_metrics(tmp_path / variant.split(":")[1])]
             continue
         got = read_metrics(tmp_path / variant)
         want, init = one_rank(variant)
@@ -533,6 +603,8 @@ def test_gat_on_ranks(ranks, variants, shards, one_rank, tmp_path):
             check_back_quantised(variant, got, init, parts, shard_dir, ranks, tmp_path / variant)
         elif variant.startswith("sample"):
             check_sampled(variant, got, want, init, parts, shard_dir, ranks)
+        elif variant.startswith("stale-sample"):
+            check_stale_sampled(variant, got, init, parts, shard_dir, ranks)
         else:
             assert losses == pytest.approx([r["loss"] for r in want], rel=1e-5), variant
             assert [r["val_acc"] for r in got] == pytest.approx([r["val_acc"] for r in want], abs=2e-3)
@@ -551,6 +623,23 @@ def check_sampled(variant: str, got: list[dict], want: list[dict], init: dict, p
         init, parts, 2, 4, ref, spec, float(sets["model.attn_dropout"])), rel=1e-5), variant
     assert losses[1:] != pytest.approx([r["loss"] for r in want][1:], rel=1e-4)
     assert all(0 < r["bytes_sent"] < r["bytes_full"] for r in got), variant
+
+
+def check_stale_sampled(variant: str, got: list[dict], init: dict, parts, shard_dir, ranks: int,
+                        spec: str = CSBM) -> None:
+    """A ``sample`` run with staleness: its losses equal the whole-graph GAT that keeps its own
+    stale buffer and attends over each epoch's rows with the sample they were sent with
+    (``StaleSampled``), and not the one masking them with the current epoch's sample (the
+    epochs from ``s`` on, where the two differ)."""
+    sets = dict(s.split("=") for s in VARIANTS[variant][0])
+    s, attn = int(sets["train.staleness"]), float(sets["model.attn_dropout"])
+    losses = [r["loss"] for r in got]
+    assert losses == pytest.approx(whole_graph_losses(
+        init, parts, 2, 4, StaleSampled(parts, shard_dir, ranks, s), spec, attn), rel=1e-5), variant
+    wrong = whole_graph_losses(init, parts, 2, 4, StaleSampled(parts, shard_dir, ranks, s,
+                                                               sent_at=lambda t: t), spec, attn)
+    assert losses[s:] != pytest.approx(wrong[s:], rel=1e-4), variant
+    assert all(0 < r["bytes_sent"] < r["bytes_full"] for r in got[1:]), variant
 
 
 def check_back_quantised(variant: str, got: list[dict], init: dict, parts, shard_dir,
@@ -584,13 +673,13 @@ def test_gat_on_a_directed_graph_equals_one_rank(directed, shards, tmp_path):
     """The one-way lattice on 3 ranks (METIS parts, not symmetrised: a part receives halo rows
     from a peer it sends nothing to) gives the 1-rank losses, dropout and attention dropout on;
     with BNS-GCN's ``sample`` (the backward's peers are not the forward's), the whole-graph GAT
-    on each epoch's sampled graph."""
+    on each epoch's sampled graph, and with staleness 2 as well, ``StaleSampled``."""
     from hpcgnn.train.checkpoint import CHECKPOINT_NAME
     from test_directed import assert_one_way, lattice_arrays, owners
     spec = directed[0]
     assert_one_way(lattice_arrays(), owners(shards(spec, 3), 3, directed[1].num_nodes), 3)
-    check_ok(run_mpi(3, [__file__, str(shards(spec, 3)), str(tmp_path), "gat", "sample"],
-                     timeout=240))
+    check_ok(run_mpi(3, [__file__, str(shards(spec, 3)), str(tmp_path), "gat", "sample",
+                         "stale-sample-s2"], timeout=240))
     want = train_here(shards(spec, 1), tmp_path / "one", *VARIANTS["gat"][0], config=None)
     got = read_metrics(tmp_path / "gat")
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-5)
@@ -600,8 +689,11 @@ def test_gat_on_a_directed_graph_equals_one_rank(directed, shards, tmp_path):
                config=None)
     init = torch.load(tmp_path / "init" / CHECKPOINT_NAME, weights_only=True)["model"]
     want = train_here(shards(spec, 1), tmp_path / "one-sample", *sets, config=None)
-    check_sampled("sample", read_metrics(tmp_path / "sample"), want, init,
-                  part_of(shards(spec, 3), 3), shards(spec, 3), 3, spec)
+    parts = part_of(shards(spec, 3), 3)
+    check_sampled("sample", read_metrics(tmp_path / "sample"), want, init, parts, shards(spec, 3),
+                  3, spec)
+    check_stale_sampled("stale-sample-s2", read_metrics(tmp_path / "stale-sample-s2"), init,
+                        parts, shards(spec, 3), 3, spec)
 
 
 def check_predictions(pred_dir: Path, run_dir: Path) -> None:
@@ -641,18 +733,22 @@ def _worker(shard_dir: str, out: str, variants: list[str]) -> None:
             run = Path(out) / variant.split(":")[1]
             build_predictor(ctx, Namespace(run=run, shards=shard_dir, out=Path(out) / variant)).run()
             continue
-        sets, sched = VARIANTS[variant]
+        name = variant.split(":")[-1]             # resume:V -> V stopped, then resumed
+        sets, sched = VARIANTS[name]
         policy = FULL_PRECISION
         if sched is not None:
-            path = Path(out) / f"{variant}.toml"
+            path = Path(out) / f"{name}.toml"
             if ctx.is_root:
                 path.write_text(sched)
             ctx.comm.Barrier()
             policy = load_schedule(path)
-        trainer = prepare_trainer(ctx, load_config(None, list(sets)), shard_dir,
-                                  Path(out) / variant, policy)
-        trainer.start()
-        trainer.run()
+        parts = ([{"stop_after": RESUME_AT}, {"resume": True}] if variant.startswith("resume:")
+                 else [{}])
+        for options in parts:
+            trainer = prepare_trainer(ctx, load_config(None, list(sets)), shard_dir,
+                                      Path(out) / variant, policy, **options)
+            trainer.start()
+            trainer.run()
 
 
 if __name__ == "__main__":

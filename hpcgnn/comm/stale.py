@@ -79,6 +79,8 @@ class StaleExchange:
         self.fwd: dict[int, Entry] = {}
         self.bwd: dict[int, Entry] = {}
         self.late: list[tuple] = []           # halo gradients of this step, not yet posted
+        # the settings the rows ``exchange`` last returned were sent with (their epoch's sample)
+        self.used: ExchangeSettings | None = None
         self.avg: dict[int, torch.Tensor | None] = {FORWARD: None, BACKWARD: None}
 
     # -- what a layer calls ---------------------------------------------------------------
@@ -91,8 +93,18 @@ class StaleExchange:
         if t < self.s:                                    # warm-up: synchronous and exact
             halo = self.ex.exchange(h, settings)
             self._post_rows(h.detach(), settings)
+            self.used = settings
             return halo
         return _Stale.apply(h, self, settings)
+
+    def received_rows(self, width: int) -> torch.Tensor | None:
+        """bool ``(n_halo,)``: the halo rows the last ``exchange`` returned that were sent (the
+        ``sample`` stage's draw of the epoch they were posted at, ``t - s``, or ``t`` in the
+        warm-up; from a checkpoint's entry after a resume), the others being zeros; None: every
+        row (``HaloExchanger.received_rows``)."""
+        if self.used is None:
+            raise RuntimeError("StaleExchange.received_rows before any exchange")
+        return self.ex.received_rows(self.used, width)
 
     def poke(self) -> None:
         """Let MPI progress the exchanges in flight (without a progress thread)."""
@@ -173,6 +185,7 @@ class _Stale(torch.autograd.Function):
         used = stale.fwd[t - stale.s].settings
         halo = stale._take(stale.fwd, t - stale.s, FORWARD)
         stale._post_rows(h.detach(), settings)
+        stale.used = used
         ctx.stale, ctx.used, ctx.now, ctx.shape = stale, used, t, h.shape
         return halo
 

@@ -39,12 +39,17 @@ in-neighbours kept and the dropped rows add nothing to the sums nor receive a gr
 exchange runs the stage unscaled (``unscaled``: ``WireCodec.scaled = False``, forward and the
 adjoint backward), since a ``rows / kept`` scale would scale the row's logit and message.
 BNS-GCN's code scales the rows after the first layer and carries a TODO that GAT should not
-(``get_send_size``); this follows the TODO. Refused with ``sample`` (``hpcgnn.combinations``):
-staleness, whose rows are of an earlier epoch's sample.
+(``get_send_size``); this follows the TODO.
 
 Staleness (PipeGCN): a stale step exchanges the layer's input ``x`` (before dropout), drops out
 ``[x; x_halo]`` on the receiving side and computes ``h = [x; x_halo] W`` and the attention with
-the current parameters (``with_halo``).
+the current parameters (``stale_forward``). With a ``sample`` stage as well, the two compose: the
+halo rows of epoch ``t`` were posted at ``t - s`` (``t`` in the warm-up) with that epoch's
+sample, so the softmax keeps the edges of the rows that sample sent (``StalePropagation.
+received_input_rows``: the settings the stale buffer holds for them, a checkpoint's after a
+resume), unscaled, and their late gradients go back through the adjoint of that exchange (the
+rows sent alone). Refused (``hpcgnn.combinations``) with ``train.smoothing``, whose rows
+average several epochs' samples.
 
 Per layer: one forward exchange of ``sum(send_counts) * w * 4`` bytes (identity codec), ``w =
 H*C`` (or ``F_in``), and, when the exchanged rows need a gradient, one backward exchange of
@@ -229,25 +234,41 @@ class GATLayer(HaloLayer):
             return self.forward_owned(h, step, self.dropped_matmul(h, step, "owned", self.weight))
         return super().sync_forward(h, step)
 
+    def forward(self, h: torch.Tensor, step: LayerStep) -> torch.Tensor:
+        """``HaloLayer.forward`` with the ``sample`` stage unscaled (``unscaled``) on every
+        path: synchronous, and stale, whose rows posted now and late gradients (the adjoint of
+        the settings those rows were sent with) then carry no ``rows / kept`` scale either."""
+        return super().forward(h, unscaled(step))
+
     def stale_forward(self, h: torch.Tensor, halo: torch.Tensor, step: LayerStep) -> torch.Tensor:
-        """``with_halo`` of the dropped rows; with the dropout in the product where it runs as
-        one (``HaloLayer.product``): GAT transforms every row first in any order."""
-        if self.product(h, step, self.weight.shape[1]) is None:
-            return super().stale_forward(h, halo, step)
+        """``with_halo`` of the dropped rows (with the dropout in the product where it runs as
+        one, ``HaloLayer.product``: GAT transforms every row first in any order), attending
+        over the halo rows the stale exchange's ``sample`` stage sent at the epoch they were
+        posted at (``received_input_rows``): the sampled graph of that epoch."""
+        stale = step.training and self.prop.exchanges_input      # ``halo``: input_halo's rows
+        kept = self.prop.received_input_rows(h.shape[1]) if stale else None
         point = self.prop.point
-        y = point(torch.cat([self.dropped_matmul(h, step, "owned", self.weight),
-                             self.dropped_matmul(halo, step, "halo", self.weight)]))
-        return self.attended(y, step)
+        if self.product(h, step, self.weight.shape[1]) is None:
+            y = torch.cat([point(self.dropped(h, step, "owned")),
+                           point(self.dropped(halo, step, "halo"))]) @ self.weight
+        else:
+            y = torch.cat([self.dropped_matmul(h, step, "owned", self.weight),
+                           self.dropped_matmul(halo, step, "halo", self.weight)])
+        return self.attended(point(y), step, kept)
 
     def with_halo(self, x: torch.Tensor, x_halo: torch.Tensor,
                   step: LayerStep | None = None) -> torch.Tensor:
         """The layer on ``x`` ``(n_owned, F_in)`` and given halo input rows ``(n_halo, F_in)``
-        (a stale step), no exchange; progress points after the transform and the attention."""
+        (every one attended), no exchange; progress points after the transform and the
+        attention."""
         return self.attended(self.prop.point(torch.cat([x, x_halo]) @ self.weight), step)
 
-    def attended(self, h: torch.Tensor, step: LayerStep | None) -> torch.Tensor:
-        """The layer given every row transformed, ``h`` ``(n_owned + n_halo, H * C)``."""
-        return self.prop.point(self.output(self.attend(h.view(-1, self.heads, self.out_dim), step)))
+    def attended(self, h: torch.Tensor, step: LayerStep | None,
+                 kept: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer given every row transformed, ``h`` ``(n_owned + n_halo, H * C)``;
+        ``kept`` as ``attend``'s."""
+        return self.prop.point(self.output(self.attend(h.view(-1, self.heads, self.out_dim),
+                                                       step, kept)))
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
         """``(n_owned, H, C)`` -> heads concatenated or averaged, plus the bias."""

@@ -24,7 +24,9 @@ to fetch and keep them (``n_halo x F_in`` fp32 per rank) for evaluation alone.
 Contract: ``aggregate(graph, src, settings, modules)`` returns ``A @ [src; src_halo]``
 ``(n_owned, w)``; ``halo_rows(src, settings, local, modules)`` returns ``(local(), halo rows
 (n_halo, w) or None on one rank)``; ``exchanges_input`` says whether training steps call
-``input_halo(h, settings)`` instead, before dropout.
+``input_halo(h, settings)`` instead, before dropout, and then ``received_input_rows(width)``
+says which of those rows were sent (a ``sample`` stage's draw of the epoch they were sent at;
+GAT's softmax keeps their edges alone).
 
 Progress points: a layer that computes on given halo rows (a stale step) marks the stages of
 its work with ``point(x)`` (``x`` unchanged) and sums ``A [x; x_halo]`` with
@@ -119,6 +121,11 @@ class HaloPropagation:
         ``width`` channels; None: every row, or one rank). ``HaloExchanger.received_rows``."""
         return None if self.single else self.exchanger.received_rows(settings, width)
 
+    def received_input_rows(self, width: int) -> torch.Tensor | None:
+        """bool ``(n_halo,)``: the rows of the last ``input_halo`` that were sent (None: every
+        row, as the features' kept rows are)."""
+        return None
+
     def aggregate(self, graph, src: torch.Tensor, settings: ExchangeSettings,
                   modules: Modules = (None, None)) -> torch.Tensor:
         """``A @ [src_owned; src_halo]`` ``(n_owned, w)``; the exchange overlaps ``owned @ src``."""
@@ -150,6 +157,11 @@ class StalePropagation(HaloPropagation):
     def input_halo(self, h: torch.Tensor, settings: ExchangeSettings) -> torch.Tensor:
         """The halo rows of the input ``h`` that this training step uses (posted ``s`` ago)."""
         return self.stale.exchange(h, settings)
+
+    def received_input_rows(self, width: int) -> torch.Tensor | None:
+        """The rows of the last ``input_halo`` that their epoch's ``sample`` stage sent (the
+        epoch they were posted at: ``StaleExchange.received_rows``)."""
+        return None if self.single else self.stale.received_rows(width)
 
     def state_dict(self) -> dict:
         return self.stale.state_dict()
