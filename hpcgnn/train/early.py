@@ -46,13 +46,15 @@ def train_checks(args, size: int) -> None:
 
 def predict_checks(args, size: int) -> None:
     """``hpcgnn predict``: the ``--run`` directory's config, ``--out`` (not a shard set, a run or
-    either input), the shard set's ``meta.json``, the rank count against its parts and
-    ``comm.max_message`` against the rank count (predict runs the halo algorithm)."""
+    either input; made and writable on this rank), the shard set's ``meta.json``, the rank
+    count against its parts and ``comm.max_message`` against the rank count (predict runs the
+    halo algorithm)."""
     from hpcgnn.train.outdir import check_out_dir
     cfg = read_run_config(Path(args.run))
     check_halo_message(cfg.comm, size, str(Path(args.run) / CONFIG_NAME))
     check_out_dir(Path(args.out), Path(args.shards), Path(args.run))
     ShardSet.open(args.shards).check_ranks(size)
+    check_writable(Path(args.out))             # last: made only where the rest passed here
 
 
 def read_run_config(run_dir: Path) -> Config:
