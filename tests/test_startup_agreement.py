@@ -24,6 +24,9 @@ import json, os, runpy, sys
 rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or "0"
 mine = json.loads(os.environ["TEST_PER_RANK"]).get(rank, {})
 os.environ.update(mine.get("env", {}))
+if "host" in mine:                    # a rank on another node, as far as hpcgnn can tell
+    import socket
+    socket.gethostname = lambda: mine["host"]
 os.chdir(mine.get("cwd", "."))
 sys.path[:0] = mine.get("path", [])
 args = [a.replace(*mine["swap"]) if "swap" in mine else a for a in json.loads(os.environ["TEST_ARGS"])]
@@ -123,7 +126,6 @@ def test_a_run_directory_one_rank_cannot_write_ends_the_job_at_start_up(shards, 
     ranks agreed to start, rank 1's ``mkdir`` raised in ``Trainer.start`` after the first
     collectives, and the job aborted with a traceback on that rank alone.)"""
     import os
-    import socket
     try:
         os.mkdir("/sys/hpcgnn-test")
         os.rmdir("/sys/hpcgnn-test")
@@ -132,10 +134,33 @@ def test_a_run_directory_one_rank_cannot_write_ends_the_job_at_start_up(shards, 
         pass
     args = train_args(shards("cora", 2), "run")
     args[args.index("configs/cora.toml")] = str(REPO / "configs" / "cora.toml")
-    proc = launch(tmp_path, 2, args, {"0": {"cwd": str(tmp_path)}, "1": {"cwd": "/sys"}})
+    proc = launch(tmp_path, 2, args, {"0": {"cwd": str(tmp_path)},
+                                      "1": {"cwd": "/sys", "host": "node-b"}})
     assert proc.returncode == 2, proc.stderr
-    assert "[rank 0/2] ERROR rank 1: --out run: cannot make or write it on this rank " in proc.stderr
-    assert f"; host {socket.gethostname()}, working directory /sys). Fix: give --out " in proc.stderr
+    head = "[rank 0/2] ERROR rank 1 (host node-b): --out run: cannot make or write it on this rank "
+    assert head in proc.stderr, proc.stderr
+    assert "; host node-b, working directory /sys). Fix: give --out " in proc.stderr
     assert "[rank 0/2] ERROR rank 0: no error; stopping with the others" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_a_part_file_one_node_cannot_read_names_the_rank_and_its_host(shards, tmp_path):
+    """Rank 1, on another host (faked: its ``socket.gethostname``), reads a node-local copy of
+    the shard set whose part is truncated, after torch is imported: the job ends at start-up,
+    before any exchange, with exit code 2, and rank 0's line names the rank, its host, the file
+    and the fix (before: ``rank 1: ...``, no host, so a user of a multi-node job had to find the
+    node). Where every rank fails alike, or all run on one host, no host is named."""
+    src = shards("cora", 2)
+    copy = tmp_path / "node-b-copy"
+    shutil.copytree(src, copy)
+    part = copy / "part-00001.h5"
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    proc = launch(tmp_path, 2, train_args(src, tmp_path / "run"),
+                  {"1": {"swap": [str(src), str(copy)], "host": "node-b"}})
+    assert proc.returncode == 2, proc.stderr
+    line = next((ln for ln in proc.stderr.splitlines()
+                 if ln.startswith("[rank 0/2] ERROR rank 1 (host node-b): ")), "")
+    assert str(part) in line and "preprocess" in line, proc.stderr          # the file, the fix
+    assert "[rank 0/2] ERROR rank 0: no error; stopping with the others" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -13,6 +13,7 @@ checkpoint, device) runs after torch, as before, and checks these again.
 """
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Callable
 
@@ -83,23 +84,28 @@ def check_before_torch(args, checks: Callable = train_checks) -> bool:
     return False
 
 
-def gather_errors(comm, error: str | None) -> list[str | None] | None:
-    """Every rank's start-up error (None where it had none), on rank 0 of the mpi4py
-    communicator ``comm``; None elsewhere. One gather of short strings, only on failure."""
+def gather_errors(comm, error: str | None) -> list[tuple[str, str | None]] | None:
+    """Every rank's (host, start-up error or None), on rank 0 of the mpi4py communicator
+    ``comm``; None elsewhere. One gather of short strings, only on failure."""
+    mine = (socket.gethostname(), error)
     if comm.size == 1:
-        return [error]
-    return comm.gather(error, root=0)
+        return [mine]
+    return comm.gather(mine, root=0)
 
 
-def report_failures(errors: list[str | None] | None) -> None:
-    """Rank 0 (``errors``: every rank's start-up error, None where it had none; None on the
-    other ranks): one ERROR line per distinct message, naming the ranks that hit it, and which
-    ranks stop only because of the others."""
-    if errors is None:
+def report_failures(failures: list[tuple[str, str | None]] | None) -> None:
+    """Rank 0 (``failures``: every rank's (host, start-up error or None); None on the other
+    ranks): one ERROR line per distinct message, naming the ranks that hit it (and, in a job
+    on several hosts where not every rank hit it, their hosts: a file one node cannot read),
+    and which ranks stop only because of the others."""
+    if failures is None:
         return
     log = get_logger()
+    errors = [error for _, error in failures]
+    several = len({host for host, _ in failures}) > 1
     for message, ranks in group_errors(errors):
-        log.error("%s: %s", rank_list(ranks), message)
+        some = several and len(ranks) < len(errors)
+        log.error("%s: %s", on_hosts(ranks, failures) if some else rank_list(ranks), message)
     fine = [r for r, e in enumerate(errors) if e is None]
     if fine:
         log.error("%s: no error; stopping with the others", rank_list(fine))
@@ -112,10 +118,7 @@ def device_failures(failures: list[tuple[str, str | None]]) -> str:
     errors = [error for _, error in failures]
     groups = group_errors(errors)
     failed = sum(len(ranks) for _, ranks in groups)
-    said = "; also ".join(
-        f"{rank_list(ranks)} (host{'s' * (len(hosts) > 1)} {', '.join(hosts)}): {message}"
-        for message, ranks in groups
-        for hosts in [sorted({failures[r][0] for r in ranks})])
+    said = "; also ".join(f"{on_hosts(ranks, failures)}: {message}" for message, ranks in groups)
     return (f"no device on {failed} of {len(errors)} rank{'s' * (len(errors) != 1)}; nothing "
             f"was exchanged, so every rank stops: {said}")
 
@@ -127,6 +130,13 @@ def group_errors(errors: list[str | None]) -> list[tuple[str, list[int]]]:
         if message is not None:
             groups.setdefault(message, []).append(rank)
     return list(groups.items())
+
+
+def on_hosts(ranks: list[int], failures: list[tuple[str, str | None]]) -> str:
+    """'rank 1 (host node07)', 'ranks 2-3 (hosts node07, node08)': ``ranks`` and their hosts
+    (``failures``: every rank's (host, error or None))."""
+    hosts = sorted({failures[r][0] for r in ranks})
+    return f"{rank_list(ranks)} (host{'s' * (len(hosts) > 1)} {', '.join(hosts)})"
 
 
 def rank_list(ranks: list[int]) -> str:
