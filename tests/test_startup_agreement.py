@@ -164,3 +164,51 @@ def test_a_part_file_one_node_cannot_read_names_the_rank_and_its_host(shards, tm
     assert str(part) in line and "preprocess" in line, proc.stderr          # the file, the fix
     assert "[rank 0/2] ERROR rank 0: no error; stopping with the others" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+MIXED = '''
+import socket, sys, torch
+from hpcgnn.comm import gpu
+from hpcgnn.comm.context import CommContext
+from hpcgnn.log import get_logger, setup_logging
+from hpcgnn.train.early import device_mix
+from mpi4py import MPI
+rank = MPI.COMM_WORLD.Get_rank()
+on_gpu = rank < 2                     # ranks 0-1 on a GPU node, rank 2 on a node without GPUs
+socket.gethostname = lambda: "gpu01" if on_gpu else "cpu07"
+real = gpu.pick_device
+gpu.pick_device = lambda local, want="auto": (torch.device("cuda", local) if on_gpu and want == "auto"
+                                              else real(local, want))
+ctx = CommContext.from_world("auto")
+setup_logging(ctx.rank, ctx.size)
+same = MPI.COMM_WORLD.allgather(ctx.mixed_devices)
+assert all(m == same[0] for m in same), same
+print(f"rank {rank} {ctx.device.type} mixed={list(ctx.mixed_devices)}", flush=True)
+line = device_mix(ctx.mixed_devices)
+if line and ctx.is_root:
+    get_logger().warning("%s", line)
+alike = CommContext.from_world("cpu")             # every rank on the CPU: nothing to say
+assert alike.mixed_devices == () and device_mix(alike.mixed_devices) is None
+'''
+
+
+def test_device_auto_with_gpu_and_cpu_ranks_is_agreed_and_said_once(tmp_path):
+    """``--device auto`` on an allocation where one node has no GPU: ranks 0-1 take a GPU
+    (faked: ``pick_device``, no GPU here; the rest of ``CommContext.from_world``, its
+    Allreduce and gather, is real), rank 2 the CPU. Every rank gets the same (host, device)
+    list from the start-up agreement, and rank 0 alone warns once, naming the counts, the CPU
+    rank and its host, and the fix; ranks all on the CPU say nothing. (Before: nothing said,
+    and the CPU rank paced the job unnoticed.) Whether a mixed job trains to the same result
+    needs a GPU: not checked here."""
+    script = tmp_path / "mixed.py"
+    script.write_text(MIXED)
+    proc = run_mpi(3, [script], timeout=LIMIT_S)
+    assert proc.returncode == 0, proc.stderr
+    want = "[('gpu01', 'cuda'), ('gpu01', 'cuda'), ('cpu07', 'cpu')]"
+    for rank, kind in ((0, "cuda"), (1, "cuda"), (2, "cpu")):
+        assert f"rank {rank} {kind} mixed={want}" in proc.stdout, proc.stdout
+    warnings = [ln for ln in proc.stderr.splitlines() if " WARNING " in ln]
+    assert len(warnings) == 1 and warnings[0].startswith("[rank 0/3] WARNING --device auto put "
+                                                         "2 of 3 ranks on a GPU and 1 on the CPU "
+                                                         "(rank 2 (host cpu07): "), proc.stderr
+    assert "--gpus-per-task=1" in warnings[0] and "--device cpu" in warnings[0]

@@ -123,6 +123,21 @@ def device_failures(failures: list[tuple[str, str | None]]) -> str:
             f"was exchanged, so every rank stops: {said}")
 
 
+def device_mix(devices: tuple) -> str | None:
+    """The warning rank 0 logs when ``--device auto`` gave some ranks a GPU and others the CPU
+    (``devices``: ``CommContext.mixed_devices``, every rank's (host, device type)): how many
+    ranks took which, the CPU ranks and their hosts, and the fix; None when they did not."""
+    cpu = [r for r, (_, kind) in enumerate(devices) if kind == "cpu"]
+    if not cpu or len(cpu) == len(devices):
+        return None
+    gpus = len(devices) - len(cpu)
+    return (f"--device auto put {gpus} of {len(devices)} ranks on a GPU and {len(cpu)} on the "
+            f"CPU ({on_hosts(cpu, list(devices))}: no GPU that torch sees there). The job trains, "
+            f"but every exchange waits for the CPU ranks, so they pace it, and summary.json's "
+            f"device is rank 0's. Fix: give the job a GPU on every node (e.g. sbatch "
+            f"--gpus-per-task=1, or a constraint that selects GPU nodes), or use --device cpu")
+
+
 def group_errors(errors: list[str | None]) -> list[tuple[str, list[int]]]:
     """(message, ranks) per distinct message, in order of the lowest rank that hit it."""
     groups: dict[str, list[int]] = {}
