@@ -87,14 +87,26 @@ def test_ranks_with_different_inputs_are_refused_before_any_exchange(shards, tmp
 
 def test_a_copy_of_the_shard_set_elsewhere_and_local_settings_are_accepted(shards, tmp_path):
     """Rank 1 reads a node-local copy of the same shard set and logs on every rank: both are
-    the same inputs, so the job trains."""
+    the same inputs, so the job trains. Rank 0 runs on a node whose hpcgnn install lacks the
+    built C kernels and has no C compiler (``CC=false``, an empty cache): it trains on the torch
+    path and says so once, naming its host, why and the fix (before: nothing was said, and the
+    node's ranks paced the job unnoticed)."""
+    import socket
     src = shards("cora", 2)
     copy = tmp_path / "node-local"
     shutil.copytree(src, copy)
-    per_rank = {"1": {"swap": [str(src), str(copy)], "env": {"HPCGNN_LOG_ALL_RANKS": "1"}}}
+    shutil.copytree(REPO / "hpcgnn", tmp_path / "bare" / "hpcgnn",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    per_rank = {"0": {"path": [str(tmp_path / "bare")],
+                      "env": {"CC": "false", "XDG_CACHE_HOME": str(tmp_path / "cache")}},
+                "1": {"swap": [str(src), str(copy)], "env": {"HPCGNN_LOG_ALL_RANKS": "1"}}}
     proc = launch(tmp_path, 2, train_args(src, tmp_path / "run"), per_rank)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run" / "summary.json").is_file()
+    said = [ln for ln in proc.stderr.splitlines() if "no C kernels" in ln]
+    assert len(said) == 1 and said[0].startswith(f"[rank 0/2] WARNING no C kernels on host "
+                                                 f"{socket.gethostname()} ("), proc.stderr
+    assert "cannot build it" in said[0] and "a C compiler on this node" in said[0]
 
 
 def test_a_device_failure_on_one_rank_is_said_on_every_rank(shards, tmp_path):
