@@ -99,7 +99,7 @@ def _start(args, build=None):
     """The MPI context and ``build(ctx, args)`` (the trainer by default), agreed by all ranks;
     a start-up failure on any rank ends the job cleanly with code 2."""
     from hpcgnn.comm.context import CommContext, DeviceUnavailable
-    from hpcgnn.train.early import device_failures
+    from hpcgnn.train.early import device_failures, device_mix
     from hpcgnn.train.launch import build_trainer, prepare_or_report
     freeze_imports()
     try:
@@ -109,6 +109,9 @@ def _start(args, build=None):
         get_logger().error("%s", device_failures(exc.failures))
         _finalize_and_exit(EXIT_USER_ERROR)
     setup_logging(ctx.rank, ctx.size)
+    mixed = device_mix(ctx.mixed_devices)       # --device auto: GPU and CPU ranks alike
+    if mixed and ctx.is_root:
+        get_logger().warning("%s", mixed)
     job = prepare_or_report(ctx, args, build or build_trainer)
     if job is None:                           # every rank knows: someone failed at start-up
         _finalize_and_exit(EXIT_USER_ERROR)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from _graphs import dense_gcn, partly_labelled_npz
+from _graphs import dense_gcn, partly_labelled_npz, unwritable_dir
 from _mpi import REPO
 from conftest import check_ok, refused_before_torch, run_mpi, run_together, train
 
@@ -157,12 +158,19 @@ def test_predict_errors_end_the_job_on_every_rank(shards, tmp_path):
     ("out holds a run", 2, "holds a finished run"),
     ("out holds a shard's part", 2, "part-00001.h5 is not a prediction part"),
     ("out under a file", 2, "is a file, not a directory"),
+    ("out is a file", 2, "exists and is not a directory"),
+    ("out cannot be made", 2, "cannot make or write it on this rank"),
+    ("out is read only", 2, "cannot make or write it on this rank"),
     ("max message", 2, "config.toml: comm.max_message = 3 is below 4 bytes")])
 def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards, tmp_path):
     """predict's --run without a recorded config, a rank count that does not divide the parts,
     a recorded ``comm.max_message`` below what a call must carry on these ranks, and an --out
     that would overwrite a shard set, a run or an input end every rank before any imports torch
-    (``hpcgnn.train.early``), and leave those files as they were."""
+    (``hpcgnn.train.early``), and leave those files as they were. So does an --out that a rank
+    cannot make or write (a missing parent it may not create, a read-only directory): each rank
+    probes it, naming the path, its host and the fix. (Before: a missing one was made only after
+    torch, the shards and the checkpoint were loaded, and a read-only one was found at the first
+    part's write, after the forward: exit 4 and an abort.)"""
     run, out = tmp_path / "run", tmp_path / "pred"
     run.mkdir()
     if case != "no run":
@@ -179,13 +187,20 @@ def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards,
     if case == "out holds a shard's part":
         out.mkdir()
         shutil.copy(src / "part-00001.h5", out)
-    if case == "out under a file":
+    if case in ("out under a file", "out is a file"):
         (tmp_path / "afile").write_text("x")
+    unmade = unwritable_dir(tmp_path)              # below a read-only folder (root: in sysfs)
     out = {"out is --shards": src, "out is --run": run,
-           "out under a file": tmp_path / "afile" / "pred"}.get(case, out)
-    before = {p: p.read_bytes() for d in (src, out) if d.is_dir() for p in d.iterdir()}
+           "out under a file": tmp_path / "afile" / "pred", "out is a file": tmp_path / "afile",
+           "out cannot be made": unmade,
+           "out is read only": unmade.parent if unmade.parent.exists() else Path("/sys/kernel"),
+           }.get(case, out)
+    before = {p: p.read_bytes() for d in (src, out) if d.is_dir() and "only" not in case
+              for p in d.iterdir()}
     proc = predict(ranks, run, src, out, env={"PYTHONPROFILEIMPORTTIME": "1"})
     refused_before_torch(proc, ranks, want)
+    if case.startswith("out is read") or case.startswith("out cannot"):
+        assert str(out) in proc.stderr and "Fix: give --out a directory that every rank can write" in proc.stderr
     assert {p: p.read_bytes() for p in before} == before
     if case in ("no run", "rank count"):
         assert not out.exists()

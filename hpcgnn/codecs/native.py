@@ -25,6 +25,7 @@ import torch
 SOURCE = Path(__file__).with_name("_native.c")
 CFLAGS = ["-O3", "-march=x86-64-v2", "-ffp-contract=off", "-ffinite-math-only", "-fno-signed-zeros", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None | bool = None   # None: not tried yet; False: unavailable
+_why: list[str] = []                     # why each place failed, when _lib is False
 
 
 def _tag() -> str:
@@ -58,15 +59,19 @@ def _machine_is_x86() -> bool:
 
 
 def _load() -> ctypes.CDLL | None:
+    _why.clear()
     for path in _candidates():
         if not path.is_file():
             try:
                 build(path)
-            except (OSError, subprocess.CalledProcessError):
+            except (OSError, subprocess.CalledProcessError) as exc:
+                err = (getattr(exc, "stderr", "") or str(exc)).strip().splitlines()
+                _why.append(f"{path}: cannot build it ({err[0] if err else exc})")
                 continue
         try:
             lib = ctypes.CDLL(str(path))
-        except OSError:
+        except OSError as exc:
+            _why.append(f"{path}: cannot load it ({exc})")
             continue
         i64, u32, p = ctypes.c_int64, ctypes.c_uint32, ctypes.c_void_p
         lib.hpcgnn_quant_encode.argtypes = [p, i64, i64, ctypes.c_int, u32, p, p]
@@ -98,6 +103,14 @@ def lib() -> ctypes.CDLL | None:
     if _lib is None:
         _lib = _load() or False
     return _lib or None
+
+
+def unavailable() -> str | None:
+    """Why the kernels are not loaded here (each place tried), None where they are, or where
+    ``HPCGNN_NATIVE=0`` turned them off."""
+    if lib() is not None or os.environ.get("HPCGNN_NATIVE", "1") == "0":
+        return None
+    return "; ".join(_why) or "no place to build them"
 
 
 def quant_encode(x: torch.Tensor, bits: int, key: int, cols: torch.Tensor, row_bytes: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hpcgnn.comm import gpu
@@ -30,13 +31,18 @@ class CommContext:
                             # from its device thread, which needs THREAD_SERIALIZED or more
     max_message: int = INT_MAX  # bytes one MPI call may move ([comm] max_message): the trainer's
                                 # Allreduce, its Bcasts and the checkpoint's go in pieces of it
+    mixed_devices: tuple = ()   # every rank's (host, device type) where --device auto gave some
+                                # ranks a GPU and others the CPU (the same on every rank); else ()
 
     @classmethod
     def from_world(cls, device: str = "auto") -> "CommContext":
         """Build the context from ``MPI.COMM_WORLD``; ``device``: auto | cpu | cuda. Every rank
-        takes its device, then the ranks agree whether all got one (one tiny Allreduce): where
-        any rank failed, every rank raises ``DeviceUnavailable`` with every rank's host and
-        error, so that each can say which ranks failed and why, before any exchange."""
+        takes its device, then the ranks agree whether all got one and how many took a GPU (one
+        tiny Allreduce): where any rank failed, every rank raises ``DeviceUnavailable`` with
+        every rank's host and error, so that each can say which ranks failed and why, before
+        any exchange; where some took a GPU and others the CPU (``--device auto`` on an
+        allocation with nodes without GPUs), ``mixed_devices`` holds every rank's host and
+        device type, for rank 0 to say so (``hpcgnn.train.early.device_mix``)."""
         from mpi4py import MPI
         world = MPI.COMM_WORLD
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
@@ -47,12 +53,17 @@ class CommContext:
             dev, aware, level = _take_device(local_rank, device)
         except RuntimeError as exc:             # no GPU, a busy one, a bad HPCGNN_CUDA_AWARE, ...
             error = str(exc)
-        if world.allreduce(error is not None, op=MPI.LOR):
+        counts = np.array([error is not None, error is None and dev.type == "cuda"], np.int64)
+        world.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)      # (ranks failed, ranks on a GPU)
+        if counts[0]:
             raise DeviceUnavailable(world.Get_rank(), world.Get_size(),
                                     world.allgather((socket.gethostname(), error)))
+        mixed = ()
+        if 0 < counts[1] < world.Get_size():
+            mixed = tuple(world.allgather((socket.gethostname(), dev.type)))
         return cls(comm=world, rank=world.Get_rank(), size=world.Get_size(),
                    local_rank=local_rank, local_size=local_size, device=dev, cuda_aware=aware,
-                   thread_level=level)
+                   thread_level=level, mixed_devices=mixed)
 
     @property
     def is_root(self) -> bool:

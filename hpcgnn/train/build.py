@@ -15,6 +15,7 @@ here communicates: every rank can fail cleanly before the start-up agreement
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -33,6 +34,7 @@ from hpcgnn.comm.settings import CommSettings, check_halo_message, check_message
 from hpcgnn.comm.stale import StaleExchange
 from hpcgnn.config import Config
 from hpcgnn.data.shard import Shard, num_train
+from hpcgnn.log import get_logger
 from hpcgnn.nn.graph import LocalGraph
 from hpcgnn.nn.model import GNN, LAYERS
 from hpcgnn.nn.propagation import (ConstantPropagation, HaloPropagation, SpmmPropagation,
@@ -215,6 +217,14 @@ def prepare_trainer(ctx: CommContext, cfg: Config, shards: str | Path, run_dir: 
     check_combination(cfg, policy, source)
     if ctx.device.type == "cpu":     # load the C kernels now (or build them, once: seconds), not
         native.lib()                 # inside epoch 0's timing where env/setup.sh did not build them
+        missing = native.unavailable()
+        if missing and ctx.local_rank == 0:          # once a node: its ranks all fail alike
+            get_logger().warning(
+                "no C kernels on host %s (%s): its ranks run the torch path, slower, and may "
+                "pace the job. Fix: a C compiler on this node (CC, default cc), or build them "
+                "where hpcgnn is installed (bash env/setup.sh, or python -m hpcgnn.codecs.native); "
+                "HPCGNN_NATIVE=0 chooses the torch path without this warning",
+                socket.gethostname(), missing)
     comm = CommSettings.resolve(cfg.comm)
     ctx = with_comm_settings(ctx, comm)
     if cfg.parallel.algorithm == "halo":          # CAGNET's operators check theirs (below)

@@ -13,6 +13,7 @@ checkpoint, device) runs after torch, as before, and checks these again.
 """
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Callable
 
@@ -46,13 +47,15 @@ def train_checks(args, size: int) -> None:
 
 def predict_checks(args, size: int) -> None:
     """``hpcgnn predict``: the ``--run`` directory's config, ``--out`` (not a shard set, a run or
-    either input), the shard set's ``meta.json``, the rank count against its parts and
-    ``comm.max_message`` against the rank count (predict runs the halo algorithm)."""
+    either input; made and writable on this rank), the shard set's ``meta.json``, the rank
+    count against its parts and ``comm.max_message`` against the rank count (predict runs the
+    halo algorithm)."""
     from hpcgnn.train.outdir import check_out_dir
     cfg = read_run_config(Path(args.run))
     check_halo_message(cfg.comm, size, str(Path(args.run) / CONFIG_NAME))
     check_out_dir(Path(args.out), Path(args.shards), Path(args.run))
     ShardSet.open(args.shards).check_ranks(size)
+    check_writable(Path(args.out))             # last: made only where the rest passed here
 
 
 def read_run_config(run_dir: Path) -> Config:
@@ -81,23 +84,28 @@ def check_before_torch(args, checks: Callable = train_checks) -> bool:
     return False
 
 
-def gather_errors(comm, error: str | None) -> list[str | None] | None:
-    """Every rank's start-up error (None where it had none), on rank 0 of the mpi4py
-    communicator ``comm``; None elsewhere. One gather of short strings, only on failure."""
+def gather_errors(comm, error: str | None) -> list[tuple[str, str | None]] | None:
+    """Every rank's (host, start-up error or None), on rank 0 of the mpi4py communicator
+    ``comm``; None elsewhere. One gather of short strings, only on failure."""
+    mine = (socket.gethostname(), error)
     if comm.size == 1:
-        return [error]
-    return comm.gather(error, root=0)
+        return [mine]
+    return comm.gather(mine, root=0)
 
 
-def report_failures(errors: list[str | None] | None) -> None:
-    """Rank 0 (``errors``: every rank's start-up error, None where it had none; None on the
-    other ranks): one ERROR line per distinct message, naming the ranks that hit it, and which
-    ranks stop only because of the others."""
-    if errors is None:
+def report_failures(failures: list[tuple[str, str | None]] | None) -> None:
+    """Rank 0 (``failures``: every rank's (host, start-up error or None); None on the other
+    ranks): one ERROR line per distinct message, naming the ranks that hit it (and, in a job
+    on several hosts where not every rank hit it, their hosts: a file one node cannot read),
+    and which ranks stop only because of the others."""
+    if failures is None:
         return
     log = get_logger()
+    errors = [error for _, error in failures]
+    several = len({host for host, _ in failures}) > 1
     for message, ranks in group_errors(errors):
-        log.error("%s: %s", rank_list(ranks), message)
+        some = several and len(ranks) < len(errors)
+        log.error("%s: %s", on_hosts(ranks, failures) if some else rank_list(ranks), message)
     fine = [r for r, e in enumerate(errors) if e is None]
     if fine:
         log.error("%s: no error; stopping with the others", rank_list(fine))
@@ -110,12 +118,24 @@ def device_failures(failures: list[tuple[str, str | None]]) -> str:
     errors = [error for _, error in failures]
     groups = group_errors(errors)
     failed = sum(len(ranks) for _, ranks in groups)
-    said = "; also ".join(
-        f"{rank_list(ranks)} (host{'s' * (len(hosts) > 1)} {', '.join(hosts)}): {message}"
-        for message, ranks in groups
-        for hosts in [sorted({failures[r][0] for r in ranks})])
+    said = "; also ".join(f"{on_hosts(ranks, failures)}: {message}" for message, ranks in groups)
     return (f"no device on {failed} of {len(errors)} rank{'s' * (len(errors) != 1)}; nothing "
             f"was exchanged, so every rank stops: {said}")
+
+
+def device_mix(devices: tuple) -> str | None:
+    """The warning rank 0 logs when ``--device auto`` gave some ranks a GPU and others the CPU
+    (``devices``: ``CommContext.mixed_devices``, every rank's (host, device type)): how many
+    ranks took which, the CPU ranks and their hosts, and the fix; None when they did not."""
+    cpu = [r for r, (_, kind) in enumerate(devices) if kind == "cpu"]
+    if not cpu or len(cpu) == len(devices):
+        return None
+    gpus = len(devices) - len(cpu)
+    return (f"--device auto put {gpus} of {len(devices)} ranks on a GPU and {len(cpu)} on the "
+            f"CPU ({on_hosts(cpu, list(devices))}: no GPU that torch sees there). The job trains, "
+            f"but every exchange waits for the CPU ranks, so they pace it, and summary.json's "
+            f"device is rank 0's. Fix: give the job a GPU on every node (e.g. sbatch "
+            f"--gpus-per-task=1, or a constraint that selects GPU nodes), or use --device cpu")
 
 
 def group_errors(errors: list[str | None]) -> list[tuple[str, list[int]]]:
@@ -125,6 +145,13 @@ def group_errors(errors: list[str | None]) -> list[tuple[str, list[int]]]:
         if message is not None:
             groups.setdefault(message, []).append(rank)
     return list(groups.items())
+
+
+def on_hosts(ranks: list[int], failures: list[tuple[str, str | None]]) -> str:
+    """'rank 1 (host node07)', 'ranks 2-3 (hosts node07, node08)': ``ranks`` and their hosts
+    (``failures``: every rank's (host, error or None))."""
+    hosts = sorted({failures[r][0] for r in ranks})
+    return f"{rank_list(ranks)} (host{'s' * (len(hosts) > 1)} {', '.join(hosts)})"
 
 
 def rank_list(ranks: list[int]) -> str:
