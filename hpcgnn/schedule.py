@@ -261,9 +261,9 @@ def _valid_keep(value: Any) -> bool:
 # key -> (stage, why it has no effect when that stage is the rate stage, check, wanted, fix)
 _FIXED = {
     "bits": ("quant", "with quant alone the ratio sets the bits (ratio 8 -> 4 bits)",
-             _valid_bits, f"bits in {BITS}", "add bits = 4"),
+             _valid_bits, f"bits in {BITS}", "set bits = 4"),
     "keep": ("sample", "with sample as the rate stage the ratio sets the kept fraction "
-             "(1 / ratio)", _valid_keep, f"a kept fraction in [{MIN_KEEP}, 1]", "add keep = 0.5"),
+             "(1 / ratio)", _valid_keep, f"a kept fraction in [{MIN_KEEP}, 1]", "set keep = 0.5"),
 }
 
 

@@ -124,6 +124,8 @@ BAD = [
     ('codec = "quant"\nbits = 2\nkind = "linear"\nslope = 2.0\n', "bits", "kind, slope"),
     ('[layers.0]\ncodec = "quant"\nbits = 4\nratio = 8.0\n', "layers.0.bits", "layers.0.ratio"),
     ('codec = "quant"\nbits = 3\n', "bits", "(1, 2, 4, 8)"),
+    ('codec = "truncate+quant"\nbits = 3\n', "bits", "got 3; fix: set bits = 4"),  # not 'add' it
+    ('codec = "sample+truncate"\nkeep = 2\n', "keep", "got 2; fix: set keep = 0.5"),
     ('codec = "truncate+quant"\nbits = 2.0\n', "bits", "(1, 2, 4, 8)"),  # a TypeError at epoch 0
     ('codec = "sample+truncate"\n', "keep", "keep = 0.5"),
     ('codec = "sample+truncate"\nkeep = 0.05\n', "keep", "[0.125, 1], got 0.05"),  # sent 1/8
