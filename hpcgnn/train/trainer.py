@@ -11,7 +11,9 @@ Per epoch (every rank, same order of collectives):
             metrics.jsonl records its time apart (eval_s) and the epoch's wall clock (wall_s)
   tune      kind = "auto" only, at its decision epochs: two small Allreduces of what the
             exchanges measured and one small Bcast of rank 0's decision (hpcgnn.train.autotuning)
-  end       one small Allreduce: preemption flag, byte counts, times
+  end       one small Allreduce: preemption flag, byte counts, times, a digest of the weights
+            (where the ranks' copies differ: one small Gather and a Bcast of rank 0's;
+            hpcgnn.train.replicas)
   record    at evaluated epochs and before a checkpoint: one small Gather to rank 0 of each
             rank's own bytes and times since the last one (``per_rank``; hpcgnn.train.perrank)
   summary   one small Allreduce (MAX): the ranks' peak resident and device memory
@@ -48,6 +50,7 @@ from hpcgnn.train.perrank import RankWindow
 from hpcgnn.train.perrank import summary as rank_summary
 from hpcgnn.train.preempt import clear_marker, process_flag, write_marker
 from hpcgnn.train.records import RunRecord, check_resume
+from hpcgnn.train.replicas import ReplicaCheck
 from hpcgnn.train.writes import fatal_if_unwritable
 
 log = get_logger()
@@ -127,6 +130,7 @@ class Trainer:
         self._auto_start: dict | None = None          # kind = "auto": epoch 0's codecs, for its record
         self._saved_epochs = 0                  # epochs done at the last checkpoint saved or resumed
         self.rank_window = RankWindow()         # this rank's bytes and times since the last record
+        self.replicas = ReplicaCheck(self.ctx, self.params)   # the weights' copies, checked each epoch
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model, self.cfg.train)        # groups: train.weight_decay_on
@@ -413,7 +417,9 @@ class Trainer:
         auto = self.tune(epoch, step["loss"])
         local[0] = float(self.preempt.raised)     # read last: a signal during evaluation stops here
         t_agree = time.perf_counter()
-        flag, sent, full, comm_s, codec_s, step_s = sum_float64(self.ctx, local)   # epoch-end agreement
+        flag, sent, full, comm_s, codec_s, step_s, *copies = sum_float64(  # epoch-end agreement
+            self.ctx, local + self.replicas.figures())
+        self.replicas.agree(copies, epoch)     # the weights' copies differ: every rank takes rank 0's
         # the step ends when the ranks agree on it: this small Allreduce can wait behind the
         # halo gradients a stale step posted after its gradient Allreduce, so it counts
         epoch_s = step["epoch_s"] + (time.perf_counter() - t_agree)
