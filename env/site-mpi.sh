@@ -12,16 +12,21 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { printf '[env/site-mpi] %s\n' "$*" >&2; }
 
+# Unset variables allowed here: module systems read some (Lmod 9.2.4's `module` reads
+# LD_PRELOAD and LD_LIBRARY_PATH, TACC/Lmod#835), and under set -u that ended the script.
 load_modules() {
+    set +u
     [[ -f $repo/env/site.sh ]] && { say "sourcing env/site.sh"; source "$repo/env/site.sh"; }
-    [[ $# -eq 0 ]] && return 0
-    if ! type module >/dev/null 2>&1; then       # non-interactive shells may lack the function
-        for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/bash; do
-            [[ -f $init ]] && { source "$init"; break; }
-        done
+    if [[ $# -gt 0 ]]; then
+        if ! type module >/dev/null 2>&1; then       # non-interactive shells may lack the function
+            for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/bash; do
+                [[ -f $init ]] && { source "$init"; break; }
+            done
+        fi
+        type module >/dev/null 2>&1 || { say "no 'module' command here; load your MPI by hand or set MPICC"; exit 2; }
+        module load "$@"
     fi
-    type module >/dev/null 2>&1 || { say "no 'module' command here; load your MPI by hand or set MPICC"; exit 2; }
-    module load "$@"
+    set -u
 }
 
 check_venv() {  # refuse a venv where pip's own MPI would win over the site's

@@ -104,3 +104,42 @@ def test_a_warning_as_the_ranks_start_waits_until_they_listen(tmp_path, say):
     assert proc.stdout.split() == ["got", "it", "status", "0"], (proc.stdout, proc.stderr)
     assert took < 30 if say else took > 1.9, took      # the file, not the 60 s wait; the wait
     assert "got USR1: the ranks are not listening yet" in proc.stderr, proc.stderr
+
+
+# A module system's `module` as Lmod 9.2.4's reads LD_PRELOAD (TACC/Lmod#835): unset, it is an
+# "unbound variable" under set -u
+FAKE_MODULE = ('module() { local preload=$HPCGNN_TEST_UNSET_PRELOAD; echo "module $* done" >&2; '
+               '[[ ${2:-} != exit ]] || exit 7; }\n')
+
+
+def test_a_site_files_module_load_works_under_the_jobs_set_u(tmp_path):
+    """jobs/lib/common.sh sources the site file (and the venv's activate) with unset variables
+    allowed and puts `set -u` back after; a failing line of the site file still ends the job."""
+    site = tmp_path / "site.sh"
+    site.write_text(FAKE_MODULE + "module load gcc/12.3 openmpi/4.1.6\n")
+    env = {k: v for k, v in os.environ.items() if k != "HPCGNN_TEST_UNSET_PRELOAD"}
+    env.update(HPCGNN_SITE=str(site), HPCGNN_VENV=str(Path(sys.executable).parent.parent),
+               HPCGNN_HOME=str(REPO))
+    script = ("set -euo pipefail; source jobs/lib/common.sh; hpcgnn_env; "
+              "[[ $- == *u* ]] && echo \"set -u is back; python $(command -v python)\"")
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "module load gcc/12.3 openmpi/4.1.6 done" in proc.stderr
+    assert proc.stdout.strip() == f"set -u is back; python {Path(sys.executable).parent}/python"
+    site.write_text(FAKE_MODULE + "false\necho after >&2\n")           # set -e still holds
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode == 1 and "after" not in proc.stderr, proc.stderr
+
+
+def test_site_mpi_sources_the_site_file_and_loads_modules_under_set_u(tmp_path):
+    """env/site-mpi.sh (set -euo pipefail) sources env/site.sh and runs `module load`: a module
+    system that reads an unset variable ended it ("unbound variable") before any module loaded."""
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "site-mpi.sh").write_text((REPO / "env" / "site-mpi.sh").read_text())
+    (tmp_path / "env" / "site.sh").write_text(FAKE_MODULE)
+    env = {k: v for k, v in os.environ.items() if k != "HPCGNN_TEST_UNSET_PRELOAD"}
+    proc = subprocess.run(["bash", str(tmp_path / "env" / "site-mpi.sh"), "exit"], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode == 7 and "module load exit done" in proc.stderr, proc.stderr  # loaded

@@ -17,19 +17,30 @@ hpcgnn_env() {
     local site=${HPCGNN_SITE:-$HPCGNN_HOME/env/site.sh}
     if [[ -f $site ]]; then
         hpcgnn_say "sourcing site file $site"
-        # shellcheck disable=SC1090
-        source "$site"
+        hpcgnn_source_lenient "$site"
     elif [[ -n ${HPCGNN_SITE:-} ]]; then
         hpcgnn_die "HPCGNN_SITE=$HPCGNN_SITE does not exist: point it at your site file or unset it"
     fi
     local venv=${HPCGNN_VENV:-$HPCGNN_HOME/.venv}
     [[ -x $venv/bin/python ]] || hpcgnn_die "no venv at $venv: run 'bash env/setup.sh' on a login node, or set HPCGNN_VENV"
-    # shellcheck disable=SC1091
-    source "$venv/bin/activate"
+    hpcgnn_source_lenient "$venv/bin/activate"
     export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
     if [[ $(id -u) -eq 0 ]]; then  # Open MPI refuses root without both of these
         export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     fi
+}
+
+# Source FILE with unset variables allowed (set +u), then put set -u back as it was. Module
+# systems read variables that may be unset: Lmod 9.2.4's `module` reads LD_PRELOAD and
+# LD_LIBRARY_PATH (TACC/Lmod#835), Environment Modules 4.1's init other ones (envmodules#151),
+# and under the jobs' `set -u` a site file's `module load` ended the job ("unbound variable").
+hpcgnn_source_lenient() {
+    local nounset=0
+    if [[ $- == *u* ]]; then nounset=1; fi
+    set +u
+    # shellcheck disable=SC1090
+    source "$1"            # not in a || list: set -e still ends the job at a failing line
+    if (( nounset )); then set -u; fi
 }
 
 # This job's name for scontrol: A_T for an array task (its plain id may equal the array's id, and
