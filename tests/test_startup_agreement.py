@@ -176,6 +176,13 @@ def test_a_part_file_one_node_cannot_read_names_the_rank_and_its_host(shards, tm
     assert str(part) in line and "preprocess" in line, proc.stderr          # the file, the fix
     assert "[rank 0/2] ERROR rank 0: no error; stopping with the others" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # every rank fails alike (a bad key, on both hosts): the ranks, no host
+    proc = launch(tmp_path, 2, train_args(src, tmp_path / "run", "model.hiden=8"),
+                  {"1": {"host": "node-b"}})
+    assert proc.returncode == 2, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1 and errors[0].startswith("[rank 0/2] ERROR ranks 0-1: ") and \
+        "did you mean 'model.hidden'?" in errors[0] and "host" not in errors[0], proc.stderr
 
 
 MIXED = '''
