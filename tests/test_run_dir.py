@@ -132,10 +132,12 @@ def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards,
     extra = () if case == "finished run" else ("--force",)
     out = {"out is a file": run / "summary.json",
            "out under a file": run / "summary.json" / "run"}.get(case, run)
+    listening = tmp_path / ".ranks-listening"      # said only once every rank passed these
     proc = train(ranks, shards("cora", 2), out, *sets, extra=extra,
-                 env={"PYTHONPROFILEIMPORTTIME": "1"})
+                 env={"PYTHONPROFILEIMPORTTIME": "1", "HPCGNN_LISTENING": str(listening)})
     refused_before_torch(proc, ranks, want)
     assert (run / "summary.json").read_text() == json.dumps({"epochs": 3})    # untouched
+    assert not listening.exists()
 
 
 @pytest.mark.mpi
