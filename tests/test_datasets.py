@@ -355,6 +355,9 @@ CHECKED = [
      r"offsets from 0, never decreasing"),
     ({**SPARSE, "feat_indices": np.array([[0], [1], [0], [1], [0]]),
       "feat_data": np.ones((5, 1), np.float32)}, "feat_indptr/feat_indices are not a CSR matrix"),
+    # a column equal to F (the first outside 0..F-1)
+    ({**SPARSE, "feat_indices": np.array([0, 1, 2, 1, 0]), "feat_data": np.ones(5, np.float32)},
+     r"feat_indptr/feat_indices are not a CSR matrix of shape \(5, 2\)"),
     # a scalar where an array belongs was a TypeError traceback (a 2-D adj_indices was called a
     # bad adj_indptr)
     ({**SPARSE, "feat_data": np.ones(5, np.float32), "feat_shape": np.int64(5)},
@@ -376,6 +379,8 @@ def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
      r"\(dataset 'feat_data'\): features hold NaN or inf \(in 1 rows, first row 1\)"),
     ({**SPARSE, "feat_data": np.ones(3, np.float32)},
      "feat_indices holds 5 entries and feat_data 3"),
+    ({**SPARSE, "feat_indices": np.array([0, 1, 2, 1, 0]), "feat_data": np.ones(5, np.float32)},
+     r"feat_indices holds a column outside 0..1 \(feat_shape \(5, 2\)\)"),
     # a 2-D feat_data of the right length was scipy's ValueError traceback, a scalar where an
     # array belongs h5py's ValueError
     ({**SPARSE, "feat_data": np.ones((5, 1), np.float32)},
