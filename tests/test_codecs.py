@@ -244,6 +244,21 @@ def test_unscaled_sample_sends_the_same_rows_as_they_are(native, monkeypatch, de
         assert torch.equal(got[sent.to(dev)], x[sent.to(dev)]) and not got[~sent.to(dev)].any()
 
 
+def test_the_torch_path_chosen_on_purpose_is_no_missing_kernel(monkeypatch, tmp_path):
+    """``native.unavailable`` (the start-up's "no C kernels on host" warning): None where the
+    kernels load and where ``HPCGNN_NATIVE=0`` chooses the torch path; where they cannot be
+    built (no compiler, an empty cache), why."""
+    from hpcgnn.codecs import native
+    assert native.lib() is not None and native.unavailable() is None
+    monkeypatch.setenv("HPCGNN_NATIVE", "0")
+    assert native.lib() is None and native.unavailable() is None
+    monkeypatch.delenv("HPCGNN_NATIVE")
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_candidates", lambda: [tmp_path / "absent.so"])
+    monkeypatch.setenv("CC", "false")
+    assert native.lib() is None and "absent.so: cannot build it" in native.unavailable()
+
+
 def test_sample_is_unbiased_and_its_scale_is_bounded(dev):
     x = torch.randn(10, 4, device=dev)
     est = sum(_roundtrip(WireCodec(keep=0.3), x, [10], keys=_keys(1, base=k + 1, device=dev)) for k in range(3000)) / 3000

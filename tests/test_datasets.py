@@ -332,6 +332,13 @@ CHECKED = [
      r"adj_indices holds 9223372036854775813 \(uint64\), past int64's largest value; .*int64"),
     ({"test_idx": np.array([3, 2**64 - 1], np.uint64)},
      r"test_idx holds 18446744073709551615 \(uint64\), past int64's largest value"),
+    # each bound's first value outside it (an id equal to the node count, a class equal to
+    # num_classes) and int64's largest value, which fits (it is then out of the graph's range)
+    ({"adj_indices": np.array([1, 4, 0, 2, 1, 3, 2, 5, 3, 0])}, "node id 5, outside 0..4"),
+    ({"labels": np.array([0, 1, 3, 0, 1]), "num_classes": np.int64(3)},
+     r"class 3, outside 0..2 \(num_classes\)"),
+    ({"test_idx": np.array([3, 2**63 - 1], np.uint64)},
+     "test_idx holds node id 9223372036854775807, outside 0..4"),
 ]
 
 
@@ -348,6 +355,9 @@ CHECKED = [
      r"offsets from 0, never decreasing"),
     ({**SPARSE, "feat_indices": np.array([[0], [1], [0], [1], [0]]),
       "feat_data": np.ones((5, 1), np.float32)}, "feat_indptr/feat_indices are not a CSR matrix"),
+    # a column equal to F (the first outside 0..F-1)
+    ({**SPARSE, "feat_indices": np.array([0, 1, 2, 1, 0]), "feat_data": np.ones(5, np.float32)},
+     r"feat_indptr/feat_indices are not a CSR matrix of shape \(5, 2\)"),
     # a scalar where an array belongs was a TypeError traceback (a 2-D adj_indices was called a
     # bad adj_indptr)
     ({**SPARSE, "feat_data": np.ones(5, np.float32), "feat_shape": np.int64(5)},
@@ -369,6 +379,8 @@ def test_bad_npz_inputs_name_the_file_and_the_fix(tmp_path, override, message):
      r"\(dataset 'feat_data'\): features hold NaN or inf \(in 1 rows, first row 1\)"),
     ({**SPARSE, "feat_data": np.ones(3, np.float32)},
      "feat_indices holds 5 entries and feat_data 3"),
+    ({**SPARSE, "feat_indices": np.array([0, 1, 2, 1, 0]), "feat_data": np.ones(5, np.float32)},
+     r"feat_indices holds a column outside 0..1 \(feat_shape \(5, 2\)\)"),
     # a 2-D feat_data of the right length was scipy's ValueError traceback, a scalar where an
     # array belongs h5py's ValueError
     ({**SPARSE, "feat_data": np.ones((5, 1), np.float32)},
@@ -424,6 +436,19 @@ def test_h5_slices_check_what_they_read_in_chunks(tmp_path, monkeypatch):
     for lo, hi in ((0, 2), (2, 3)):          # rows without node 3: the range check still fires
         with pytest.raises(DatasetError, match="test_idx holds node id 7, outside 0..4"):
             h5input.read_h5_slice(bad, lo, hi)
+    # the first non-finite row is named in the file's numbering, whatever the slice and the
+    # block of rows checked at once (one row a block here), dense and sparse alike
+    monkeypatch.setattr(h5input, "CHECK_BYTES", 8)
+    dense = np.zeros((5, 2), np.float32)
+    dense[3, 1] = np.nan
+    sparse = {"features": None, "feat_indptr": np.arange(6), "feat_indices": np.zeros(5, np.int64),
+              "feat_data": np.array([1, 1, 1, np.inf, 1], np.float32), "feat_shape": np.array([5, 2])}
+    for name, override in (("features", {"features": dense}), ("feat_data", sparse)):
+        path = save_h5(tmp_path / f"nan-{name}.h5", **override)
+        for lo, hi in ((0, 5), (2, 5), (3, 4)):
+            with pytest.raises(DatasetError, match=rf"\(dataset '{name}'\): features hold NaN or "
+                                                   r"inf \(in 1 rows, first row 3\)"):
+                h5input.read_h5_slice(path, lo, hi)
 
 
 def test_missing_and_unreadable_files(tmp_path):

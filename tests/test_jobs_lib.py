@@ -143,3 +143,28 @@ def test_site_mpi_sources_the_site_file_and_loads_modules_under_set_u(tmp_path):
     proc = subprocess.run(["bash", str(tmp_path / "env" / "site-mpi.sh"), "exit"], capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
     assert proc.returncode == 7 and "module load exit done" in proc.stderr, proc.stderr  # loaded
+
+
+def test_a_warning_before_the_launch_or_to_listening_ranks(tmp_path):
+    """A USR1 the script got before the launch (``HPCGNN_SIGNALLED=1``, as jobs/train.sbatch
+    sets it) also waits until the ranks listen (sent at once, it killed the starting rank:
+    status 138); one that comes once they listen is passed on at once, not after
+    ``HPCGNN_RESIGNAL`` seconds (30 here: the rank would have ended with status 3 first)."""
+    listening = tmp_path / ".ranks-listening"
+    base = {**os.environ, "HPCGNN_LISTENING": str(listening), "HPCGNN_LISTEN_WAIT": "60",
+            "HPCGNN_RESIGNAL": "30", "SAY": "1"}
+    before = ("source jobs/lib/common.sh; HPCGNN_SIGNALLED=1 hpcgnn_run_forwarding "
+              "bash -c \"$RANK\"; echo \"status $?\"")
+    ready = ("trap 'echo got it; exit 0' USR1; touch \"$HPCGNN_LISTENING\"; "
+             "sleep 8 >/dev/null 2>&1 & wait; exit 3")
+    after = ("source jobs/lib/common.sh; (until [[ -e $HPCGNN_LISTENING ]]; do sleep 0.05; done; "
+             "kill -USR1 $$) & "
+             "hpcgnn_run_forwarding bash -c \"$RANK\"; echo \"status $?\"")
+    for script, rank, said in ((before, STARTING_RANK, "got USR1 before the launch"),
+                               (after, ready, "got USR1: passing it to the ranks")):
+        listening.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                              timeout=90, stdin=subprocess.DEVNULL, env={**base, "RANK": rank})
+        assert proc.stdout.split() == ["got", "it", "status", "0"], (proc.stdout, proc.stderr)
+        assert time.monotonic() - t0 < 6 and said in proc.stderr, proc.stderr

@@ -40,8 +40,10 @@ def test_a_signal_during_start_up_checkpoints_after_the_first_epoch(shards, tmp_
     shard_dir, out = shards("cora", 2, "metis"), tmp_path / "run"
     args = ["-m", "hpcgnn", "train", "--shards", str(shard_dir), "--config", "configs/cora.toml",
             "--out", str(out), "--set", "train.epochs=30"]
+    listening = tmp_path / ".ranks-listening"       # as jobs/lib/train.sh names it
     proc = subprocess.Popen(mpi_command(2, args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=mpi_env())
+                            stderr=subprocess.STDOUT, text=True,
+                            env=mpi_env({"HPCGNN_LISTENING": str(listening)}))
     try:
         end = time.monotonic() + 60
         while len(_ranks_importing_torch(out)) < 2:
@@ -49,6 +51,9 @@ def test_a_signal_during_start_up_checkpoints_after_the_first_epoch(shards, tmp_
             assert time.monotonic() < end, "the ranks never loaded torch"
             time.sleep(0.01)
         assert not (out / "metrics.jsonl").exists()          # start-up, no epoch yet
+        # rank 0 said that every rank keeps a USR1 (the job script passes it on only then)
+        # after the start-up checks and before torch
+        assert listening.is_file()
         proc.send_signal(signal.SIGUSR1)                      # mpiexec forwards it to the ranks
         log, _ = proc.communicate(timeout=90)
     finally:

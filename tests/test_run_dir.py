@@ -108,23 +108,36 @@ def _settled(path, quiet: float = 3.0, timeout: float = 60) -> list[str]:
     ("config", 2, "did you mean 'model.hidden'?"),
     ("rank count", 3, "the shard set has 2 parts but the job has 3 ranks"),
     ("out is a file", 2, "summary.json: exists and is not a directory; give --out a directory"),
-    ("out under a file", 2, "summary.json is a file, not a directory; give --out a directory")])
+    ("out under a file", 2, "summary.json is a file, not a directory; give --out a directory"),
+    ("stopped run", 2, "holds a run stopped after 2 epochs as checkpointed (metrics.jsonl "
+                       "records 5; --resume continues from epoch 2")])
 def test_these_refusals_come_before_torch_is_imported(case, ranks, want, shards, tmp_path):
-    """An --out holding a run, a bad run-config key, a rank count that does not divide the
-    parts and an --out that is or lies under a file are refused on every rank before any rank
-    imports torch (``hpcgnn.train.early``): Python's import log of every rank
-    (``PYTHONPROFILEIMPORTTIME``) names mpi4py, no torch."""
+    """An --out holding a run (one whose checkpoint holds fewer epochs than its metrics: read
+    without torch), a bad run-config key, a rank count that does not divide the parts and an
+    --out that is or lies under a file are refused on every rank before any rank imports torch
+    (``hpcgnn.train.early``): Python's import log of every rank (``PYTHONPROFILEIMPORTTIME``)
+    names mpi4py, no torch."""
     run = tmp_path / "run"
     run.mkdir()
+    if case == "stopped run":       # a checkpoint as torch.save writes it, tensors and all
+        import torch
+        torch.save({"model": {"w": torch.ones(3)}, "progress": {"epochs_done": 2, "best": 0.5}},
+                   run / "checkpoint.pt")
+        (run / "metrics.jsonl").write_text("".join(f'{{"epoch": {e}}}\n' for e in range(5)))
+        proc = train(ranks, shards("cora", 2), run, *SETS, env={"PYTHONPROFILEIMPORTTIME": "1"})
+        refused_before_torch(proc, ranks, want)
+        return
     (run / "summary.json").write_text(json.dumps({"epochs": 3}))
     sets = ("model.hiden=8",) if case == "config" else SETS
     extra = () if case == "finished run" else ("--force",)
     out = {"out is a file": run / "summary.json",
            "out under a file": run / "summary.json" / "run"}.get(case, run)
+    listening = tmp_path / ".ranks-listening"      # said only once every rank passed these
     proc = train(ranks, shards("cora", 2), out, *sets, extra=extra,
-                 env={"PYTHONPROFILEIMPORTTIME": "1"})
+                 env={"PYTHONPROFILEIMPORTTIME": "1", "HPCGNN_LISTENING": str(listening)})
     refused_before_torch(proc, ranks, want)
     assert (run / "summary.json").read_text() == json.dumps({"epochs": 3})    # untouched
+    assert not listening.exists()
 
 
 @pytest.mark.mpi

@@ -109,24 +109,26 @@ def test_a_copy_of_the_shard_set_elsewhere_and_local_settings_are_accepted(shard
     assert "cannot build it" in said[0] and "a C compiler on this node" in said[0]
 
 
-def test_a_device_failure_on_one_rank_is_said_on_every_rank(shards, tmp_path):
-    """Rank 1 alone asks for a GPU it cannot get (a node whose GPUs are hidden or missing):
-    every rank, not only rank 1, logs which rank on which host failed and why, with the fix,
-    and the job ends with the user-error exit code, before any exchange and without a hang.
-    (Before: rank 1 alone said it and the launcher killed the others with nothing logged.)"""
+def test_a_device_failure_on_some_ranks_is_said_on_every_rank(shards, tmp_path):
+    """Ranks 1 and 2 alone ask for a GPU they cannot get (nodes whose GPUs are hidden or
+    missing): every rank, not only those, logs which ranks on which host failed and why, once,
+    with the fix, and the job ends with the user-error exit code, before any exchange and
+    without a hang. (Before: the failing ranks alone said it and the launcher killed the others
+    with nothing logged.)"""
     import socket
     run = tmp_path / "run"
-    proc = launch(tmp_path, 3, train_args(shards("cora", 3), run),
-                  {"1": {"args": ["--device", "cuda"]}})
+    cuda = {"args": ["--device", "cuda"]}
+    proc = launch(tmp_path, 3, train_args(shards("cora", 3), run), {"1": cuda, "2": cuda})
     assert proc.returncode == 2, proc.stderr
     host = socket.gethostname()
     for rank in range(3):
         line = next((ln for ln in proc.stderr.splitlines()
                      if ln.startswith(f"[rank {rank}/3] ERROR ")), None)
         assert line is not None, f"rank {rank} said nothing:\n{proc.stderr}"
-        assert f"rank 1 (host {host}): device 'cuda' asked for, but " in line, line
+        assert f"ranks 1-2 (host {host}): device 'cuda' asked for, but " in line, line
+        assert line.count("device 'cuda' asked for") == 1, line         # one message, once
         assert "or use --device cpu" in line, line                      # the fix
-        assert "no device on" in line and "nothing was exchanged" in line, line
+        assert "no device on 2 of 3 ranks; nothing was exchanged" in line, line
     assert "Traceback" not in proc.stderr
     assert not (run / "checkpoint.pt").exists() and not (run / "run.json").exists()
 
@@ -176,6 +178,13 @@ def test_a_part_file_one_node_cannot_read_names_the_rank_and_its_host(shards, tm
     assert str(part) in line and "preprocess" in line, proc.stderr          # the file, the fix
     assert "[rank 0/2] ERROR rank 0: no error; stopping with the others" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # every rank fails alike (a bad key, on both hosts): the ranks, no host
+    proc = launch(tmp_path, 2, train_args(src, tmp_path / "run", "model.hiden=8"),
+                  {"1": {"host": "node-b"}})
+    assert proc.returncode == 2, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1 and errors[0].startswith("[rank 0/2] ERROR ranks 0-1: ") and \
+        "did you mean 'model.hidden'?" in errors[0] and "host" not in errors[0], proc.stderr
 
 
 MIXED = '''

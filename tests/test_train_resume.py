@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -138,6 +139,10 @@ def test_a_resume_on_another_rank_count_says_so_and_is_recorded(shards, tmp_path
     assert per_rank["bytes_sent"]["mean"] * 4 == pytest.approx(sum(r["bytes_sent"] for r in lines[2:]))
     # the 2-rank figures gathered at the stop (epochs 0-1, no evaluation yet) are not 4 ranks'
     assert lines[2]["per_rank"]["epochs"] == 1 and "per_rank" not in lines[1]
+    # and `hpcgnn summary` says from when its per-rank line counts
+    said = subprocess.run([sys.executable, "-m", "hpcgnn", "summary", str(out)], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert said.returncode == 0 and "  per rank from epoch 2: sent " in said.stdout, said.stdout
 
 
 @pytest.mark.mpi

@@ -149,6 +149,28 @@ def _collectives(world_ctx) -> None:
     calls = [n for name, n in spy.calls if name == "Bcast"]
     assert max(calls) <= LIMIT and sum(calls) == 2000 + 8, calls    # the length, then the bytes
     assert bcast_bytes(ctx, None) is None
+    # sizes that are a whole number of LIMIT-byte pieces: the last piece goes too
+    spy.calls.clear()
+    even = [((torch.arange(350) * (3 + me)) % 509 * 0.5).to(torch.float32)]    # 1400 bytes
+    allreduce_sum_(ctx, even)
+    assert torch.equal(even[0], sum((torch.arange(350) * (3 + r)) % 509 * 0.5
+                                    for r in range(size)).to(torch.float32)), me
+    params = [((torch.arange(350) * (3 + me)) % 509 * 0.5).to(torch.float32)]
+    broadcast_params_(ctx, params)
+    assert torch.equal(params[0], ((torch.arange(350) * 3) % 509 * 0.5).to(torch.float32)), me
+    blob = bytes((i * 7 + 1) % 256 for i in range(3 * LIMIT))
+    got = bcast_bytes(ctx, blob if me == 0 else None)
+    assert bytes(got) == blob, me
+    calls = [(name, n) for name, n in spy.calls]
+    assert calls == [("Allreduce", LIMIT)] * 2 + [("Bcast", LIMIT)] * 2 + [("Bcast", 8)] + \
+        [("Bcast", LIMIT)] * 3, calls
+    # 8-byte elements, LIMIT not a multiple of 8: whole elements, at most LIMIT bytes a call
+    spy.calls.clear()
+    wide = [torch.arange(200, dtype=torch.float64) * (me + 1)]                  # 1600 bytes
+    allreduce_sum_(ctx, wide)
+    assert torch.equal(wide[0], torch.arange(200, dtype=torch.float64) * sum(range(1, size + 1)))
+    calls = [n for name, n in spy.calls if name == "Allreduce"]
+    assert sum(calls) == 1600 and max(calls) <= LIMIT and len(calls) == 3, calls
     print(f"rank {me}: collectives ok", flush=True)
 
 
@@ -162,12 +184,20 @@ def _worker() -> None:
     assert max(lay.s_counts) > LIMIT // 3
     assert moves == [(600, 600)], moves
     assert lay.rounds == 1 and nonblocking, lay
+    # totals of exactly LIMIT bytes each way still fit one call, though a block (600) is past
+    # the LIMIT // 2 bytes a round would carry of it
+    lay, nonblocking, moves = _exchange(ctx, [[0, 600, 100], [100, 0, 600], [600, 100, 0]])
+    assert moves == [(LIMIT, LIMIT)], moves
+    assert lay.rounds == 1 and nonblocking, lay
     # rank 0 sends 800 > 700 bytes to rank 1 (rank 1 receives 850): rounds on every rank, each
     # call within the limit, the same bytes delivered. Every rank has 2 peers: 350 bytes of a
     # block a round, 3 rounds for the 800-byte block (700 // 3 = 233 a round took 4)
     for send, peers in (([[0, 800, 10], [20, 0, 30], [40, 50, 0]], 2),
                         # a ring, one peer each way: 700 bytes a round, 2 rounds (4 with P)
-                        ([[0, 800, 0], [0, 0, 750], [690, 0, 0]], 1)):
+                        ([[0, 800, 0], [0, 0, 750], [690, 0, 0]], 1),
+                        # rank 0 receives from 2 peers, and no rank sends to more than 1: k
+                        # counts the receivers' peers too (350 bytes a block and round)
+                        ([[0, 0, 0], [800, 0, 0], [750, 0, 0]], 2)):
         lay, nonblocking, moves = _exchange(ctx, send)
         widest = max(max(sum(map(bool, row)), sum(map(bool, col)))
                      for row, col in zip(send, zip(*send)))
