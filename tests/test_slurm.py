@@ -631,48 +631,72 @@ def wait_for_text(path: Path, text: str, timeout: float = 120) -> str:
     return path.read_text()
 
 
-@pytest.mark.slurm
-def test_resubmitted_job_keeps_its_gpus_and_the_options_given_in_the_environment(slurm, tmp_path):
-    """HPCGNN_ON_PREEMPT=resubmit from a job that asked for GPUs with --gres (and memory per
-    GPU, a whole node): the new job asks for the same (it got no GPUs at all, and resumed on
-    CPUs). SLURM shows a job neither its --signal nor its --output; given as
-    SBATCH_SIGNAL and SBATCH_OUTPUT they reach the new job, and the log says which lead it has.
-    On a second local SLURM whose node declares 2 stand-in GPUs."""
+@pytest.fixture(scope="module")
+def gpu_slurm(slurm):
+    """A second local SLURM whose node declares 2 stand-in GPUs (after the first is up)."""
     priv = _privilege()
     root = Path(tempfile.mkdtemp(prefix="hpcgnn-slurmg-"))
     pids: dict[str, int] = {}
     try:
         up, pids = slurm_up(priv, root, gpus=2)
         assert up.returncode == 0, up.stderr[-3000:]
-        gpu = LocalSlurm(root, {"SLURM_CONF": re.search(r"export SLURM_CONF=(\S+)", up.stdout).group(1)})
-        shards, run_dir = tmp_path / "cora-2", tmp_path / "run"
-        assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 2, "--out",
-                    shards, "-q"], timeout=120).returncode == 0
-        env = job_env(HPCGNN_ON_PREEMPT="resubmit", SBATCH_SIGNAL="B:USR1@100",
-                      SBATCH_OUTPUT=f"{tmp_path}/mine-%j.out")
-        first = gpu.sbatch("--ntasks=2", "--time=9", "--gres=gpu:2", "--mem-per-gpu=1000",
-                           "--exclusive", JOBS / "train.sbatch", shards, CORA, "--set",
-                           "train.epochs=100000", "--out", run_dir, cwd=tmp_path, env=env)
-        log = tmp_path / f"mine-{first}.out"
-        wait_for_epochs(run_dir, 0, log)
-        gpu.signal(first, "USR1")
-        out = wait_for_text(log, "training ended")
-        found = re.search(r"submitted job (\d+) to resume", out)
-        assert found, out[-3000:]
-        second = found.group(1)
-        want, got = gpu.job(first), gpu.job(second)
-        for key in ("TresPerNode", "MemPerTres", "OverSubscribe", "NumTasks",
-                    "TimeLimit"):
-            assert got.get(key) == want.get(key), (key, want.get(key), got.get(key))
-        assert want["TresPerNode"] == "gres:gpu:2" and want["OverSubscribe"] == "NO", want
-        assert got["StdOut"] == f"{tmp_path}/mine-{second}.out", got
-        assert f"job {second} warns at B:USR1@100" in out, out[-3000:]
-        wait_for_text(tmp_path / f"mine-{second}.out", "resumed from")
-        run(["scancel", second], env={**os.environ, **gpu.env})
-        gpu.wait(second, 60)
+        yield LocalSlurm(root, {"SLURM_CONF": re.search(r"export SLURM_CONF=(\S+)", up.stdout).group(1)})
     finally:
         slurm_down(priv, root, pids)
         run([*priv, "rm", "-rf", root])
+
+
+@pytest.mark.slurm
+def test_resubmitted_job_keeps_its_gpus_and_the_options_given_in_the_environment(gpu_slurm, tmp_path):
+    """HPCGNN_ON_PREEMPT=resubmit from a job that asked for GPUs with --gres (and memory and
+    CPUs per GPU, a whole node): the new job asks for the same (it got no GPUs at all, and
+    resumed on CPUs; with --cpus-per-task=1 in place of --cpus-per-gpu). SLURM shows a job
+    neither its --signal nor its --output; given as SBATCH_SIGNAL and SBATCH_OUTPUT they reach
+    the new job, and the log says which lead it has."""
+    gpu = gpu_slurm
+    shards, run_dir = tmp_path / "cora-2", tmp_path / "run"
+    assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 2, "--out",
+                shards, "-q"], timeout=120).returncode == 0
+    env = job_env(HPCGNN_ON_PREEMPT="resubmit", SBATCH_SIGNAL="B:USR1@100",
+                  SBATCH_OUTPUT=f"{tmp_path}/mine-%j.out")
+    first = gpu.sbatch("--ntasks=2", "--time=9", "--gres=gpu:2", "--mem-per-gpu=1000",
+                       "--cpus-per-gpu=1", "--exclusive", JOBS / "train.sbatch", shards, CORA,
+                       "--set", "train.epochs=100000", "--out", run_dir, cwd=tmp_path, env=env)
+    log = tmp_path / f"mine-{first}.out"
+    wait_for_epochs(run_dir, 0, log)
+    gpu.signal(first, "USR1")
+    out = wait_for_text(log, "training ended")
+    found = re.search(r"submitted job (\d+) to resume", out)
+    assert found, out[-3000:]
+    second = found.group(1)
+    want, got = gpu.job(first), gpu.job(second)
+    for key in ("TresPerNode", "MemPerTres", "CpusPerTres", "OverSubscribe", "NumTasks",
+                "TimeLimit"):
+        assert got.get(key) == want.get(key), (key, want.get(key), got.get(key))
+    assert want["TresPerNode"] == "gres:gpu:2" and want["OverSubscribe"] == "NO", want
+    assert want["CpusPerTres"] == "gres:gpu:1", want
+    assert got["StdOut"] == f"{tmp_path}/mine-{second}.out", got
+    assert f"job {second} warns at B:USR1@100" in out, out[-3000:]
+    wait_for_text(tmp_path / f"mine-{second}.out", "resumed from")
+    run(["scancel", second], env={**os.environ, **gpu.env})
+    gpu.wait(second, 60)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_cpus_per_gpu_reach_the_ranks(gpu_slurm, tmp_path, launcher):
+    """A GPU job that asks for CPUs per GPU (--gpus-per-task=1 --cpus-per-gpu=2; SLURM then sets
+    no SLURM_CPUS_PER_TASK) starts each rank with 2 CPUs and OMP_NUM_THREADS=2, as
+    --cpus-per-task=2 would (each rank got one, and one thread)."""
+    script = probe_job(tmp_path, "#SBATCH --ntasks=2 --gpus-per-task=1 --cpus-per-gpu=2 --time=2",
+                       MPI_PROBE)
+    log = tmp_path / "job.out"
+    job = gpu_slurm.sbatch(f"--output={log}", script, cwd=tmp_path,
+                           env=job_env(HPCGNN_LAUNCHER=launcher))
+    gpu_slurm.completed(job, 60, log)
+    out = log.read_text()
+    assert f"launcher: {launcher}" in out and " 2 ranks x 2 CPUs)" in out, out
+    assert "rank 0 of 2 OMP_NUM_THREADS=2" in out and "rank 1 of 2 OMP_NUM_THREADS=2" in out, out
 
 
 @pytest.mark.slurm

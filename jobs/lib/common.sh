@@ -24,7 +24,8 @@ hpcgnn_env() {
     local venv=${HPCGNN_VENV:-$HPCGNN_HOME/.venv}
     [[ -x $venv/bin/python ]] || hpcgnn_die "no venv at $venv: run 'bash env/setup.sh' on a login node, or set HPCGNN_VENV"
     hpcgnn_source_lenient "$venv/bin/activate"
-    export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+    OMP_NUM_THREADS=$(hpcgnn_cpus_per_task)
+    export OMP_NUM_THREADS
     if [[ $(id -u) -eq 0 ]]; then  # Open MPI refuses root without both of these
         export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     fi
@@ -41,6 +42,18 @@ hpcgnn_source_lenient() {
     # shellcheck disable=SC1090
     source "$1"            # not in a || list: set -e still ends the job at a failing line
     if (( nounset )); then set -u; fi
+}
+
+# The CPUs of one rank: --cpus-per-task; else --cpus-per-gpu times --gpus-per-task (SLURM sets
+# no SLURM_CPUS_PER_TASK for a job that asked for CPUs per GPU, and its ranks got one CPU and
+# one thread each); else 1.
+hpcgnn_cpus_per_task() {
+    local gpus=${SLURM_GPUS_PER_TASK:-}
+    gpus=${gpus##*:}                           # a typed request, a100:1, counts its GPUs
+    if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then echo "$SLURM_CPUS_PER_TASK"
+    elif [[ ${SLURM_CPUS_PER_GPU:-} =~ ^[0-9]+$ && $gpus =~ ^[0-9]+$ ]]; then
+        echo $(( SLURM_CPUS_PER_GPU * gpus ))
+    else echo 1; fi
 }
 
 # This job's name for scontrol: A_T for an array task (its plain id may equal the array's id, and
@@ -96,7 +109,8 @@ hpcgnn_oversubscribed() {
 # Fill the array LAUNCH with the command that starts $SLURM_NTASKS ranks of one program.
 hpcgnn_launcher() {
     local want=${HPCGNN_LAUNCHER:-auto} flavour plugin
-    local ntasks=${SLURM_NTASKS:-1} cpus=${SLURM_CPUS_PER_TASK:-1}
+    local ntasks=${SLURM_NTASKS:-1} cpus
+    cpus=$(hpcgnn_cpus_per_task)
     flavour=$(hpcgnn_mpi_flavour) || hpcgnn_die "mpi4py does not import in $(command -v python): run env/setup.sh"
     case $flavour in openmpi) plugin=pmix ;; *) plugin=pmi2 ;; esac
     plugin=${HPCGNN_SRUN_MPI:-$plugin}
@@ -111,9 +125,13 @@ hpcgnn_launcher() {
         srun) LAUNCH=(srun --mpi="$plugin" --ntasks="$ntasks" --cpus-per-task="$cpus" --kill-on-bad-exit=1) ;;
         mpirun)
             LAUNCH=(mpirun -n "$ntasks")
-            [[ $flavour == openmpi && $cpus -gt 1 ]] && LAUNCH+=(--map-by "slot:pe=$cpus")
-            # Binding to cores the machine lacks is refused ("overload-allowed"): leave ranks unbound.
-            [[ $flavour == openmpi ]] && hpcgnn_oversubscribed && LAUNCH+=(--bind-to none)
+            if [[ $flavour == openmpi ]] && hpcgnn_oversubscribed; then
+                # Binding to cores the machine lacks is refused ("overload-allowed"): leave ranks
+                # unbound (pe=N binds, and Open MPI refuses it beside --bind-to none).
+                LAUNCH+=(--bind-to none)
+            elif [[ $flavour == openmpi && $cpus -gt 1 ]]; then
+                LAUNCH+=(--map-by "slot:pe=$cpus")
+            fi
             ;;
         *) hpcgnn_die "HPCGNN_LAUNCHER=$want is not one of auto, srun, mpirun" ;;
     esac

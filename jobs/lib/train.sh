@@ -131,7 +131,7 @@ hpcgnn_ended_by_slurm() {
 hpcgnn_resubmit() {
     local run_dir=$1; shift
     local opts=(--dependency="afterany:$(hpcgnn_job_ref)" --ntasks="$SLURM_NTASKS"
-                --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --job-name="$SLURM_JOB_NAME"
+                --job-name="$SLURM_JOB_NAME"
                 --export="ALL,HPCGNN_RUN_DIR=$run_dir,HPCGNN_RESUBMITS=$(( $(hpcgnn_restarts) + 1 ))")
     local info limit gres features
     info=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | head -n 1)
@@ -146,6 +146,12 @@ hpcgnn_resubmit() {
     [[ -n ${SLURM_JOB_QOS:-} ]] && opts+=(--qos="$SLURM_JOB_QOS")
     [[ -n ${SLURM_JOB_PARTITION:-} ]] && opts+=(--partition="$SLURM_JOB_PARTITION")
     [[ -n ${SLURM_GPUS_PER_TASK:-} ]] && opts+=(--gpus-per-task="$SLURM_GPUS_PER_TASK")
+    # --cpus-per-gpu excludes --cpus-per-task (sbatch refuses both)
+    if [[ -z ${SLURM_CPUS_PER_TASK:-} && -n ${SLURM_CPUS_PER_GPU:-} ]]; then
+        opts+=(--cpus-per-gpu="$SLURM_CPUS_PER_GPU")
+    else
+        opts+=(--cpus-per-task="${SLURM_CPUS_PER_TASK:-1}")
+    fi
     [[ -n ${SLURM_GPUS:-} ]] && opts+=(--gpus="$SLURM_GPUS")
     # --gres=gpu:N and --gpus-per-node=N (no SLURM_ variable names --gres): TresPerNode=gres:gpu:N
     # (gres/gpu:N in newer SLURM), the same request as --gres=gpu:N.
