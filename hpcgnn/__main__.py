@@ -187,15 +187,71 @@ def cmd_plot(args) -> int:
 
 
 def cmd_info() -> int:
-    from hpcgnn.comm.info import describe
+    """The report once; started on several ranks (``srun python -m hpcgnn info`` in a job), rank
+    0 prints it once, what differs between the ranks' reports, and where each rank runs."""
+    from mpi4py import MPI
+
+    from hpcgnn.comm.info import describe, rank_facts
+    comm = MPI.COMM_WORLD
     try:
-        facts = describe()
+        facts, error = describe(), None
     except RuntimeError as exc:             # e.g. HPCGNN_CUDA_AWARE set to something else than 0/1
-        print(f"error: {exc}", file=sys.stderr)
+        facts, error = None, str(exc)
+    if comm.size == 1:
+        gathered = [(facts, error, None)]
+    else:
+        gathered = comm.gather((facts, error, rank_facts()), root=0)
+    code = 0
+    if gathered is not None:                 # rank 0
+        code = _print_info(gathered)
+    return comm.bcast(code, root=0) if comm.size > 1 else code
+
+
+def _print_info(gathered: list) -> int:
+    """Rank 0: every rank's (report, error, where it runs), printed as ``cmd_info`` says."""
+    from hpcgnn.train.agreement import differences
+    from hpcgnn.train.early import group_errors, rank_list
+    errors = [error for _, error, _ in gathered]
+    if any(errors):
+        for message, ranks in group_errors(errors):
+            where = f"{rank_list(ranks)}: " if len(gathered) > 1 else ""
+            print(f"error: {where}{message}", file=sys.stderr)
         return EXIT_USER_ERROR
-    for key, value in facts.items():
+    for key, value in gathered[0][0].items():
         print(f"{key:>16}: {value}")
+    if len(gathered) > 1:
+        differ = differences([facts for facts, _, _ in gathered])
+        if differ:
+            print("the ranks' reports differ:")
+            for line in differ:
+                print(f"  {line}")
+        for line in _rank_lines([where for _, _, where in gathered]):
+            print(line)
     return 0
+
+
+INFO_RANK_LINES = 64   # info: one line per rank up to this many ranks, then one per kind
+
+
+def _rank_lines(facts: list[dict[str, str]]) -> list[str]:
+    """One line per rank (``rank 3: host n07, 8 cpus, 8 threads, CUDA_VISIBLE_DEVICES=3, devices
+    NVIDIA H100``); past ``INFO_RANK_LINES`` ranks, one line per distinct set of facts but the
+    host, naming its ranks and how many hosts."""
+    def text(f: dict[str, str], host: bool = True) -> str:
+        where = f"host {f['host']}, " if host else ""
+        return (f"{where}{f['cpus']} cpus, {f['threads']} threads, CUDA_VISIBLE_DEVICES="
+                f"{f['CUDA_VISIBLE_DEVICES']}, devices {f['devices']}")
+    if len(facts) <= INFO_RANK_LINES:
+        return [f"rank {r}: {text(f)}" for r, f in enumerate(facts)]
+    from hpcgnn.train.early import rank_list
+    groups: dict[str, list[int]] = {}
+    for r, f in enumerate(facts):
+        groups.setdefault(text(f, host=False), []).append(r)
+    lines = []
+    for line, ranks in groups.items():
+        hosts = len({facts[r]["host"] for r in ranks})
+        lines.append(f"{rank_list(ranks)} ({hosts} host{'s' * (hosts != 1)}): {line}")
+    return lines
 
 
 def _unfinished(run_dir: Path) -> str:

@@ -31,6 +31,45 @@ def test_info_reports_mpi_cuda_and_torch():
     assert library.split(":", 1)[1].strip().startswith(LIBRARY_NAMES[mpi_family()]), library
 
 
+@pytest.mark.mpi
+def test_info_on_several_ranks_prints_the_report_once_and_where_each_rank_runs():
+    """``hpcgnn info`` started as a job's ranks are, through jobs/lib/bind.sh with three GPUs
+    named: one report (it printed one a rank), then one line per rank with its host, CPUs,
+    threads and the GPU bind.sh left it, each a different one of the three."""
+    from _mpi import FAMILY_FLAGS, MPIEXEC, REPO, mpi_env
+    cmd = [str(MPIEXEC), "-n", "3", *FAMILY_FLAGS[mpi_family()], "bash",
+           str(REPO / "jobs" / "lib" / "bind.sh"), sys.executable, "-m", "hpcgnn", "info"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env=mpi_env({"CUDA_VISIBLE_DEVICES": "4,5,6"}))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert sum("mpi library:" in ln for ln in out) == 1 and "      world size: 3" in out, proc.stdout
+    ranks = [ln for ln in out if ln.startswith("rank ")]
+    assert [ln.split(":")[0] for ln in ranks] == ["rank 0", "rank 1", "rank 2"], proc.stdout
+    gpus = sorted(ln.split("CUDA_VISIBLE_DEVICES=")[1].split(",")[0] for ln in ranks)
+    assert gpus == ["4", "5", "6"], proc.stdout            # bind.sh: one GPU each, all different
+    assert all(" cpus, 1 threads, " in ln and "host " in ln for ln in ranks), proc.stdout
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env=mpi_env({"HPCGNN_CUDA_AWARE": "yes"}))   # a bad value: exit 2, said once
+    assert proc.returncode == 2 and not proc.stdout, (proc.stdout, proc.stderr)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: ranks 0-2: HPCGNN_CUDA_AWARE='yes'"), proc.stderr
+
+
+def test_info_names_each_kind_of_rank_once_past_64_ranks():
+    """Past 64 ranks the per-rank lines are grouped by what the ranks run on, naming the hosts'
+    count (a job of 16 nodes x 8 GPUs: 8 lines, not 128)."""
+    from hpcgnn.__main__ import _rank_lines
+    facts = [{"host": f"n{r // 8:02d}", "cpus": "8", "threads": "8", "CUDA_VISIBLE_DEVICES": str(r % 8),
+              "devices": "NVIDIA H100"} for r in range(128)]
+    lines = _rank_lines(facts)
+    assert len(lines) == 8 and lines[0] == ("ranks 0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, "
+                                            "104, 112, 120 (16 hosts): 8 cpus, 8 threads, "
+                                            "CUDA_VISIBLE_DEVICES=0, devices NVIDIA H100"), lines[0]
+    assert _rank_lines(facts[:3])[2] == ("rank 2: host n00, 8 cpus, 8 threads, CUDA_VISIBLE_DEVICES=2, "
+                                         "devices NVIDIA H100")
+
+
 def test_summary_prints_accuracy_and_bytes(tmp_path):
     s = {"test_acc": 0.8123, "final_test_acc": 0.8, "best_val_acc": 0.79, "epochs": 200,
          "bytes_sent": 1234567, "bytes_full": 2345678, "allreduce_bytes": 99, "train_time_s": 3.0,

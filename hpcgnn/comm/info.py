@@ -1,10 +1,12 @@
 """What ``python -m hpcgnn info`` reports: the MPI library (and the file it was loaded from),
 whether it is CUDA-aware and how that was decided (``gpu.cuda_awareness``), what Open MPI's
-``ompi_info`` says it was built with, the devices and torch."""
+``ompi_info`` says it was built with, the devices and torch; started on several ranks (inside a
+job, to check the binding), what each rank runs on (``rank_facts``)."""
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 
 import torch
@@ -70,3 +72,18 @@ def ompi_info_cuda(lib_paths: list[str]) -> str:
         return (f"{tool} --parsable --all names no built_with_cuda_support parameter "
                 f"(rc {proc.returncode})")
     return f"built_with_cuda_support = {m.group(1)} ({tool} --parsable --all)"
+
+
+def rank_facts() -> dict[str, str]:
+    """Where this rank runs: its host, the CPUs it may run on, torch's threads, the GPUs it is
+    given (``CUDA_VISIBLE_DEVICES``, as ``jobs/lib/bind.sh`` leaves it) and those torch sees."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:                      # not Linux
+        cpus = os.cpu_count() or 0
+    cuda = torch.cuda.is_available()
+    seen = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+    return {"host": socket.gethostname(), "cpus": str(cpus), "threads": str(torch.get_num_threads()),
+            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
+            "devices": ", ".join(seen) if seen else "cpu only"}
+
