@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -111,8 +112,17 @@ def row_owner(bounds: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def known_nodes(spec: str, symmetrize: bool) -> int | None:
     """The node count of ``spec`` where it is known before the input is read (an h5 file's
-    ``num_nodes``, a sliced generator's option), else None."""
+    ``num_nodes``, a sliced generator's option), else None. A ``metis-graph:`` file is
+    refused: its text cannot be read by row slices, and its labels need the whole graph."""
     name, opts = parse_spec(spec)
+    if name == "metis-graph":
+        h5 = Path(opts["path"]).with_suffix(".h5")
+        raise PreprocessError(
+            f"{spec}: a METIS graph file is not read by row slices (its text is read whole, "
+            f"and its stand-in labels follow the whole graph), so the distributed path does "
+            f"not take it: convert it once in one process (python -m preprocess convert "
+            f"--dataset {spec} --out {h5}) and pass --dataset h5:{h5}, or partition it in one "
+            f"process (--partitioner metis, without mpirun)")
     if name in SLICED:
         return sliced_spec(spec, name, opts, symmetrize).nodes
     return h5_num_nodes(opts["path"]) if name == "h5" else None

@@ -154,12 +154,13 @@ def _write_parts(graph: Graph, layout: PartLayout, pairs: HaloPairs, out: Path) 
 
 
 def input_stamp(dataset: str) -> dict | None:
-    """``{"size", "mtime_ns"}`` of the file an ``npz:`` or ``h5:`` spec reads (None for other
-    specs, or a file not there): jobs/preprocess.sbatch reuses a set only while they hold."""
-    from hpcgnn.data.datasets import parse_spec
+    """``{"size", "mtime_ns"}`` of the file an ``npz:``, ``h5:`` or ``metis-graph:`` spec
+    reads (None for other specs, or a file not there): jobs/preprocess.sbatch reuses a set only
+    while they hold."""
+    from hpcgnn.data.datasets import FILE_SPECS, parse_spec
     try:
         name, opts = parse_spec(dataset)
-        if name not in ("npz", "h5"):
+        if name not in FILE_SPECS:
             return None
         stat = Path(opts["path"]).stat()
     except (ValueError, KeyError, OSError):

@@ -1,7 +1,11 @@
 """Test helpers for preprocessing: small hand-made graphs and a shard-set reconstructor."""
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +37,38 @@ def graph_from_edges(n: int, edges: list[tuple[int, int]], features: int = 3,
 def two_components() -> Graph:
     """A triangle (nodes 0-2) and a path 3-4-5-6-7: a part can own a whole component."""
     return graph_from_edges(8, [(0, 1), (1, 2), (0, 2), (3, 4), (4, 5), (5, 6), (6, 7)])
+
+
+METIS_EXAMPLES = "usr/share/doc/libmetis-dev/examples/graphs"   # Debian's libmetis-doc
+
+
+@functools.cache
+def metis_examples() -> tuple[Path | None, str]:
+    """The folder of METIS's example graphs (4elt.graph, ...) from Debian's ``libmetis-doc``, or
+    (None, why not). When missing it is installed with apt-get as root or in CI (as
+    ``libptscotch-dev`` in test_preprocess_dist.py); where dpkg is told to leave out
+    /usr/share/doc (minimal Ubuntu images) the package is unpacked into a temporary folder."""
+    installed = Path("/") / METIS_EXAMPLES
+    if (installed / "4elt.graph").is_file():
+        return installed, ""
+    if not (os.geteuid() == 0 or os.environ.get("CI") == "true") or not shutil.which("apt-get"):
+        return None, ("METIS's example graphs not installed (apt-get install libmetis-doc); "
+                      "installed automatically only as root or with CI=true")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    unpacked = Path(tempfile.mkdtemp(prefix="libmetis-doc-"))
+    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "libmetis-doc"],
+                ["apt-get", "download", "-q", "libmetis-doc"]):
+        if (installed / "4elt.graph").is_file():
+            return installed, ""
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
+                             stdin=subprocess.DEVNULL, cwd=unpacked)
+        if res.returncode != 0:
+            return None, f"{' '.join(cmd)} failed: {(res.stdout + res.stderr)[-500:]}"
+    for deb in unpacked.glob("libmetis-doc_*.deb"):
+        subprocess.run(["dpkg", "-x", str(deb), str(unpacked)], check=True, timeout=60)
+    found = unpacked / METIS_EXAMPLES
+    return (found, "") if (found / "4elt.graph").is_file() else \
+        (None, f"libmetis-doc installed, but no {installed / '4elt.graph'}")
 
 
 def edge_keys(indptr: np.ndarray, indices: np.ndarray, n: int) -> np.ndarray:

@@ -41,6 +41,17 @@ gc.freeze()
 
 
 @pytest.fixture(scope="session")
+def metis_graphs() -> Path:
+    """The folder of METIS's example graphs (``_graphs.metis_examples``), else skip with the
+    reason."""
+    from _graphs import metis_examples
+    folder, why = metis_examples()
+    if folder is None:
+        pytest.skip(why)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def shards(tmp_path_factory):
     """``shards(spec, parts, partitioner="metis", seed=0) -> Path``: a shard set, cached."""
     from hpcgnn.data.datasets import load_dataset

@@ -231,6 +231,7 @@ def test_bad_requests_fail_on_every_rank(ptscotch, inputs, tmp_path):
     if lib is not None:
         fake.write_bytes(lib.read_bytes().replace(ours.encode() + b"\0", other.encode() + b"\0"))
     (tmp_path / "junk.h5").write_text("not hdf5")
+    (tmp_path / "g.graph").write_text("3 2\n2\n1 3\n2\n")
     proc = run_mpi(2, [__file__, "errors", str(root), str(tmp_path), str(fake if lib else "")],
                    timeout=90)
     check_ok(proc)
@@ -244,7 +245,14 @@ def test_bad_requests_fail_on_every_rank(ptscotch, inputs, tmp_path):
             # a traceback (int('1GiB')), and a round past MPI's C int counts
             "round1g": "HPCGNN_A2A_ROUND_BYTES='1GiB': expected the bytes per rank of one "
                        "Alltoallv round, an integer in [1, 2147483647]",
-            "round3g": "HPCGNN_A2A_ROUND_BYTES='3000000000': expected the bytes per rank"}
+            "round3g": "HPCGNN_A2A_ROUND_BYTES='3000000000': expected the bytes per rank",
+            # read whole, labelled over the whole graph: refused, with the way through h5:
+            "metisgraph": f"g.graph,classes=3: a METIS graph file is not read by row slices "
+                          f"(its text is read whole, and its stand-in labels follow the whole "
+                          f"graph), so the distributed path does not take it: convert it once "
+                          f"in one process (python -m preprocess convert --dataset "
+                          f"metis-graph:{tmp_path / 'g.graph'},classes=3 --out "
+                          f"{tmp_path / 'g.h5'}) and pass --dataset h5:{tmp_path / 'g.h5'}"}
     if lib is None:
         del want["othermpi"]
     for case, text in want.items():
@@ -479,7 +487,8 @@ def _worker_errors(root: str, out: str, fake: str) -> None:
                        {"HPCGNN_PTSCOTCH_LIB": "/nonexistent/libptscotch.so"}),
              "round1g": ([f"h5:{root / 'csbm.h5'}", "2"], {"HPCGNN_A2A_ROUND_BYTES": "1GiB"}),
              "round3g": ([f"h5:{root / 'csbm.h5'}", "2"],
-                         {"HPCGNN_A2A_ROUND_BYTES": "3000000000"})}
+                         {"HPCGNN_A2A_ROUND_BYTES": "3000000000"}),
+             "metisgraph": ([f"metis-graph:{out / 'g.graph'},classes=3", "2"], {})}
     if fake:
         cases["othermpi"] = ([f"h5:{root / 'csbm.h5'}", "2"], {"HPCGNN_PTSCOTCH_LIB": fake})
     for case, ((spec, k), env) in cases.items():

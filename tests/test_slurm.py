@@ -84,27 +84,42 @@ def test_preprocess_job_does_not_reuse_a_set_made_without_symmetrize(tmp_path):
     assert again.returncode == 0 and "reusing the verified shard set" in again.stderr
 
 
-def test_preprocess_job_does_not_reuse_a_set_of_an_input_since_rewritten(tmp_path):
+@pytest.mark.parametrize("kind", ["npz", "metis-graph"])
+def test_preprocess_job_does_not_reuse_a_set_of_an_input_since_rewritten(tmp_path, kind):
     """The input file regenerated at the same path (other labels, say) after its set was written:
     the job must not hand back the old set as this input's; meta.json's ``input`` (size and
-    modification time as read) tells them apart."""
+    modification time as read) tells them apart. A METIS graph file too (its spec has options
+    after the path)."""
     import numpy as np
     from tests._graphs import save_npz
-    npz, out = save_npz(tmp_path / "g.npz", n=8), tmp_path / "set"
-    first = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out], env=job_env())
+
+    def write(edges: int) -> Path:                 # a cycle of 8, or a path of 8 (7 edges)
+        if kind == "npz":
+            return save_npz(tmp_path / "g.npz", n=8, **({} if edges == 8 else
+                                                        {"labels": np.arange(8) % 3}))
+        lines = [sorted({(v - 2) % 8 + 1, v % 8 + 1} if edges == 8 else
+                        {u for u in (v - 1, v + 1) if 1 <= u <= 8}) for v in range(1, 9)]
+        path = tmp_path / "g.graph"
+        path.write_text(f"8 {edges}\n" + "".join(" ".join(map(str, ln)) + "\n" for ln in lines))
+        return path
+
+    path, out = write(8), tmp_path / "set"
+    spec = f"npz:{path}" if kind == "npz" else f"metis-graph:{path},classes=3"
+    first = run(["bash", JOBS / "preprocess.sbatch", spec, 2, out], env=job_env())
     assert first.returncode == 0, first.stderr
-    assert json.loads((out / "meta.json").read_text())["input"]["size"] == npz.stat().st_size
-    again = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out], env=job_env())
+    assert json.loads((out / "meta.json").read_text())["input"]["size"] == path.stat().st_size
+    again = run(["bash", JOBS / "preprocess.sbatch", spec, 2, out], env=job_env())
     assert again.returncode == 0 and "reusing the verified shard set" in again.stderr
-    save_npz(npz, n=8, labels=np.arange(8) % 3)                  # rewritten in place
-    stale = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out], env=job_env())
+    write(7)                                                     # rewritten in place
+    stale = run(["bash", JOBS / "preprocess.sbatch", spec, 2, out], env=job_env())
     assert stale.returncode != 0 and "reusing" not in stale.stderr, stale.stderr
-    assert f"{npz} changed since the set in {out} was written" in stale.stderr
+    assert f"{path} changed since the set in {out} was written" in stale.stderr
     assert "pass --force" in stale.stderr
-    forced = run(["bash", JOBS / "preprocess.sbatch", f"npz:{npz}", 2, out, "--force"],
+    forced = run(["bash", JOBS / "preprocess.sbatch", spec, 2, out, "--force"],
                  env=job_env())
     assert forced.returncode == 0, forced.stderr
-    assert json.loads((out / "meta.json").read_text())["num_classes"] == 3
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["num_classes"] == 3 if kind == "npz" else meta["num_edges"] == 14
 
 
 def test_preprocess_job_rewrites_a_set_that_does_not_verify(tmp_path):

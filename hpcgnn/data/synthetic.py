@@ -57,25 +57,27 @@ OPTIONS = {"nodes": Option(int, 2000, 1), "classes": Option(int, 4, 2),
 
 
 def check_options(spec: str, kind: str, whole: bool, **opts) -> None:
-    """Every option of generator ``kind`` (csbm, rmat) of ``spec`` in its range, and the
-    fractions adding up: a DatasetError names the option, its range and an example.
+    """Every option of generator ``kind`` (csbm, rmat; or a prefix ending in ``,`` such as
+    ``metis-graph:PATH,``) of ``spec`` in its range, and the fractions adding up: a
+    DatasetError names the option, its range and an example.
     ``whole``: the split takes ``round(train * nodes)`` nodes (not a per-node probability,
     as in the sliced generators), so a ``train`` that selects no node is refused here."""
+    kind = kind if kind.endswith(",") else f"{kind}:"
     for key, value in opts.items():
         option = OPTIONS[key]
         if not option.accepts(value):
             raise DatasetError(f"dataset spec '{spec}': option {key}={value} is not allowed: "
                                f"{key} must be {option.allowed()}, e.g. "
-                               f"{kind}:{key}={option.example}")
+                               f"{kind}{key}={option.example}")
     if opts["train"] + opts["val"] > 1:
         raise DatasetError(f"dataset spec '{spec}': train={opts['train']} + val={opts['val']} is "
                            f"more than 1 (the test set is the rest): lower them, e.g. "
-                           f"{kind}:train=0.1,val=0.2")
+                           f"{kind}train=0.1,val=0.2")
     if "a" in opts and opts["a"] + opts["b"] + opts["c"] > 1:
         raise DatasetError(f"dataset spec '{spec}': a + b + c = "
                            f"{opts['a'] + opts['b'] + opts['c']:g} is more than 1 (d = 1 - a - b "
-                           f"- c is the fourth quadrant's share): e.g. {kind}:a=0.57,b=0.19,c=0.19")
-    nodes = opts["nodes"] if "nodes" in opts else 1 << opts["scale"]
+                           f"- c is the fourth quadrant's share): e.g. {kind}a=0.57,b=0.19,c=0.19")
+    nodes = (opts["nodes"] if "nodes" in opts else 1 << opts["scale"]) if whole else 0
     if whole and int(round(opts["train"] * nodes)) < 1:
         raise DatasetError(f"dataset spec '{spec}': train={opts['train']} of {nodes} nodes is no "
                            f"training node: raise train to at least {1 / nodes:.3g} (or nodes)")

@@ -2,7 +2,7 @@
 
 # Does OUT_DIR's meta.json describe DATASET in PARTS parts with the asked partitioner, seed and
 # --symmetrize (a set written before meta.json recorded it counts as not symmetrised), and an
-# npz:/h5: input file of the size and modification time it was read at?
+# npz:/h5:/metis-graph: input file of the size and modification time it was read at?
 # Prints the first difference; exit 0 when there is none.
 hpcgnn_same_settings() {
     python - "$@" <<'PY'
@@ -21,10 +21,11 @@ for key, value in want.items():
     if meta.get(key) != value:
         print(f"{out}/meta.json has {key}={meta.get(key)!r}, this job asks for {value!r}")
         sys.exit(1)
-from preprocess.write import input_stamp   # the npz:/h5: file's size and mtime (None: other specs)
+from hpcgnn.data.datasets import parse_spec
+from preprocess.write import input_stamp   # the input file's size and mtime (None: other specs)
 now, then = input_stamp(dataset), meta.get("input")   # sets written before it lack "input"
 if now is not None and then is not None and now != then:
-    print(f"{dataset.split(':', 1)[1]} changed since the set in {out} was written (size, "
+    print(f"{parse_spec(dataset)[1]['path']} changed since the set in {out} was written (size, "
           f"modification time {then['size']}, {then['mtime_ns']} then, {now['size']}, "
           f"{now['mtime_ns']} now)")
     sys.exit(1)
