@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from _graphs import metis_examples
 from conftest import CSBM, check_ok, read_metrics, run_mpi, train, train_here
 
 EPOCHS = 6
@@ -35,6 +36,14 @@ LAUNCHES = [
     # 40 with no training node, the third rank with nothing at all (``uneven_cora``)
     ("cora", "uneven", 4, ("gcn", "sage-overlap")),
 ]
+# METIS's 4elt mesh (Debian's libmetis-doc) in METIS parts rides in the launch of each rank
+# count (LAUNCHES row), where it is found: no launch of its own
+MESH_RIDES = {2: 0, 3: 1, 4: 2}
+MESH_VARIANTS = ("gcn", "sage-overlap")
+
+
+def mesh_spec(folder: Path) -> str:
+    return f"metis-graph:{folder / '4elt.graph'},features=16,classes=4,seed=1"
 
 
 def _sets(variant: str, dataset: str = "cora") -> list[str]:
@@ -80,27 +89,65 @@ def uneven_cora(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def launched(shards, request, tmp_path_factory):
+    """``launched(row) -> (CompletedProcess, work dir)``: LAUNCHES[row]'s job, run once; the
+    4elt mesh rides in the job that MESH_RIDES names, where METIS's example graphs are found."""
+    done: dict = {}
+
+    def get(row: int):
+        if row not in done:
+            dataset, partitioner, ranks, variants = LAUNCHES[row]
+            work = tmp_path_factory.mktemp(f"launch-{row}")
+            shard_dir = (request.getfixturevalue("uneven_cora") if partitioner == "uneven"
+                         else shards(dataset, ranks, partitioner))
+            runs = [[str(shard_dir), str(work / v), dataset, v] for v in variants]
+            folder, _ = metis_examples()
+            if folder is not None and MESH_RIDES.get(ranks) == row:
+                spec = mesh_spec(folder)
+                runs += [[str(shards(spec, ranks, "metis")), str(work / f"mesh-{v}"), spec, v]
+                         for v in MESH_VARIANTS]
+            (work / "runs.json").write_text(json.dumps(runs))
+            done[row] = (run_mpi(ranks, [__file__, str(work / "runs.json")], timeout=180), work)
+        return done[row]
+
+    return get
+
+
+def _check_equal(run_dir: Path, want: list[dict], variant: str) -> None:
+    """The per-epoch losses of ``run_dir`` (several ranks) are the 1-rank run's ``want``."""
+    got = read_metrics(run_dir)
+    assert [r["epoch"] for r in got] == [r["epoch"] for r in want] == list(range(EPOCHS))
+    for g, w in zip(got, want):
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-5), (variant, g["epoch"])
+        assert g["val_acc"] == pytest.approx(w["val_acc"], abs=2e-3), (variant, g["epoch"])
+        assert g["val_loss"] == pytest.approx(w["val_loss"], rel=1e-5), (variant, g["epoch"])
+    # the halo rows cross in both directions; the 1-rank run sends nothing
+    assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
+    assert want[0]["bytes_sent"] == 0
+    assert got[0]["loss"] > got[-1]["loss"]
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("dataset,partitioner,ranks,variants", LAUNCHES,
+@pytest.mark.parametrize("row", range(len(LAUNCHES)),
                          ids=[f"{d.split(':')[0]}-{p}-{r}" for d, p, r, _ in LAUNCHES])
-def test_losses_equal_single_rank(dataset, partitioner, ranks, variants, shards, reference,
-                                  request, tmp_path):
-    shard_dir = (request.getfixturevalue("uneven_cora") if partitioner == "uneven"
-                 else shards(dataset, ranks, partitioner))
-    proc = run_mpi(ranks, [__file__, str(shard_dir), str(tmp_path), dataset, *variants],
-                   timeout=180)
+def test_losses_equal_single_rank(row, launched, reference):
+    dataset, _, _, variants = LAUNCHES[row]
+    proc, work = launched(row)
     check_ok(proc)
     for variant in variants:
-        got, want = read_metrics(tmp_path / variant), reference(dataset, variant)
-        assert [r["epoch"] for r in got] == [r["epoch"] for r in want] == list(range(EPOCHS))
-        for g, w in zip(got, want):
-            assert g["loss"] == pytest.approx(w["loss"], rel=1e-5), (variant, g["epoch"])
-            assert g["val_acc"] == pytest.approx(w["val_acc"], abs=2e-3), (variant, g["epoch"])
-            assert g["val_loss"] == pytest.approx(w["val_loss"], rel=1e-5), (variant, g["epoch"])
-        # the halo rows cross in both directions; the 1-rank run sends nothing
-        assert all(r["bytes_sent"] == r["bytes_full"] > 0 for r in got)
-        assert want[0]["bytes_sent"] == 0
-        assert got[0]["loss"] > got[-1]["loss"]
+        _check_equal(work / variant, reference(dataset, variant), variant)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", sorted(MESH_RIDES))
+def test_metis_4elt_mesh_losses_equal_single_rank(ranks, metis_graphs, launched, reference):
+    """A real mesh (METIS's 4elt, 7,434 vertices, read from its .graph file) in METIS parts."""
+    proc, work = launched(MESH_RIDES[ranks])
+    check_ok(proc)
+    for variant in MESH_VARIANTS:
+        _check_equal(work / f"mesh-{variant}", reference(mesh_spec(metis_graphs), variant),
+                     variant)
 
 
 @pytest.mark.mpi
@@ -143,20 +190,22 @@ def test_an_epochs_time_counts_the_ranks_agreement_at_its_end(shards, tmp_path, 
     assert summary["train_time_s"] == pytest.approx(sum(r["epoch_s"] for r in rows))
 
 
-def _worker(shard_dir: str, out: str, dataset: str, variants: list[str]) -> None:
-    """Run on every rank: train each variant in turn into OUT/<variant>."""
+def _worker(runs: list[list[str]]) -> None:
+    """Run on every rank: train each ``[shard_dir, out, dataset, variant]`` in turn."""
     from hpcgnn.comm.context import CommContext
     from hpcgnn.config import load_config
     from hpcgnn.log import setup_logging
     from hpcgnn.train.build import prepare_trainer
     ctx = CommContext.from_world("cpu")
     setup_logging(ctx.rank, ctx.size)
-    for variant in variants:
+    for shard_dir, out, dataset, variant in runs:
         cfg = load_config(CORA_CFG, _sets(variant, dataset))
-        trainer = prepare_trainer(ctx, cfg, shard_dir, Path(out) / variant)
+        trainer = prepare_trainer(ctx, cfg, shard_dir, Path(out))
         trainer.start()
         trainer.run()
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
+    # RUNS.json, or SHARD_DIR OUT DATASET VARIANT... (tests/test_rank_merge.py): into OUT/VARIANT
+    _worker(json.loads(Path(sys.argv[1]).read_text()) if len(sys.argv) == 2 else
+            [[sys.argv[1], str(Path(sys.argv[2]) / v), sys.argv[3], v] for v in sys.argv[4:]])
