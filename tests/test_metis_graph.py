@@ -15,6 +15,7 @@ import pytest
 
 from _graphs import assert_reconstructs, edge_keys, reconstruct
 from hpcgnn.data.datasets import load_dataset, parse_spec
+from hpcgnn.data import metisgraph
 from hpcgnn.data.errors import DatasetError
 from hpcgnn.data.metisgraph import read_metis_graph
 from preprocess.__main__ import main
@@ -87,7 +88,8 @@ def test_the_manuals_example(tmp_path):
                                        ("001", None), ("10", None), ("010", None), ("010", 3),
                                        ("11", 2), ("011", None), ("100", None), ("101", None),
                                        ("110", 2), ("111", None), ("111", 3)])
-def test_every_fmt_reads_the_edges_and_ignores_weights(tmp_path, fmt, ncon):
+def test_every_fmt_reads_the_edges_and_ignores_weights(tmp_path, monkeypatch, fmt, ncon):
+    monkeypatch.setattr(metisgraph, "LINES", 7)        # read 7 vertex lines at a time
     lists = random_lists(40, 90, seed=len(fmt) + (ncon or 0))
     path = write_graph(tmp_path / "g.graph", lists, 90, fmt, ncon,
                        newline="\r\n" if fmt == "111" else "\n")
@@ -118,10 +120,15 @@ def _case(tmp_path, text: str) -> str:
     ("3 2 1\n2 1\n1 1 3\n2 1\n", r"line 3 \(vertex 2\): 3 value\(s\) do not fit fmt 001, ncon 1: "
                                  r"a line is 0 leading value\(s\) .* then neighbour, edge weight "
                                  r"pairs; fix the line or the header's fmt"),
+    ("3 2 1\n2 1\n1 1 3 1\n2\n", r"line 4 \(vertex 3\): 1 value\(s\) do not fit fmt 001"),
+    ("3 2\n2\n1 3\n%\n2.0\n", r"line 5 \(vertex 3\): '2.0' holds a value that is not an"),
     ("3 2 11 2\n1\n1 1 1 3\n1 1 2\n", r"line 2 \(vertex 1\): 1 value\(s\) do not fit fmt 011, "
                                       r"ncon 2: a line is 2 leading"),
     ("3 2\n2\n1 3.5\n2\n", r"line 3 \(vertex 2\): '1 3.5' holds a value that is not an integer"),
-    ("3 2\n2\n1 x\n2\n", "is not an integer; METIS's format has integers only"),
+    ("3 2\n2\n1 x\n2\n", r"is not an integer \(or not below 2\^63\); METIS's format has "
+                         "integers only"),
+    ("3 2 1\n2 1\n1 99999999999999999999 3 1\n2 1\n", r"line 3 \(vertex 2\): .* holds a value "
+                                                     r"that is not an integer \(or not below"),
     ("3 2\n2\n1 4\n2\n", r"line 3 \(vertex 2\): neighbour 4 is out of range 1..3 \(ids are "
                          r"1-based"),
     ("3 2\n2\n0 3\n2\n", r"line 3 \(vertex 2\): neighbour 0 is out of range 1..3"),
@@ -133,7 +140,8 @@ def _case(tmp_path, text: str) -> str:
                          r"ends, 4 entries\); fix the header's m to 2"),
     ("%\n% c\n3 1\n2\n1 3\n2\n", "the header says m = 1 edges but the lines list 2"),
 ])
-def test_bad_files_name_the_file_the_line_and_the_fix(tmp_path, text, message):
+def test_bad_files_name_the_file_the_line_and_the_fix(tmp_path, monkeypatch, text, message):
+    monkeypatch.setattr(metisgraph, "LINES", 2)        # lines past the first chunk named right
     path = _case(tmp_path, text)
     with pytest.raises(DatasetError, match=message) as err:
         read_metis_graph(path)

@@ -33,6 +33,7 @@ from hpcgnn.data.synthetic import Split, _csbm_features, check_options
 
 log = logging.getLogger("hpcgnn.data")
 REGION = 64        # vertices per label region (seed), on average
+LINES = 1 << 16    # vertex lines parsed at a time
 FORMAT = "METIS's graph format: a header 'n m [fmt [ncon]]', then one line per vertex listing " \
          "its 1-based neighbours, each edge at both ends (docs/preprocessing.md)"
 
@@ -102,39 +103,51 @@ def read_metis_graph(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
                            f"fix n or the vertex lines")
     lead = (fmt >> 2 & 1) + (fmt >> 1 & 1) * ncon      # size, then ncon weights
     step = 2 if fmt & 1 else 1                          # neighbour, weight pairs
-    words = [line.split() for line in body]
-    counts = np.fromiter(map(len, words), dtype=np.int64, count=n)
-    bad = np.flatnonzero((counts < lead) | ((counts - lead) % step != 0))
-    if bad.size:
-        i = int(bad[0])
-        raise DatasetError(
-            f"{path}, line {body_no[i]} (vertex {i + 1}): {counts[i]} value(s) do not fit fmt "
-            f"{fmt:03b}, ncon {ncon}: a line is {lead} leading value(s) (vertex size, weights) "
-            f"then {'neighbour, edge weight pairs' if step == 2 else 'neighbours'}; fix the "
-            f"line or the header's fmt")
-    flat = [w for ws in words for w in ws]
-    try:
-        values = np.fromiter(map(int, flat), dtype=np.int64, count=len(flat))
-    except (ValueError, OverflowError):
-        i = next(i for i, ws in enumerate(words) if not all(_is_int(w) for w in ws))
-        raise DatasetError(f"{path}, line {body_no[i]} (vertex {i + 1}): "
-                           f"'{body[i].strip().decode(errors='replace')[:80]}' holds a value that "
-                           f"is not an integer; METIS's format has integers only: fix the "
-                           f"line") from None
-    del flat, words
-    starts = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
-    pos = np.arange(len(values), dtype=np.int64) - np.repeat(starts[:-1], counts)
-    is_nbr = (pos >= lead) & ((pos - lead) % step == 0)
-    degree = (counts - lead) // step
+    degree_parts, col_parts = [], []
+    for lo in range(0, n, LINES):        # a chunk's words as Python objects, not the file's
+        degree, cols = _neighbours(path, body[lo:lo + LINES], body_no, lo, lead, step,
+                                   f"fmt {fmt:03b}, ncon {ncon}")
+        degree_parts.append(degree)
+        col_parts.append(cols)
+    degree = np.concatenate(degree_parts)
+    cols = np.concatenate(col_parts)
+    del degree_parts, col_parts
     rows = np.repeat(np.arange(n, dtype=np.int64), degree)
-    cols = values[is_nbr] - 1
-    del values, pos, is_nbr
     _check_edges(path, body_no, n, m, rows, cols)
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(degree, out=indptr[1:])
     order = np.lexsort((cols, rows))
     return indptr, cols[order]
+
+
+def _neighbours(path: Path, lines: list[bytes], line_no: list[int], lo: int, lead: int,
+                step: int, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """(degree, 0-based neighbour ids) of the vertex lines ``lines`` (vertices ``lo..``): each
+    line ``lead`` values, then neighbours (with a weight after each when ``step`` is 2)."""
+    words = [line.split() for line in lines]
+    counts = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+    bad = np.flatnonzero((counts < lead) | ((counts - lead) % step != 0))
+    if bad.size:
+        i = int(bad[0])
+        raise DatasetError(
+            f"{path}, line {line_no[lo + i]} (vertex {lo + i + 1}): {counts[i]} value(s) do not "
+            f"fit {fmt}: a line is {lead} leading value(s) (vertex size, weights) then "
+            f"{'neighbour, edge weight pairs' if step == 2 else 'neighbours'}; fix the line or "
+            f"the header's fmt")
+    flat = [w for ws in words for w in ws]
+    try:
+        values = np.fromiter(map(int, flat), dtype=np.int64, count=len(flat))
+    except (ValueError, OverflowError):
+        i = next(i for i, ws in enumerate(words) if not all(_is_int(w) for w in ws))
+        raise DatasetError(f"{path}, line {line_no[lo + i]} (vertex {lo + i + 1}): "
+                           f"'{lines[i].strip().decode(errors='replace')[:80]}' holds a value "
+                           f"that is not an integer (or not below 2^63); METIS's format has "
+                           f"integers only: fix the line") from None
+    del flat, words
+    starts = np.zeros(len(lines) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    pos = np.arange(len(values), dtype=np.int64) - np.repeat(starts[:-1], counts)
+    return (counts - lead) // step, values[(pos >= lead) & ((pos - lead) % step == 0)] - 1
 
 
 def _is_int(word: bytes) -> bool:
