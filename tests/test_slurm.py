@@ -878,8 +878,8 @@ def test_sweep_waits_for_the_preprocessing_job_that_makes_its_shards(slurm, tmp_
 
 @pytest.mark.slurm
 def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
-    """sbatch --ntasks=2 jobs/preprocess.sbatch ... --partitioner ptscotch runs the distributed
-    path on the job's 2 ranks (it ran one process and left a task idle); METIS on 2 tasks is
+    """sbatch --nodes=1 --ntasks-per-node=2 jobs/preprocess.sbatch ... --partitioner ptscotch
+    runs the distributed path on the job's 2 ranks (it ran one process and left a task idle); METIS on 2 tasks is
     refused, naming the fix. The random partitioner runs the same path where PT-Scotch is
     another MPI's than the venv's (Debian's in an MPICH venv: refused, test_preprocess_dist)."""
     from preprocess.ptscotch import PtScotchError, _find_library
@@ -888,9 +888,11 @@ def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
     except PtScotchError as exc:
         pytest.skip(f"PT-Scotch not installed: {exc}")
     log = tmp_path / "prep.out"
-    job = slurm.sbatch("--ntasks=2", f"--output={log}", JOBS / "preprocess.sbatch",
-                       "rmat-sliced:scale=8", 3, tmp_path / "r8", "--partitioner", partitioner,
-                       cwd=tmp_path)
+    # asked for as --nodes=1 --ntasks-per-node=2 (the script's #SBATCH --ntasks=1 made that one
+    # rank)
+    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=2", f"--output={log}",
+                       JOBS / "preprocess.sbatch", "rmat-sliced:scale=8", 3, tmp_path / "r8",
+                       "--partitioner", partitioner, cwd=tmp_path)
     slurm.completed(job, 120, log)
     out = log.read_text()
     assert "done on 2 ranks" in out and "OK " in out, out
@@ -918,21 +920,23 @@ def test_chain_passes_preprocess_args(slurm, tmp_path):
 
 
 @pytest.mark.slurm
-def test_four_ranks_run_on_the_local_node_and_log_under_the_run_dir(slurm, tmp_path):
-    """The README's `sbatch --ntasks=4` on the local SLURM, whatever the machine's cores (the
-    node declares at least 8 CPUs); the job's log moves from the submission directory into
-    its run directory."""
-    shards = tmp_path / "cora-4"
+def test_four_ranks_per_node_run_on_the_local_node_and_log_under_the_run_dir(slurm, tmp_path):
+    """Four ranks asked for the way GPU clusters do, `--nodes=1 --ntasks-per-node=4` (no
+    --ntasks), on the local SLURM, whatever the machine's cores (the node declares at least 8
+    CPUs). The script's own `#SBATCH --ntasks=2` made SLURM allocate 4 tasks but set
+    SLURM_NTASKS=2: 2 ranks ran (and `--ntasks-per-node=1` was refused). The job's log moves
+    from the submission directory into its run directory."""
+    shards, work = tmp_path / "cora-4", tmp_path
     assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 4, "--out",
                 shards, "-q"], timeout=120).returncode == 0
-    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"))
-    job = slurm.sbatch("--ntasks=4", JOBS / "train.sbatch", shards, CORA, "--set", "train.epochs=3",
-                       cwd=tmp_path, env=env)
-    log = tmp_path / "runs" / f"slurm-{job}" / f"slurm-{job}.out"
+    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=4", JOBS / "train.sbatch", shards, CORA,
+                       "--set", "train.epochs=3", cwd=work)
+    log = work / "runs" / f"slurm-{job}" / f"slurm-{job}.out"
     slurm.completed(job, 240, log)
     summary = json.loads((log.parent / "summary.json").read_text())
     assert summary["ranks"] == 4 and summary["epochs"] == 3
-    assert not list(tmp_path.glob("*.out")), "job log left in the submission directory"
+    assert segments(log.parent)[0]["ntasks"] == "4"
+    assert not list(work.glob("*.out")), "job log left in the submission directory"
 
 
 @pytest.mark.slurm
