@@ -141,6 +141,21 @@ def test_a_wrong_hpcgnn_home_is_named_with_its_fix(tmp_path, script, args):
             "hpcgnn repository, or unset it") in res.stderr, res.stderr
 
 
+def test_a_job_without_the_submitting_environment_names_how_to_pass_the_venv(tmp_path):
+    """Under `sbatch --export=NONE` the job lacks HPCGNN_VENV set at submission: "set
+    HPCGNN_VENV" alone sent the user to set it where the job cannot see it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "jobs").symlink_to(JOBS)                       # a repository without a .venv
+    env = {k: v for k, v in job_env(HPCGNN_HOME=str(home)).items() if k != "HPCGNN_VENV"}
+    res = run(["bash", JOBS / "train.sbatch", "shards", CORA], cwd=tmp_path,
+              env={**env, "SLURM_EXPORT_ENV": "NONE"})
+    assert res.returncode == 2, res.stderr
+    assert f"no venv at {home}/.venv" in res.stderr, res.stderr
+    assert ("the job was submitted with --export=NONE: pass it as --export=NONE,HPCGNN_VENV=DIR "
+            "or set it in env/site.sh") in res.stderr, res.stderr
+
+
 def test_train_job_names_its_usage():
     res = run(["bash", JOBS / "train.sbatch", "only-one-arg"], env=job_env())
     assert res.returncode != 0 and "usage: sbatch [--ntasks=K] jobs/train.sbatch SHARDS CONFIG" in res.stderr
@@ -383,6 +398,22 @@ def test_launcher_starts_one_rank_per_task(slurm, tmp_path, launcher):
     out = log.read_text()
     assert f"launcher: {launcher}" in out
     assert "rank 0 of 2 OMP_NUM_THREADS=1" in out and "rank 1 of 2 OMP_NUM_THREADS=1" in out
+
+
+@pytest.mark.slurm
+def test_a_job_submitted_with_export_none_starts_its_ranks_with_srun(slurm, tmp_path):
+    """`sbatch --export=NONE` (a common site default): SLURM sets SLURM_EXPORT_ENV=NONE in the
+    job, srun reads it, and every rank started with an empty environment ("exec: python: not
+    found", exit 127; the auto launcher's srun probe failed too and fell back to mpirun
+    without a word). The script's own environment (the venv, OMP_NUM_THREADS) reaches the ranks."""
+    script = probe_job(tmp_path, "#SBATCH --ntasks=2 --cpus-per-task=1 --time=2", MPI_PROBE)
+    log = tmp_path / "job.out"
+    passed = f"HPCGNN_HOME={REPO},HPCGNN_VENV={VENV},HPCGNN_LAUNCHER=srun"
+    job = slurm.sbatch(f"--export=NONE,{passed}", f"--output={log}", script, cwd=tmp_path)
+    slurm.completed(job, 60, log)
+    out = log.read_text()
+    assert "launcher: srun" in out, out
+    assert "rank 0 of 2 OMP_NUM_THREADS=1" in out and "rank 1 of 2 OMP_NUM_THREADS=1" in out, out
 
 
 @pytest.mark.slurm

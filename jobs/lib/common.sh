@@ -21,8 +21,14 @@ hpcgnn_env() {
     elif [[ -n ${HPCGNN_SITE:-} ]]; then
         hpcgnn_die "HPCGNN_SITE=$HPCGNN_SITE does not exist: point it at your site file or unset it"
     fi
-    local venv=${HPCGNN_VENV:-$HPCGNN_HOME/.venv}
-    [[ -x $venv/bin/python ]] || hpcgnn_die "no venv at $venv: run 'bash env/setup.sh' on a login node, or set HPCGNN_VENV"
+    # sbatch --export=NONE (or a list without ALL): the job lacks the submitting shell's
+    # variables, and srun, which reads SLURM_EXPORT_ENV, would start every rank with an empty
+    # environment (no PATH, no venv): the ranks get this script's environment instead.
+    local exported=${SLURM_EXPORT_ENV:-ALL}
+    [[ $exported == ALL* ]] || export SLURM_EXPORT_ENV=ALL
+    local venv=${HPCGNN_VENV:-$HPCGNN_HOME/.venv} how="set HPCGNN_VENV"
+    [[ $exported == ALL* ]] || how="the job was submitted with --export=${exported%%,*}: pass it as --export=${exported%%,*},HPCGNN_VENV=DIR or set it in env/site.sh"
+    [[ -x $venv/bin/python ]] || hpcgnn_die "no venv at $venv: run 'bash env/setup.sh' on a login node, or $how"
     hpcgnn_source_lenient "$venv/bin/activate"
     OMP_NUM_THREADS=$(hpcgnn_cpus_per_task)
     export OMP_NUM_THREADS
