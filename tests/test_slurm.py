@@ -714,13 +714,16 @@ def test_resubmitted_job_keeps_its_gpus_and_the_options_given_in_the_environment
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
-def test_cpus_per_gpu_reach_the_ranks(gpu_slurm, tmp_path, launcher):
-    """A GPU job that asks for CPUs per GPU (--gpus-per-task=1 --cpus-per-gpu=2; SLURM then sets
-    no SLURM_CPUS_PER_TASK) starts each rank with 2 CPUs and OMP_NUM_THREADS=2, as
-    --cpus-per-task=2 would (each rank got one, and one thread)."""
-    script = probe_job(tmp_path, "#SBATCH --ntasks=2 --gpus-per-task=1 --cpus-per-gpu=2 --time=2",
-                       MPI_PROBE)
+@pytest.mark.parametrize("launcher, gpus", [
+    ("srun", "--ntasks=2 --gpus-per-task=1"), ("mpirun", "--ntasks=2 --gpus-per-task=1"),
+    ("srun", "--nodes=1 --ntasks-per-node=2 --gpus-per-node=2"),
+    ("mpirun", "--gpus=2 --ntasks-per-gpu=1")])
+def test_cpus_per_gpu_reach_the_ranks(gpu_slurm, tmp_path, launcher, gpus):
+    """A GPU job that asks for CPUs per GPU (--cpus-per-gpu=2; SLURM then sets no
+    SLURM_CPUS_PER_TASK) starts each rank with 2 CPUs and OMP_NUM_THREADS=2, as
+    --cpus-per-task=2 would (each rank got one, and one thread), whether the GPUs are asked
+    for per task, per node or per job (then there is no SLURM_GPUS_PER_TASK either)."""
+    script = probe_job(tmp_path, f"#SBATCH {gpus} --cpus-per-gpu=2 --time=2", MPI_PROBE)
     log = tmp_path / "job.out"
     job = gpu_slurm.sbatch(f"--output={log}", script, cwd=tmp_path,
                            env=job_env(HPCGNN_LAUNCHER=launcher))

@@ -52,13 +52,21 @@ hpcgnn_source_lenient() {
 
 # The CPUs of one rank: --cpus-per-task; else --cpus-per-gpu times --gpus-per-task (SLURM sets
 # no SLURM_CPUS_PER_TASK for a job that asked for CPUs per GPU, and its ranks got one CPU and
-# one thread each); else 1.
+# one thread each), or, with the GPUs asked for per node or per job (--gpus-per-node, --gres,
+# --gpus), times this node's GPUs over its tasks; else 1.
 hpcgnn_cpus_per_task() {
-    local gpus=${SLURM_GPUS_PER_TASK:-}
+    local gpus=${SLURM_GPUS_PER_TASK:-} tasks=1 cpus
     gpus=${gpus##*:}                           # a typed request, a100:1, counts its GPUs
+    # this node's tasks: the first count of SLURM_TASKS_PER_NODE (e.g. 4(x2),3); without
+    # SLURM_NTASKS (no task count asked for) it counts CPUs, and the job has one task
+    [[ -n ${SLURM_NTASKS:-} ]] && tasks=${SLURM_TASKS_PER_NODE%%[(,]*}
     if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then echo "$SLURM_CPUS_PER_TASK"
     elif [[ ${SLURM_CPUS_PER_GPU:-} =~ ^[0-9]+$ && $gpus =~ ^[0-9]+$ ]]; then
         echo $(( SLURM_CPUS_PER_GPU * gpus ))
+    elif [[ ${SLURM_CPUS_PER_GPU:-} =~ ^[0-9]+$ && ${SLURM_GPUS_ON_NODE:-} =~ ^[1-9][0-9]*$ &&
+            $tasks =~ ^[1-9][0-9]*$ ]]; then
+        cpus=$(( SLURM_CPUS_PER_GPU * SLURM_GPUS_ON_NODE / tasks ))
+        echo $(( cpus > 0 ? cpus : 1 ))
     else echo 1; fi
 }
 
