@@ -958,19 +958,21 @@ def test_four_ranks_per_node_run_on_the_local_node_and_log_under_the_run_dir(slu
     """Four ranks asked for the way GPU clusters do, `--nodes=1 --ntasks-per-node=4` (no
     --ntasks), on the local SLURM, whatever the machine's cores (the node declares at least 8
     CPUs). The script's own `#SBATCH --ntasks=2` made SLURM allocate 4 tasks but set
-    SLURM_NTASKS=2: 2 ranks ran (and `--ntasks-per-node=1` was refused). The job's log moves
-    from the submission directory into its run directory."""
-    shards, work = tmp_path / "cora-4", tmp_path
+    SLURM_NTASKS=2: 2 ranks ran (and `--ntasks-per-node=1` was refused). With --chdir, the
+    job's log (opened in the working directory, not the submission one) still moves into its
+    run directory (it stayed in the working directory)."""
+    shards, work, elsewhere = tmp_path / "cora-4", tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir(), elsewhere.mkdir()
     assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 4, "--out",
                 shards, "-q"], timeout=120).returncode == 0
-    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=4", JOBS / "train.sbatch", shards, CORA,
-                       "--set", "train.epochs=3", cwd=work)
+    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=4", f"--chdir={work}", JOBS / "train.sbatch",
+                       shards, CORA, "--set", "train.epochs=3", cwd=elsewhere)
     log = work / "runs" / f"slurm-{job}" / f"slurm-{job}.out"
     slurm.completed(job, 240, log)
     summary = json.loads((log.parent / "summary.json").read_text())
     assert summary["ranks"] == 4 and summary["epochs"] == 3
     assert segments(log.parent)[0]["ntasks"] == "4"
-    assert not list(work.glob("*.out")), "job log left in the submission directory"
+    assert not list(work.glob("*.out")), "job log left in the working directory"
 
 
 @pytest.mark.slurm

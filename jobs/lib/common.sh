@@ -77,19 +77,20 @@ hpcgnn_job_ref() {
     else echo "${SLURM_JOB_ID:-none}"; fi
 }
 
-# SLURM opened the job's output file in the submission directory (#SBATCH --output=%x-%j.out):
-# move it into DIR as NAME, so the log lies with the run it describes, not in the repository.
-# The open file keeps receiving the output (a rename on one file system). An --output of the
-# user's choosing, or a DIR on another file system, leaves the file where it is.
+# SLURM opened the job's output file in the job's working directory, where the script starts
+# (the submission directory, or sbatch --chdir; #SBATCH --output=%x-%j.out): move it into DIR
+# as NAME, so the log lies with the run it describes, not in the repository. The open file
+# keeps receiving the output (a rename on one file system). An --output of the user's choosing,
+# or a DIR on another file system, leaves the file where it is.
 hpcgnn_keep_log() {
     local dir=$1 name=$2 default info
-    [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_SUBMIT_DIR:-} ]] || return 0
-    default=$SLURM_SUBMIT_DIR/${SLURM_JOB_NAME}-${SLURM_JOB_ID}.out
+    [[ -n ${SLURM_JOB_ID:-} ]] || return 0
+    default=$PWD/${SLURM_JOB_NAME}-${SLURM_JOB_ID}.out
     info=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | head -n 1)
     # StdOut= is the default file (its path may hold spaces: compare, do not cut at a space)
     [[ -f $default && ( $info == *" StdOut=$default "* || $info == *" StdOut=$default" ) ]] || return 0
     mkdir -p "$dir"
-    if [[ $(stat -c %d "$dir") != "$(stat -c %d "$SLURM_SUBMIT_DIR")" ]]; then
+    if [[ $(stat -c %d "$dir") != "$(stat -c %d "$PWD")" ]]; then
         hpcgnn_say "job log stays in $default ($dir is on another file system)"
         return 0
     fi
