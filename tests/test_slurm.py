@@ -686,8 +686,11 @@ def test_resubmitted_job_keeps_its_gpus_and_the_options_given_in_the_environment
     the new job, and the log says which lead it has."""
     gpu = gpu_slurm
     shards, run_dir = tmp_path / "cora-2", tmp_path / "run"
-    assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 2, "--out",
-                shards, "-q"], timeout=120).returncode == 0
+    # the shards by a preprocessing job asked for as on a GPU-only partition: sbatch refused
+    # --cpus-per-gpu and --mem-per-gpu beside the script's #SBATCH --cpus-per-task=1 --mem=8G
+    prep = gpu.sbatch("--gpus=1", "--cpus-per-gpu=1", "--mem-per-gpu=1000", f"--output={tmp_path}/prep.out",
+                      JOBS / "preprocess.sbatch", "cora", 2, shards, cwd=tmp_path)
+    gpu.completed(prep, 120, tmp_path / "prep.out")
     env = job_env(HPCGNN_ON_PREEMPT="resubmit", SBATCH_SIGNAL="B:USR1@100",
                   SBATCH_OUTPUT=f"{tmp_path}/mine-%j.out")
     first = gpu.sbatch("--ntasks=2", "--time=9", "--gres=gpu:2", "--mem-per-gpu=1000",
@@ -923,8 +926,8 @@ def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
         pytest.skip(f"PT-Scotch not installed: {exc}")
     log = tmp_path / "prep.out"
     # asked for as --nodes=1 --ntasks-per-node=2 (the script's #SBATCH --ntasks=1 made that one
-    # rank)
-    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=2", f"--output={log}",
+    # rank), memory per CPU (sbatch refused it beside the script's #SBATCH --mem=8G)
+    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=2", "--mem-per-cpu=500M", f"--output={log}",
                        JOBS / "preprocess.sbatch", "rmat-sliced:scale=8", 3, tmp_path / "r8",
                        "--partitioner", partitioner, cwd=tmp_path)
     slurm.completed(job, 120, log)
