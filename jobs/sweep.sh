@@ -8,7 +8,7 @@
 # name> (HPCGNN_RUNS changes "runs"), with the task's log, slurm-<array id>_<task>.out. Every task
 # has --ntasks = the shard set's num_parts.
 # HPCGNN_ARRAY_MAX caps how many tasks run at once; HPCGNN_DEPENDENCY (e.g. afterok:123) waits
-# for another job: when that job makes SHARDS (jobs/preprocess.sbatch), give its part count as
+# for another job (a --dependency in HPCGNN_TRAIN_OPTS joins it): when that job makes SHARDS (jobs/preprocess.sbatch), give its part count as
 # HPCGNN_PARTS, since SHARDS/meta.json is not there yet. Prints the array job id.
 set -euo pipefail
 jobs=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,8 +49,16 @@ printf '%s\n' "${schedules[@]}" > "$list"
 
 range="0-$(( ${#schedules[@]} - 1 ))${HPCGNN_ARRAY_MAX:+%$HPCGNN_ARRAY_MAX}"
 opts=(--parsable --array="$range" --ntasks="$parts" --export="ALL,HPCGNN_SCHEDULES=$list")
-[[ -n ${HPCGNN_DEPENDENCY:-} ]] && opts+=(--dependency="$HPCGNN_DEPENDENCY")
-# shellcheck disable=SC2086  # a list of sbatch options, split on spaces
-id=$(sbatch "${opts[@]}" ${HPCGNN_TRAIN_OPTS:-} "$jobs/train.sbatch" "$shards" "$config" "$@")
+# a --dependency among HPCGNN_TRAIN_OPTS joins HPCGNN_DEPENDENCY (a second one would replace it)
+source "$jobs/lib/common.sh"
+hpcgnn_split_dependency "${HPCGNN_TRAIN_OPTS:-}"
+if [[ -n ${HPCGNN_DEPENDENCY:-} && -n $DEPS ]]; then
+    [[ $HPCGNN_DEPENDENCY$DEPS != *\?* ]] || { echo "sweep: HPCGNN_DEPENDENCY=$HPCGNN_DEPENDENCY and HPCGNN_TRAIN_OPTS's --dependency=$DEPS cannot be joined: one of them uses '?' (any of); give them as one" >&2; exit 2; }
+    DEPS=$HPCGNN_DEPENDENCY,$DEPS
+else
+    DEPS=${HPCGNN_DEPENDENCY:-$DEPS}
+fi
+[[ -n $DEPS ]] && opts+=(--dependency="$DEPS")
+id=$(sbatch "${opts[@]}" ${OPTS[@]+"${OPTS[@]}"} "$jobs/train.sbatch" "$shards" "$config" "$@")
 echo "sweep: array job ${id%%;*} over ${#schedules[@]} schedules (list: $list)" >&2
 echo "${id%%;*}"

@@ -944,11 +944,18 @@ def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
 
 @pytest.mark.slurm
 def test_chain_passes_preprocess_args(slurm, tmp_path):
-    """HPCGNN_PREP_ARGS reach `python -m preprocess` in the chain's preprocessing job."""
+    """HPCGNN_PREP_ARGS reach `python -m preprocess` in the chain's preprocessing job. A
+    --dependency among HPCGNN_TRAIN_OPTS is added to the training job's afterok on the
+    preprocessing job (sbatch kept only the last --dependency: training started at once)."""
     shards = tmp_path / "cora-2"
-    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_PREP_ARGS="--partitioner random --seed 3")
+    other = slurm.sbatch("--begin=now+3", "--wrap", "true", cwd=tmp_path)
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_PREP_ARGS="--partitioner random --seed 3",
+                  HPCGNN_TRAIN_OPTS=f"--comment=mine --dependency=afterany:{other}")
     prep, train = slurm.script(JOBS / "chain.sh", "cora", 2, shards, CORA, "--set", "train.epochs=2",
                                cwd=tmp_path, env=env).split()
+    rec = slurm.job(train)
+    assert f"afterok:{prep}" in rec["Dependency"] and f"afterany:{other}" in rec["Dependency"], rec
+    assert rec["Comment"] == "mine", rec
     slurm.completed(prep, 120, tmp_path / "runs" / "logs" / f"hpcgnn-prep-{prep}.out")
     meta = json.loads((shards / "meta.json").read_text())
     assert (meta["partitioner"], meta["seed"]) == ("random", 3)

@@ -9,6 +9,25 @@
 #   HPCGNN_SRUN_MPI  the srun --mpi= plugin (default: pmix for Open MPI, pmi2 for MPICH)
 #   HPCGNN_RESIGNAL  seconds between the USR1s sent to signalled ranks (default 5)
 
+# Split a list of sbatch options given as one string (HPCGNN_TRAIN_OPTS, split on spaces) into
+# the array OPTS and, in DEPS, the dependencies among them (--dependency=X, --dependency X,
+# -d X, -dX; comma-joined): sbatch keeps only the last --dependency it is given, so jobs/chain.sh
+# and jobs/sweep.sh join them with their own instead of passing a second one.
+hpcgnn_split_dependency() {
+    local words=() word next=0
+    OPTS=() DEPS=""
+    read -r -a words <<< "$1"
+    for word in "${words[@]}"; do
+        if (( next )); then DEPS+=${DEPS:+,}$word; next=0; continue; fi
+        case $word in
+            --dependency=*) DEPS+=${DEPS:+,}${word#--dependency=} ;;
+            --dependency|-d) next=1 ;;
+            -d?*) DEPS+=${DEPS:+,}${word#-d} ;;
+            *) OPTS+=("$word") ;;
+        esac
+    done
+}
+
 hpcgnn_say() { printf '[%s %s] %s\n' "${SLURM_JOB_NAME:-hpcgnn}" "$(date +%H:%M:%S)" "$*" >&2; }
 hpcgnn_die() { hpcgnn_say "error: $*"; exit 2; }
 
