@@ -734,6 +734,20 @@ def test_cpus_per_gpu_reach_the_ranks(gpu_slurm, tmp_path, launcher, gpus):
     out = log.read_text()
     assert f"launcher: {launcher}" in out and " 2 ranks x 2 CPUs)" in out, out
     assert "rank 0 of 2 OMP_NUM_THREADS=2" in out and "rank 1 of 2 OMP_NUM_THREADS=2" in out, out
+    assert "warning" not in out, out
+
+
+@pytest.mark.slurm
+def test_a_gpu_job_with_fewer_tasks_than_gpus_says_so(gpu_slurm, tmp_path):
+    """GPUs asked for per node without a task count (`--gpus-per-node=2`): one rank, one GPU
+    used, the other idle; said before the ranks start, with the options that fix it."""
+    script = probe_job(tmp_path, "#SBATCH --gpus-per-node=2 --time=2", MPI_PROBE)
+    log = tmp_path / "job.out"
+    gpu_slurm.completed(gpu_slurm.sbatch(f"--output={log}", script, cwd=tmp_path), 60, log)
+    out = log.read_text()
+    assert ("warning: the job has 2 GPUs on this node but 1 tasks: each rank uses one GPU, 1 stay "
+            "idle; submit with --ntasks-per-gpu=1 (or --ntasks-per-node=2)") in out, out
+    assert out.index("warning: the job has") < out.index("rank 0 of 1"), out
 
 
 @pytest.mark.slurm

@@ -74,11 +74,9 @@ hpcgnn_source_lenient() {
 # one thread each), or, with the GPUs asked for per node or per job (--gpus-per-node, --gres,
 # --gpus), times this node's GPUs over its tasks; else 1.
 hpcgnn_cpus_per_task() {
-    local gpus=${SLURM_GPUS_PER_TASK:-} tasks=1 cpus
+    local gpus=${SLURM_GPUS_PER_TASK:-} tasks cpus
     gpus=${gpus##*:}                           # a typed request, a100:1, counts its GPUs
-    # this node's tasks: the first count of SLURM_TASKS_PER_NODE (e.g. 4(x2),3); without
-    # SLURM_NTASKS (no task count asked for) it counts CPUs, and the job has one task
-    [[ -n ${SLURM_NTASKS:-} ]] && tasks=${SLURM_TASKS_PER_NODE%%[(,]*}
+    tasks=$(hpcgnn_node_tasks)
     if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then echo "$SLURM_CPUS_PER_TASK"
     elif [[ ${SLURM_CPUS_PER_GPU:-} =~ ^[0-9]+$ && $gpus =~ ^[0-9]+$ ]]; then
         echo $(( SLURM_CPUS_PER_GPU * gpus ))
@@ -87,6 +85,14 @@ hpcgnn_cpus_per_task() {
         cpus=$(( SLURM_CPUS_PER_GPU * SLURM_GPUS_ON_NODE / tasks ))
         echo $(( cpus > 0 ? cpus : 1 ))
     else echo 1; fi
+}
+
+# The job's tasks on this node: the first count of SLURM_TASKS_PER_NODE (e.g. 4(x2),3); without
+# SLURM_NTASKS (no task count asked for) that counts CPUs, and the job has one task.
+hpcgnn_node_tasks() {
+    local tasks=1
+    [[ -n ${SLURM_NTASKS:-} ]] && tasks=${SLURM_TASKS_PER_NODE:-1}
+    echo "${tasks%%[(,]*}"
 }
 
 # This job's name for scontrol: A_T for an array task (its plain id may equal the array's id, and
@@ -171,6 +177,11 @@ hpcgnn_launcher() {
     esac
     # One GPU per rank (when there are GPUs), set inside each rank before python starts.
     LAUNCH+=("$HPCGNN_HOME/jobs/lib/bind.sh")
+    local tasks gpus=${SLURM_GPUS_ON_NODE:-0}
+    tasks=$(hpcgnn_node_tasks)
+    if [[ ${HPCGNN_GPU_BIND:-1} == 1 && $gpus =~ ^[0-9]+$ && $tasks =~ ^[0-9]+$ ]] && (( gpus > tasks )); then
+        hpcgnn_say "warning: the job has $gpus GPUs on this node but $tasks tasks: each rank uses one GPU, $(( gpus - tasks )) stay idle; submit with --ntasks-per-gpu=1 (or --ntasks-per-node=$gpus) for one rank per GPU"
+    fi
     hpcgnn_say "launcher: ${LAUNCH[*]} (MPI: $flavour, $ntasks ranks x $cpus CPUs)"
 }
 
