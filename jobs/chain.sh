@@ -20,9 +20,9 @@ dataset=$1 parts=$2 shards=$3 config=$4; shift 4
 prep=$(sbatch --parsable ${HPCGNN_PREP_OPTS:-} "$jobs/preprocess.sbatch" "$dataset" "$parts" "$shards" ${HPCGNN_PREP_ARGS:-})
 # a --dependency among HPCGNN_TRAIN_OPTS joins afterok:<prep> (a second one would replace it)
 source "$jobs/lib/common.sh"
-hpcgnn_split_dependency "${HPCGNN_TRAIN_OPTS:-}"
-[[ $DEPS != *\?* ]] || { echo "chain: HPCGNN_TRAIN_OPTS has --dependency=$DEPS, whose '?' (any of) cannot join the chain's afterok:${prep%%;*}: use ',' (all of), or give it in HPCGNN_PREP_OPTS" >&2; exit 2; }
-train=$(sbatch --parsable --dependency="afterok:${prep%%;*}${DEPS:+,$DEPS}" --kill-on-invalid-dep=yes \
+hpcgnn_split_option dependency d "${HPCGNN_TRAIN_OPTS:-}"
+[[ $FOUND != *\?* ]] || { echo "chain: HPCGNN_TRAIN_OPTS has --dependency=$FOUND, whose '?' (any of) cannot join the chain's afterok:${prep%%;*}: use ',' (all of), or give it in HPCGNN_PREP_OPTS" >&2; exit 2; }
+train=$(sbatch --parsable --dependency="afterok:${prep%%;*}${FOUND:+,$FOUND}" --kill-on-invalid-dep=yes \
         --ntasks="$parts" ${OPTS[@]+"${OPTS[@]}"} "$jobs/train.sbatch" "$shards" "$config" "$@")
 echo "chain: preprocessing job $prep, training job $train (runs after $prep succeeds)" >&2
 echo "${prep%%;*} ${train%%;*}"

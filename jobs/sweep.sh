@@ -48,17 +48,22 @@ list=$(cd "$runs/sweep-lists" && pwd)/$(date +%Y%m%d-%H%M%S)-$$.txt
 printf '%s\n' "${schedules[@]}" > "$list"
 
 range="0-$(( ${#schedules[@]} - 1 ))${HPCGNN_ARRAY_MAX:+%$HPCGNN_ARRAY_MAX}"
-opts=(--parsable --array="$range" --ntasks="$parts" --export="ALL,HPCGNN_SCHEDULES=$list")
-# a --dependency among HPCGNN_TRAIN_OPTS joins HPCGNN_DEPENDENCY (a second one would replace it)
+# An --export or a --dependency among HPCGNN_TRAIN_OPTS is joined to the sweep's own (a second
+# one would replace it: --export=NONE dropped HPCGNN_SCHEDULES, and every task trained without
+# its schedule); HPCGNN_RUNS goes with HPCGNN_SCHEDULES.
 source "$jobs/lib/common.sh"
-hpcgnn_split_dependency "${HPCGNN_TRAIN_OPTS:-}"
-if [[ -n ${HPCGNN_DEPENDENCY:-} && -n $DEPS ]]; then
-    [[ $HPCGNN_DEPENDENCY$DEPS != *\?* ]] || { echo "sweep: HPCGNN_DEPENDENCY=$HPCGNN_DEPENDENCY and HPCGNN_TRAIN_OPTS's --dependency=$DEPS cannot be joined: one of them uses '?' (any of); give them as one" >&2; exit 2; }
-    DEPS=$HPCGNN_DEPENDENCY,$DEPS
+hpcgnn_split_option export "" "${HPCGNN_TRAIN_OPTS:-}"
+opts=(--parsable --array="$range" --ntasks="$parts"
+      --export="${FOUND:-ALL},HPCGNN_SCHEDULES=$list${HPCGNN_RUNS:+,HPCGNN_RUNS=$HPCGNN_RUNS}")
+hpcgnn_split_option dependency d "${OPTS[*]}"
+deps=$FOUND
+if [[ -n ${HPCGNN_DEPENDENCY:-} && -n $deps ]]; then
+    [[ $HPCGNN_DEPENDENCY$deps != *\?* ]] || { echo "sweep: HPCGNN_DEPENDENCY=$HPCGNN_DEPENDENCY and HPCGNN_TRAIN_OPTS's --dependency=$deps cannot be joined: one of them uses '?' (any of); give them as one" >&2; exit 2; }
+    deps=$HPCGNN_DEPENDENCY,$deps
 else
-    DEPS=${HPCGNN_DEPENDENCY:-$DEPS}
+    deps=${HPCGNN_DEPENDENCY:-$deps}
 fi
-[[ -n $DEPS ]] && opts+=(--dependency="$DEPS")
+[[ -n $deps ]] && opts+=(--dependency="$deps")
 id=$(sbatch "${opts[@]}" ${OPTS[@]+"${OPTS[@]}"} "$jobs/train.sbatch" "$shards" "$config" "$@")
 echo "sweep: array job ${id%%;*} over ${#schedules[@]} schedules (list: $list)" >&2
 echo "${id%%;*}"

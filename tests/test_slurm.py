@@ -855,14 +855,17 @@ echo "continue_later returned"
 @pytest.mark.slurm
 def test_sweep_without_hpcgnn_home_runs_every_schedule(slurm, chain_run, tmp_path):
     """One array task per schedule, each training with its own schedule, and
-    ``HPCGNN_TRAIN_OPTS`` reaching sbatch. No HPCGNN_HOME: each array task finds the
+    ``HPCGNN_TRAIN_OPTS`` reaching sbatch, an --export=NONE among them too (it replaced the
+    sweep's --export, which carries the schedule list: every task trained without its
+    schedule, in runs/slurm-<id>). No HPCGNN_HOME: each array task finds the
     repository from its own job record. One task of an array has the array's own job id, and
     `scontrol show job <that id>` lists every task: that task must still find it, and every
     schedule must get its run and summary."""
     names = ("full", "fixed-128", "quant2-all")
     schedules = [REPO / "configs" / "schedules" / f"{n}.toml" for n in names]
     env = {k: v for k, v in job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_ARRAY_MAX="2",
-                                    HPCGNN_TRAIN_OPTS="--comment=hpcgnn-sweep-test").items()
+                                    HPCGNN_TRAIN_OPTS="--comment=hpcgnn-sweep-test "
+                                                      f"--export=NONE,HPCGNN_VENV={VENV}").items()
            if k != "HPCGNN_HOME"}
     array = slurm.script(JOBS / "sweep.sh", chain_run.shards, CORA, *schedules, "--",
                          "--set", "train.epochs=3", cwd=tmp_path, env=env)

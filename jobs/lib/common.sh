@@ -10,21 +10,20 @@
 #   HPCGNN_RESIGNAL  seconds between the USR1s sent to signalled ranks (default 5)
 
 # Split a list of sbatch options given as one string (HPCGNN_TRAIN_OPTS, split on spaces) into
-# the array OPTS and, in DEPS, the dependencies among them (--dependency=X, --dependency X,
-# -d X, -dX; comma-joined): sbatch keeps only the last --dependency it is given, so jobs/chain.sh
-# and jobs/sweep.sh join them with their own instead of passing a second one.
-hpcgnn_split_dependency() {
-    local words=() word next=0
-    OPTS=() DEPS=""
-    read -r -a words <<< "$1"
+# the array OPTS and, in FOUND, the values of option --LONG (or -SHORT) among them (--LONG=X,
+# --LONG X, -S X, -SX; comma-joined): sbatch keeps only the last --dependency or --export it is
+# given, so jobs/chain.sh and jobs/sweep.sh join them with their own instead of passing a
+# second one.
+hpcgnn_split_option() {
+    local long=$1 short=$2 words=() word next=0
+    OPTS=() FOUND=""
+    read -r -a words <<< "$3"
     for word in "${words[@]}"; do
-        if (( next )); then DEPS+=${DEPS:+,}$word; next=0; continue; fi
-        case $word in
-            --dependency=*) DEPS+=${DEPS:+,}${word#--dependency=} ;;
-            --dependency|-d) next=1 ;;
-            -d?*) DEPS+=${DEPS:+,}${word#-d} ;;
-            *) OPTS+=("$word") ;;
-        esac
+        if (( next )); then FOUND+=${FOUND:+,}$word; next=0; continue; fi
+        if [[ $word == "--$long="* ]]; then FOUND+=${FOUND:+,}${word#--"$long"=}
+        elif [[ $word == "--$long" || ( -n $short && $word == "-$short" ) ]]; then next=1
+        elif [[ -n $short && $word == "-$short"?* ]]; then FOUND+=${FOUND:+,}${word#-"$short"}
+        else OPTS+=("$word"); fi
     done
 }
 
