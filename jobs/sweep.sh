@@ -8,7 +8,7 @@
 # name> (HPCGNN_RUNS changes "runs"), with the task's log, slurm-<array id>_<task>.out. Every task
 # has --ntasks = the shard set's num_parts.
 # HPCGNN_ARRAY_MAX caps how many tasks run at once; HPCGNN_DEPENDENCY (e.g. afterok:123) waits
-# for another job: when that job makes SHARDS (jobs/preprocess.sbatch), give its part count as
+# for another job (a --dependency in HPCGNN_TRAIN_OPTS joins it): when that job makes SHARDS (jobs/preprocess.sbatch), give its part count as
 # HPCGNN_PARTS, since SHARDS/meta.json is not there yet. Prints the array job id.
 set -euo pipefail
 jobs=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -48,9 +48,22 @@ list=$(cd "$runs/sweep-lists" && pwd)/$(date +%Y%m%d-%H%M%S)-$$.txt
 printf '%s\n' "${schedules[@]}" > "$list"
 
 range="0-$(( ${#schedules[@]} - 1 ))${HPCGNN_ARRAY_MAX:+%$HPCGNN_ARRAY_MAX}"
-opts=(--parsable --array="$range" --ntasks="$parts" --export="ALL,HPCGNN_SCHEDULES=$list")
-[[ -n ${HPCGNN_DEPENDENCY:-} ]] && opts+=(--dependency="$HPCGNN_DEPENDENCY")
-# shellcheck disable=SC2086  # a list of sbatch options, split on spaces
-id=$(sbatch "${opts[@]}" ${HPCGNN_TRAIN_OPTS:-} "$jobs/train.sbatch" "$shards" "$config" "$@")
+# An --export or a --dependency among HPCGNN_TRAIN_OPTS is joined to the sweep's own (a second
+# one would replace it: --export=NONE dropped HPCGNN_SCHEDULES, and every task trained without
+# its schedule); HPCGNN_RUNS goes with HPCGNN_SCHEDULES.
+source "$jobs/lib/common.sh"
+hpcgnn_split_option export "" "${HPCGNN_TRAIN_OPTS:-}"
+opts=(--parsable --array="$range" --ntasks="$parts"
+      --export="${FOUND:-ALL},HPCGNN_SCHEDULES=$list${HPCGNN_RUNS:+,HPCGNN_RUNS=$HPCGNN_RUNS}")
+hpcgnn_split_option dependency d "${OPTS[*]}"
+deps=$FOUND
+if [[ -n ${HPCGNN_DEPENDENCY:-} && -n $deps ]]; then
+    [[ $HPCGNN_DEPENDENCY$deps != *\?* ]] || { echo "sweep: HPCGNN_DEPENDENCY=$HPCGNN_DEPENDENCY and HPCGNN_TRAIN_OPTS's --dependency=$deps cannot be joined: one of them uses '?' (any of); give them as one" >&2; exit 2; }
+    deps=$HPCGNN_DEPENDENCY,$deps
+else
+    deps=${HPCGNN_DEPENDENCY:-$deps}
+fi
+[[ -n $deps ]] && opts+=(--dependency="$deps")
+id=$(sbatch "${opts[@]}" ${OPTS[@]+"${OPTS[@]}"} "$jobs/train.sbatch" "$shards" "$config" "$@")
 echo "sweep: array job ${id%%;*} over ${#schedules[@]} schedules (list: $list)" >&2
 echo "${id%%;*}"

@@ -156,6 +156,21 @@ def test_a_wrong_hpcgnn_home_is_named_with_its_fix(tmp_path, script, args):
             "hpcgnn repository, or unset it") in res.stderr, res.stderr
 
 
+def test_a_job_without_the_submitting_environment_names_how_to_pass_the_venv(tmp_path):
+    """Under `sbatch --export=NONE` the job lacks HPCGNN_VENV set at submission: "set
+    HPCGNN_VENV" alone sent the user to set it where the job cannot see it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "jobs").symlink_to(JOBS)                       # a repository without a .venv
+    env = {k: v for k, v in job_env(HPCGNN_HOME=str(home)).items() if k != "HPCGNN_VENV"}
+    res = run(["bash", JOBS / "train.sbatch", "shards", CORA], cwd=tmp_path,
+              env={**env, "SLURM_EXPORT_ENV": "NONE"})
+    assert res.returncode == 2, res.stderr
+    assert f"no venv at {home}/.venv" in res.stderr, res.stderr
+    assert ("the job was submitted with --export=NONE: pass it as --export=NONE,HPCGNN_VENV=DIR "
+            "or set it in env/site.sh") in res.stderr, res.stderr
+
+
 def test_train_job_names_its_usage():
     res = run(["bash", JOBS / "train.sbatch", "only-one-arg"], env=job_env())
     assert res.returncode != 0 and "usage: sbatch [--ntasks=K] jobs/train.sbatch SHARDS CONFIG" in res.stderr
@@ -398,6 +413,22 @@ def test_launcher_starts_one_rank_per_task(slurm, tmp_path, launcher):
     out = log.read_text()
     assert f"launcher: {launcher}" in out
     assert "rank 0 of 2 OMP_NUM_THREADS=1" in out and "rank 1 of 2 OMP_NUM_THREADS=1" in out
+
+
+@pytest.mark.slurm
+def test_a_job_submitted_with_export_none_starts_its_ranks_with_srun(slurm, tmp_path):
+    """`sbatch --export=NONE` (a common site default): SLURM sets SLURM_EXPORT_ENV=NONE in the
+    job, srun reads it, and every rank started with an empty environment ("exec: python: not
+    found", exit 127; the auto launcher's srun probe failed too and fell back to mpirun
+    without a word). The script's own environment (the venv, OMP_NUM_THREADS) reaches the ranks."""
+    script = probe_job(tmp_path, "#SBATCH --ntasks=2 --cpus-per-task=1 --time=2", MPI_PROBE)
+    log = tmp_path / "job.out"
+    passed = f"HPCGNN_HOME={REPO},HPCGNN_VENV={VENV},HPCGNN_LAUNCHER=srun"
+    job = slurm.sbatch(f"--export=NONE,{passed}", f"--output={log}", script, cwd=tmp_path)
+    slurm.completed(job, 60, log)
+    out = log.read_text()
+    assert "launcher: srun" in out, out
+    assert "rank 0 of 2 OMP_NUM_THREADS=1" in out and "rank 1 of 2 OMP_NUM_THREADS=1" in out, out
 
 
 @pytest.mark.slurm
@@ -670,8 +701,11 @@ def test_resubmitted_job_keeps_its_gpus_and_the_options_given_in_the_environment
     the new job, and the log says which lead it has."""
     gpu = gpu_slurm
     shards, run_dir = tmp_path / "cora-2", tmp_path / "run"
-    assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 2, "--out",
-                shards, "-q"], timeout=120).returncode == 0
+    # the shards by a preprocessing job asked for as on a GPU-only partition: sbatch refused
+    # --cpus-per-gpu and --mem-per-gpu beside the script's #SBATCH --cpus-per-task=1 --mem=8G
+    prep = gpu.sbatch("--gpus=1", "--cpus-per-gpu=1", "--mem-per-gpu=1000", f"--output={tmp_path}/prep.out",
+                      JOBS / "preprocess.sbatch", "cora", 2, shards, cwd=tmp_path)
+    gpu.completed(prep, 120, tmp_path / "prep.out")
     env = job_env(HPCGNN_ON_PREEMPT="resubmit", SBATCH_SIGNAL="B:USR1@100",
                   SBATCH_OUTPUT=f"{tmp_path}/mine-%j.out")
     first = gpu.sbatch("--ntasks=2", "--time=9", "--gres=gpu:2", "--mem-per-gpu=1000",
@@ -698,13 +732,16 @@ def test_resubmitted_job_keeps_its_gpus_and_the_options_given_in_the_environment
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
-def test_cpus_per_gpu_reach_the_ranks(gpu_slurm, tmp_path, launcher):
-    """A GPU job that asks for CPUs per GPU (--gpus-per-task=1 --cpus-per-gpu=2; SLURM then sets
-    no SLURM_CPUS_PER_TASK) starts each rank with 2 CPUs and OMP_NUM_THREADS=2, as
-    --cpus-per-task=2 would (each rank got one, and one thread)."""
-    script = probe_job(tmp_path, "#SBATCH --ntasks=2 --gpus-per-task=1 --cpus-per-gpu=2 --time=2",
-                       MPI_PROBE)
+@pytest.mark.parametrize("launcher, gpus", [
+    ("srun", "--ntasks=2 --gpus-per-task=1"), ("mpirun", "--ntasks=2 --gpus-per-task=1"),
+    ("srun", "--nodes=1 --ntasks-per-node=2 --gpus-per-node=2"),
+    ("mpirun", "--gpus=2 --ntasks-per-gpu=1")])
+def test_cpus_per_gpu_reach_the_ranks(gpu_slurm, tmp_path, launcher, gpus):
+    """A GPU job that asks for CPUs per GPU (--cpus-per-gpu=2; SLURM then sets no
+    SLURM_CPUS_PER_TASK) starts each rank with 2 CPUs and OMP_NUM_THREADS=2, as
+    --cpus-per-task=2 would (each rank got one, and one thread), whether the GPUs are asked
+    for per task, per node or per job (then there is no SLURM_GPUS_PER_TASK either)."""
+    script = probe_job(tmp_path, f"#SBATCH {gpus} --cpus-per-gpu=2 --time=2", MPI_PROBE)
     log = tmp_path / "job.out"
     job = gpu_slurm.sbatch(f"--output={log}", script, cwd=tmp_path,
                            env=job_env(HPCGNN_LAUNCHER=launcher))
@@ -712,6 +749,20 @@ def test_cpus_per_gpu_reach_the_ranks(gpu_slurm, tmp_path, launcher):
     out = log.read_text()
     assert f"launcher: {launcher}" in out and " 2 ranks x 2 CPUs)" in out, out
     assert "rank 0 of 2 OMP_NUM_THREADS=2" in out and "rank 1 of 2 OMP_NUM_THREADS=2" in out, out
+    assert "warning" not in out, out
+
+
+@pytest.mark.slurm
+def test_a_gpu_job_with_fewer_tasks_than_gpus_says_so(gpu_slurm, tmp_path):
+    """GPUs asked for per node without a task count (`--gpus-per-node=2`): one rank, one GPU
+    used, the other idle; said before the ranks start, with the options that fix it."""
+    script = probe_job(tmp_path, "#SBATCH --gpus-per-node=2 --time=2", MPI_PROBE)
+    log = tmp_path / "job.out"
+    gpu_slurm.completed(gpu_slurm.sbatch(f"--output={log}", script, cwd=tmp_path), 60, log)
+    out = log.read_text()
+    assert ("warning: the job has 2 GPUs on this node but 1 tasks: each rank uses one GPU, 1 stay "
+            "idle; submit with --ntasks-per-gpu=1 (or --ntasks-per-node=2)") in out, out
+    assert out.index("warning: the job has") < out.index("rank 0 of 1"), out
 
 
 @pytest.mark.slurm
@@ -819,14 +870,17 @@ echo "continue_later returned"
 @pytest.mark.slurm
 def test_sweep_without_hpcgnn_home_runs_every_schedule(slurm, chain_run, tmp_path):
     """One array task per schedule, each training with its own schedule, and
-    ``HPCGNN_TRAIN_OPTS`` reaching sbatch. No HPCGNN_HOME: each array task finds the
+    ``HPCGNN_TRAIN_OPTS`` reaching sbatch, an --export=NONE among them too (it replaced the
+    sweep's --export, which carries the schedule list: every task trained without its
+    schedule, in runs/slurm-<id>). No HPCGNN_HOME: each array task finds the
     repository from its own job record. One task of an array has the array's own job id, and
     `scontrol show job <that id>` lists every task: that task must still find it, and every
     schedule must get its run and summary."""
     names = ("full", "fixed-128", "quant2-all")
     schedules = [REPO / "configs" / "schedules" / f"{n}.toml" for n in names]
     env = {k: v for k, v in job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_ARRAY_MAX="2",
-                                    HPCGNN_TRAIN_OPTS="--comment=hpcgnn-sweep-test").items()
+                                    HPCGNN_TRAIN_OPTS="--comment=hpcgnn-sweep-test "
+                                                      f"--export=NONE,HPCGNN_VENV={VENV}").items()
            if k != "HPCGNN_HOME"}
     array = slurm.script(JOBS / "sweep.sh", chain_run.shards, CORA, *schedules, "--",
                          "--set", "train.epochs=3", cwd=tmp_path, env=env)
@@ -893,8 +947,8 @@ def test_sweep_waits_for_the_preprocessing_job_that_makes_its_shards(slurm, tmp_
 
 @pytest.mark.slurm
 def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
-    """sbatch --ntasks=2 jobs/preprocess.sbatch ... --partitioner ptscotch runs the distributed
-    path on the job's 2 ranks (it ran one process and left a task idle); METIS on 2 tasks is
+    """sbatch --nodes=1 --ntasks-per-node=2 jobs/preprocess.sbatch ... --partitioner ptscotch
+    runs the distributed path on the job's 2 ranks (it ran one process and left a task idle); METIS on 2 tasks is
     refused, naming the fix. The random partitioner runs the same path where PT-Scotch is
     another MPI's than the venv's (Debian's in an MPICH venv: refused, test_preprocess_dist)."""
     from preprocess.ptscotch import PtScotchError, _find_library
@@ -903,9 +957,11 @@ def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
     except PtScotchError as exc:
         pytest.skip(f"PT-Scotch not installed: {exc}")
     log = tmp_path / "prep.out"
-    job = slurm.sbatch("--ntasks=2", f"--output={log}", JOBS / "preprocess.sbatch",
-                       "rmat-sliced:scale=8", 3, tmp_path / "r8", "--partitioner", partitioner,
-                       cwd=tmp_path)
+    # asked for as --nodes=1 --ntasks-per-node=2 (the script's #SBATCH --ntasks=1 made that one
+    # rank), memory per CPU (sbatch refused it beside the script's #SBATCH --mem=8G)
+    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=2", "--mem-per-cpu=500M", f"--output={log}",
+                       JOBS / "preprocess.sbatch", "rmat-sliced:scale=8", 3, tmp_path / "r8",
+                       "--partitioner", partitioner, cwd=tmp_path)
     slurm.completed(job, 120, log)
     out = log.read_text()
     assert "done on 2 ranks" in out and "OK " in out, out
@@ -920,11 +976,18 @@ def test_preprocess_job_with_tasks_partitions_across_them(slurm, tmp_path):
 
 @pytest.mark.slurm
 def test_chain_passes_preprocess_args(slurm, tmp_path):
-    """HPCGNN_PREP_ARGS reach `python -m preprocess` in the chain's preprocessing job."""
+    """HPCGNN_PREP_ARGS reach `python -m preprocess` in the chain's preprocessing job. A
+    --dependency among HPCGNN_TRAIN_OPTS is added to the training job's afterok on the
+    preprocessing job (sbatch kept only the last --dependency: training started at once)."""
     shards = tmp_path / "cora-2"
-    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_PREP_ARGS="--partitioner random --seed 3")
+    other = slurm.sbatch("--begin=now+3", "--wrap", "true", cwd=tmp_path)
+    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"), HPCGNN_PREP_ARGS="--partitioner random --seed 3",
+                  HPCGNN_TRAIN_OPTS=f"--comment=mine --dependency=afterany:{other}")
     prep, train = slurm.script(JOBS / "chain.sh", "cora", 2, shards, CORA, "--set", "train.epochs=2",
                                cwd=tmp_path, env=env).split()
+    rec = slurm.job(train)
+    assert f"afterok:{prep}" in rec["Dependency"] and f"afterany:{other}" in rec["Dependency"], rec
+    assert rec["Comment"] == "mine", rec
     slurm.completed(prep, 120, tmp_path / "runs" / "logs" / f"hpcgnn-prep-{prep}.out")
     meta = json.loads((shards / "meta.json").read_text())
     assert (meta["partitioner"], meta["seed"]) == ("random", 3)
@@ -933,21 +996,25 @@ def test_chain_passes_preprocess_args(slurm, tmp_path):
 
 
 @pytest.mark.slurm
-def test_four_ranks_run_on_the_local_node_and_log_under_the_run_dir(slurm, tmp_path):
-    """The README's `sbatch --ntasks=4` on the local SLURM, whatever the machine's cores (the
-    node declares at least 8 CPUs); the job's log moves from the submission directory into
-    its run directory."""
-    shards = tmp_path / "cora-4"
+def test_four_ranks_per_node_run_on_the_local_node_and_log_under_the_run_dir(slurm, tmp_path):
+    """Four ranks asked for the way GPU clusters do, `--nodes=1 --ntasks-per-node=4` (no
+    --ntasks), on the local SLURM, whatever the machine's cores (the node declares at least 8
+    CPUs). The script's own `#SBATCH --ntasks=2` made SLURM allocate 4 tasks but set
+    SLURM_NTASKS=2: 2 ranks ran (and `--ntasks-per-node=1` was refused). With --chdir, the
+    job's log (opened in the working directory, not the submission one) still moves into its
+    run directory (it stayed in the working directory)."""
+    shards, work, elsewhere = tmp_path / "cora-4", tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir(), elsewhere.mkdir()
     assert run([sys.executable, "-m", "preprocess", "--dataset", "cora", "--parts", 4, "--out",
                 shards, "-q"], timeout=120).returncode == 0
-    env = job_env(HPCGNN_RUNS=str(tmp_path / "runs"))
-    job = slurm.sbatch("--ntasks=4", JOBS / "train.sbatch", shards, CORA, "--set", "train.epochs=3",
-                       cwd=tmp_path, env=env)
-    log = tmp_path / "runs" / f"slurm-{job}" / f"slurm-{job}.out"
+    job = slurm.sbatch("--nodes=1", "--ntasks-per-node=4", f"--chdir={work}", JOBS / "train.sbatch",
+                       shards, CORA, "--set", "train.epochs=3", cwd=elsewhere)
+    log = work / "runs" / f"slurm-{job}" / f"slurm-{job}.out"
     slurm.completed(job, 240, log)
     summary = json.loads((log.parent / "summary.json").read_text())
     assert summary["ranks"] == 4 and summary["epochs"] == 3
-    assert not list(tmp_path.glob("*.out")), "job log left in the submission directory"
+    assert segments(log.parent)[0]["ntasks"] == "4"
+    assert not list(work.glob("*.out")), "job log left in the working directory"
 
 
 @pytest.mark.slurm

@@ -9,6 +9,24 @@
 #   HPCGNN_SRUN_MPI  the srun --mpi= plugin (default: pmix for Open MPI, pmi2 for MPICH)
 #   HPCGNN_RESIGNAL  seconds between the USR1s sent to signalled ranks (default 5)
 
+# Split a list of sbatch options given as one string (HPCGNN_TRAIN_OPTS, split on spaces) into
+# the array OPTS and, in FOUND, the values of option --LONG (or -SHORT) among them (--LONG=X,
+# --LONG X, -S X, -SX; comma-joined): sbatch keeps only the last --dependency or --export it is
+# given, so jobs/chain.sh and jobs/sweep.sh join them with their own instead of passing a
+# second one.
+hpcgnn_split_option() {
+    local long=$1 short=$2 words=() word next=0
+    OPTS=() FOUND=""
+    read -r -a words <<< "$3"
+    for word in "${words[@]}"; do
+        if (( next )); then FOUND+=${FOUND:+,}$word; next=0; continue; fi
+        if [[ $word == "--$long="* ]]; then FOUND+=${FOUND:+,}${word#--"$long"=}
+        elif [[ $word == "--$long" || ( -n $short && $word == "-$short" ) ]]; then next=1
+        elif [[ -n $short && $word == "-$short"?* ]]; then FOUND+=${FOUND:+,}${word#-"$short"}
+        else OPTS+=("$word"); fi
+    done
+}
+
 hpcgnn_say() { printf '[%s %s] %s\n' "${SLURM_JOB_NAME:-hpcgnn}" "$(date +%H:%M:%S)" "$*" >&2; }
 hpcgnn_die() { hpcgnn_say "error: $*"; exit 2; }
 
@@ -21,8 +39,14 @@ hpcgnn_env() {
     elif [[ -n ${HPCGNN_SITE:-} ]]; then
         hpcgnn_die "HPCGNN_SITE=$HPCGNN_SITE does not exist: point it at your site file or unset it"
     fi
-    local venv=${HPCGNN_VENV:-$HPCGNN_HOME/.venv}
-    [[ -x $venv/bin/python ]] || hpcgnn_die "no venv at $venv: run 'bash env/setup.sh' on a login node, or set HPCGNN_VENV"
+    # sbatch --export=NONE (or a list without ALL): the job lacks the submitting shell's
+    # variables, and srun, which reads SLURM_EXPORT_ENV, would start every rank with an empty
+    # environment (no PATH, no venv): the ranks get this script's environment instead.
+    local exported=${SLURM_EXPORT_ENV:-ALL}
+    [[ $exported == ALL* ]] || export SLURM_EXPORT_ENV=ALL
+    local venv=${HPCGNN_VENV:-$HPCGNN_HOME/.venv} how="set HPCGNN_VENV"
+    [[ $exported == ALL* ]] || how="the job was submitted with --export=${exported%%,*}: pass it as --export=${exported%%,*},HPCGNN_VENV=DIR or set it in env/site.sh"
+    [[ -x $venv/bin/python ]] || hpcgnn_die "no venv at $venv: run 'bash env/setup.sh' on a login node, or $how"
     hpcgnn_source_lenient "$venv/bin/activate"
     OMP_NUM_THREADS=$(hpcgnn_cpus_per_task)
     export OMP_NUM_THREADS
@@ -46,14 +70,28 @@ hpcgnn_source_lenient() {
 
 # The CPUs of one rank: --cpus-per-task; else --cpus-per-gpu times --gpus-per-task (SLURM sets
 # no SLURM_CPUS_PER_TASK for a job that asked for CPUs per GPU, and its ranks got one CPU and
-# one thread each); else 1.
+# one thread each), or, with the GPUs asked for per node or per job (--gpus-per-node, --gres,
+# --gpus), times this node's GPUs over its tasks; else 1.
 hpcgnn_cpus_per_task() {
-    local gpus=${SLURM_GPUS_PER_TASK:-}
+    local gpus=${SLURM_GPUS_PER_TASK:-} tasks cpus
     gpus=${gpus##*:}                           # a typed request, a100:1, counts its GPUs
+    tasks=$(hpcgnn_node_tasks)
     if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then echo "$SLURM_CPUS_PER_TASK"
     elif [[ ${SLURM_CPUS_PER_GPU:-} =~ ^[0-9]+$ && $gpus =~ ^[0-9]+$ ]]; then
         echo $(( SLURM_CPUS_PER_GPU * gpus ))
+    elif [[ ${SLURM_CPUS_PER_GPU:-} =~ ^[0-9]+$ && ${SLURM_GPUS_ON_NODE:-} =~ ^[1-9][0-9]*$ &&
+            $tasks =~ ^[1-9][0-9]*$ ]]; then
+        cpus=$(( SLURM_CPUS_PER_GPU * SLURM_GPUS_ON_NODE / tasks ))
+        echo $(( cpus > 0 ? cpus : 1 ))
     else echo 1; fi
+}
+
+# The job's tasks on this node: the first count of SLURM_TASKS_PER_NODE (e.g. 4(x2),3); without
+# SLURM_NTASKS (no task count asked for) that counts CPUs, and the job has one task.
+hpcgnn_node_tasks() {
+    local tasks=1
+    [[ -n ${SLURM_NTASKS:-} ]] && tasks=${SLURM_TASKS_PER_NODE:-1}
+    echo "${tasks%%[(,]*}"
 }
 
 # This job's name for scontrol: A_T for an array task (its plain id may equal the array's id, and
@@ -63,19 +101,20 @@ hpcgnn_job_ref() {
     else echo "${SLURM_JOB_ID:-none}"; fi
 }
 
-# SLURM opened the job's output file in the submission directory (#SBATCH --output=%x-%j.out):
-# move it into DIR as NAME, so the log lies with the run it describes, not in the repository.
-# The open file keeps receiving the output (a rename on one file system). An --output of the
-# user's choosing, or a DIR on another file system, leaves the file where it is.
+# SLURM opened the job's output file in the job's working directory, where the script starts
+# (the submission directory, or sbatch --chdir; #SBATCH --output=%x-%j.out): move it into DIR
+# as NAME, so the log lies with the run it describes, not in the repository. The open file
+# keeps receiving the output (a rename on one file system). An --output of the user's choosing,
+# or a DIR on another file system, leaves the file where it is.
 hpcgnn_keep_log() {
     local dir=$1 name=$2 default info
-    [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_SUBMIT_DIR:-} ]] || return 0
-    default=$SLURM_SUBMIT_DIR/${SLURM_JOB_NAME}-${SLURM_JOB_ID}.out
+    [[ -n ${SLURM_JOB_ID:-} ]] || return 0
+    default=$PWD/${SLURM_JOB_NAME}-${SLURM_JOB_ID}.out
     info=$(scontrol show job -o "$(hpcgnn_job_ref)" 2>/dev/null | head -n 1)
     # StdOut= is the default file (its path may hold spaces: compare, do not cut at a space)
     [[ -f $default && ( $info == *" StdOut=$default "* || $info == *" StdOut=$default" ) ]] || return 0
     mkdir -p "$dir"
-    if [[ $(stat -c %d "$dir") != "$(stat -c %d "$SLURM_SUBMIT_DIR")" ]]; then
+    if [[ $(stat -c %d "$dir") != "$(stat -c %d "$PWD")" ]]; then
         hpcgnn_say "job log stays in $default ($dir is on another file system)"
         return 0
     fi
@@ -137,6 +176,11 @@ hpcgnn_launcher() {
     esac
     # One GPU per rank (when there are GPUs), set inside each rank before python starts.
     LAUNCH+=("$HPCGNN_HOME/jobs/lib/bind.sh")
+    local tasks gpus=${SLURM_GPUS_ON_NODE:-0}
+    tasks=$(hpcgnn_node_tasks)
+    if [[ ${HPCGNN_GPU_BIND:-1} == 1 && $gpus =~ ^[0-9]+$ && $tasks =~ ^[0-9]+$ ]] && (( gpus > tasks )); then
+        hpcgnn_say "warning: the job has $gpus GPUs on this node but $tasks tasks: each rank uses one GPU, $(( gpus - tasks )) stay idle; submit with --ntasks-per-gpu=1 (or --ntasks-per-node=$gpus) for one rank per GPU"
+    fi
     hpcgnn_say "launcher: ${LAUNCH[*]} (MPI: $flavour, $ntasks ranks x $cpus CPUs)"
 }
 

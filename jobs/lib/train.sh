@@ -130,7 +130,7 @@ hpcgnn_ended_by_slurm() {
 # SBATCH_OUTPUT at submission they are in this job's environment, and sbatch reads them again.
 hpcgnn_resubmit() {
     local run_dir=$1; shift
-    local opts=(--dependency="afterany:$(hpcgnn_job_ref)" --ntasks="$SLURM_NTASKS"
+    local opts=(--dependency="afterany:$(hpcgnn_job_ref)" --ntasks="${SLURM_NTASKS:-1}"
                 --job-name="$SLURM_JOB_NAME"
                 --export="ALL,HPCGNN_RUN_DIR=$run_dir,HPCGNN_RESUBMITS=$(( $(hpcgnn_restarts) + 1 ))")
     local info limit gres features
