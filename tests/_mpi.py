@@ -13,7 +13,9 @@ import functools
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 REPO = Path(__file__).resolve().parent.parent
@@ -101,6 +103,32 @@ LAUNCHER_FAILURES = ("The PMIx server's listener thread failed to start",)
 """What Open MPI's launcher (prterun) says when it fails before starting any rank: seen once in
 about 900 launches of a CI run on a loaded 2-core machine (rc 213, nothing of ours ran). Such a
 launch is tried once more; anything a rank did is never retried."""
+
+
+LAUNCHER_RC = 213      # prterun's exit status when it failed before starting any rank
+
+
+def start_until(start: Callable[[], subprocess.Popen], ready: Callable[[], bool],
+                timeout: float = 90) -> subprocess.Popen:
+    """A background job: ``start()`` it and wait until ``ready()``; one whose launcher failed
+    before any rank ran (exit ``LAUNCHER_RC`` before it was ready: ``LAUNCHER_FAILURES``; a
+    background job's output is not read here) is started once more, as ``run_mpi`` does.
+    Returns the running job; AssertionError when it ended early otherwise, or timed out."""
+    proc = start()
+    for attempt in (1, 2):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if ready():
+                return proc
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"not ready after {timeout} s")
+        if proc.returncode != LAUNCHER_RC or attempt == 2:
+            raise AssertionError(f"job ended early (exit {proc.returncode}): {proc.communicate()[0]}")
+        proc = start()
+    return proc
 
 
 def launcher_failed(proc: subprocess.CompletedProcess) -> bool:

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from _mpi import mpi_command, mpi_env
+from _mpi import mpi_command, mpi_env, start_until
 from conftest import check_ok, read_metrics, refused_before_torch, train
-from test_train_resume import _wait_for_epochs
+from test_train_resume import epochs_at_least
 
 SETS = ("train.epochs=3", "model.hidden=8")
 
@@ -66,12 +66,19 @@ def test_a_run_killed_past_its_checkpoint_is_described_by_the_checkpoint(shards,
     check_ok(train(2, shard_dir, run, *sets, config="configs/cora.toml", extra=("--stop-after", "2")))
     args = ["-m", "hpcgnn", "train", "--shards", str(shard_dir), "--config", "configs/cora.toml",
             "--out", str(run), "--resume", *sum((["--set", s] for s in sets), [])]
-    proc = subprocess.Popen(mpi_command(2, args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=mpi_env(), start_new_session=True)
+    started = []
+
+    def start():
+        started.append(subprocess.Popen(mpi_command(2, args), stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        env=mpi_env(), start_new_session=True))
+        return started[-1]
     try:
-        _wait_for_epochs(run / "metrics.jsonl", 6, proc)
+        start_until(start, epochs_at_least(run, 6))
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)          # mpiexec, its daemon: no checkpoint
+        proc = started[-1]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)      # mpiexec, its daemon: no checkpoint
         proc.wait(timeout=30)
     lines = _settled(run / "metrics.jsonl")          # the ranks die once they see it gone
     done = len([e for e in map(record_epoch, lines) if e is not None])   # a torn last line
