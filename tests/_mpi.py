@@ -109,11 +109,12 @@ LAUNCHER_RC = 213      # prterun's exit status when it failed before starting an
 
 
 def start_until(start: Callable[[], subprocess.Popen], ready: Callable[[], bool],
-                timeout: float = 90) -> subprocess.Popen:
+                timeout: float = 90, poll: float = 0.1) -> subprocess.Popen:
     """A background job: ``start()`` it and wait until ``ready()``; one whose launcher failed
     before any rank ran (exit ``LAUNCHER_RC`` before it was ready: ``LAUNCHER_FAILURES``; a
     background job's output is not read here) is started once more, as ``run_mpi`` does.
-    Returns the running job; AssertionError when it ended early otherwise, or timed out."""
+    ``ready`` is asked every ``poll`` seconds. Returns the running job; AssertionError when it
+    ended early otherwise, or timed out."""
     proc = start()
     for attempt in (1, 2):
         end = time.monotonic() + timeout
@@ -122,7 +123,7 @@ def start_until(start: Callable[[], subprocess.Popen], ready: Callable[[], bool]
                 return proc
             if proc.poll() is not None:
                 break
-            time.sleep(0.1)
+            time.sleep(poll)
         else:
             raise AssertionError(f"not ready after {timeout} s")
         if proc.returncode != LAUNCHER_RC or attempt == 2:

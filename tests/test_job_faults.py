@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _mpi import REPO, injected_command, mpi_env, run_injected
+from _mpi import REPO, injected_command, mpi_env, run_injected, start_until
 from conftest import check_ok, read_metrics, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -24,6 +24,11 @@ def _launch(fault: str, args: list) -> subprocess.Popen:
     return subprocess.Popen(injected_command(2, "hpcgnn", fault, args), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=mpi_env(), cwd=str(REPO))
+
+
+def _launch_until(fault: str, args: list, path: Path) -> subprocess.Popen:
+    """``_launch`` until ``path`` exists (started once more where the launcher failed)."""
+    return start_until(lambda: _launch(fault, args), path.exists, timeout=90, poll=0.01)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 90) -> None:
@@ -58,9 +63,8 @@ def test_a_second_signal_while_rank_0_writes_the_checkpoint_is_ignored(shards, t
     shard_dir, out = shards("cora", 2, "metis"), tmp_path / "run"
     args = ["train", "--shards", shard_dir, "--config", "configs/cora.toml", "--out", out,
             "--set", "train.epochs=200"]
-    proc = _launch(RANK_0_SAVES_SLOWLY, args)
+    proc = _launch_until(RANK_0_SAVES_SLOWLY, args, out / "metrics.jsonl")
     try:
-        _wait_for(out / "metrics.jsonl", proc)
         ranks = _rank_pids(proc.pid)
         for pid in ranks:
             os.kill(pid, signum)
@@ -130,11 +134,10 @@ def test_a_signal_during_evaluation_stops_at_that_epochs_end(shards, tmp_path):
     first: more than the lead time docs/cluster.md asks for (one epoch with evaluation and a
     checkpoint)."""
     out = tmp_path / "run"
-    proc = _launch(EPOCH_3_EVALUATES_SLOWLY, [
+    proc = _launch_until(EPOCH_3_EVALUATES_SLOWLY, [
         "train", "--shards", shards("cora", 2, "metis"), "--config", "configs/cora.toml",
-        "--out", out, "--set", "train.epochs=50"])
+        "--out", out, "--set", "train.epochs=50"], tmp_path / "evaluating")
     try:
-        _wait_for(tmp_path / "evaluating", proc)
         proc.send_signal(signal.SIGUSR1)
         log, _ = proc.communicate(timeout=60)
     finally:
@@ -184,9 +187,8 @@ def test_an_interrupt_on_one_rank_ends_the_job(shards, tmp_path):
     shard_dir, out = shards("cora", 2, "metis"), tmp_path / "run"
     args = ["train", "--shards", shard_dir, "--config", "configs/cora.toml", "--out", out,
             "--set", "run.checkpoint_every=2"]
-    proc = _launch("", args + ["--set", "train.epochs=100000"])
+    proc = _launch_until("", args + ["--set", "train.epochs=100000"], out / "checkpoint.pt")
     try:
-        _wait_for(out / "checkpoint.pt", proc)
         os.kill(_rank_pids(proc.pid)[1], signal.SIGINT)
         log, _ = proc.communicate(timeout=30)
     finally:

@@ -17,7 +17,7 @@ import pytest
 import numpy as np
 
 from _graphs import can_mount_tmpfs, tamper
-from _mpi import REPO, mpi_command, mpi_env, run_injected
+from _mpi import REPO, mpi_command, mpi_env, run_injected, start_until
 from conftest import refused_before_torch, train
 from hpcgnn.data.shard import sha256_file
 
@@ -276,14 +276,12 @@ def test_a_key_its_method_does_not_read_is_refused(shards, tmp_path):
 def test_killed_rank_takes_the_job_down(shards, tmp_path):
     args = ["-m", "hpcgnn", "train", "--shards", str(shards("cora", 2, "metis")), "--out",
             str(tmp_path), "--config", "configs/cora.toml", "--set", "train.epochs=100000"]
-    proc = subprocess.Popen(mpi_command(2, args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=mpi_env())
+    metrics = tmp_path / "metrics.jsonl"
+    proc = start_until(lambda: subprocess.Popen(
+        mpi_command(2, args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=mpi_env()),
+        lambda: metrics.is_file() and metrics.read_text().count("\n") >= 2)
     try:
-        metrics = tmp_path / "metrics.jsonl"
-        end = time.monotonic() + 90
-        while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
-            assert time.monotonic() < end and proc.poll() is None, "training did not start"
-            time.sleep(0.1)
         victim = _rank_pids(proc.pid)[-1]
         os.kill(victim, signal.SIGKILL)
         t0 = time.monotonic()
