@@ -33,6 +33,12 @@ for arg in "$@"; do
     esac
 done
 [[ -z ${HPCGNN_RUN_DIR:-} ]] || { echo "sweep: HPCGNN_RUN_DIR=$HPCGNN_RUN_DIR would give every task one run directory: unset it (HPCGNN_RUNS sets where runs go)" >&2; exit 2; }
+[[ -z ${HPCGNN_ARRAY_MAX:-} || $HPCGNN_ARRAY_MAX =~ ^[1-9][0-9]*$ ]] || { echo "sweep: HPCGNN_ARRAY_MAX=$HPCGNN_ARRAY_MAX is not a positive whole number of tasks to run at once: fix it or unset it" >&2; exit 2; }
+for opt in ${HPCGNN_TRAIN_OPTS:-}; do   # sbatch keeps the last --array: it would replace the sweep's
+    case $opt in --array|--array=*|-a|-a?*)
+        echo "sweep: $opt in HPCGNN_TRAIN_OPTS would replace the array the sweep makes from its schedule files: drop it (HPCGNN_ARRAY_MAX caps the tasks run at once)" >&2; exit 2 ;;
+    esac
+done
 if [[ -f $shards/meta.json ]]; then
     parts=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_parts"])' "$shards/meta.json")
 elif [[ -n ${HPCGNN_DEPENDENCY:-} && ${HPCGNN_PARTS:-} =~ ^[1-9][0-9]*$ ]]; then

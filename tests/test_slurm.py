@@ -179,7 +179,8 @@ def test_train_job_names_its_usage():
 def test_sweep_refuses_tasks_that_would_share_a_run_directory(tmp_path):
     """Two schedules with one file name, an --out, or HPCGNN_RUN_DIR would make several array
     tasks write one run directory (the later ones failed in the queue, or raced): refused
-    before anything is submitted."""
+    before anything is submitted; so are an --array among HPCGNN_TRAIN_OPTS (it replaced the
+    sweep's range) and an HPCGNN_ARRAY_MAX that is no number (sbatch took `0-0%x`)."""
     shards = tmp_path / "cora-2"
     assert run(["bash", JOBS / "preprocess.sbatch", "cora", 2, shards], env=job_env()).returncode == 0
     for d in ("a", "b"):
@@ -195,6 +196,13 @@ def test_sweep_refuses_tasks_that_would_share_a_run_directory(tmp_path):
     fixed = run(["bash", JOBS / "sweep.sh", shards, CORA, tmp_path / "a" / "s.toml"],
                 env={**env, "HPCGNN_RUN_DIR": str(tmp_path / "r")}, cwd=tmp_path)
     assert fixed.returncode == 2 and "HPCGNN_RUN_DIR" in fixed.stderr and "unset it" in fixed.stderr
+    # an --array in the train options would replace the sweep's; a cap that is no number
+    for extra, said in (({"HPCGNN_TRAIN_OPTS": "--time=5 --array=0-9"}, "--array=0-9 in HPCGNN_TRAIN_OPTS"),
+                        ({"HPCGNN_TRAIN_OPTS": "-a 3"}, "-a in HPCGNN_TRAIN_OPTS"),
+                        ({"HPCGNN_ARRAY_MAX": "x"}, "HPCGNN_ARRAY_MAX=x is not a positive")):
+        res = run(["bash", JOBS / "sweep.sh", shards, CORA, tmp_path / "a" / "s.toml"],
+                  env={**env, **extra}, cwd=tmp_path)
+        assert res.returncode == 2 and said in res.stderr, (extra, res.stderr)
     assert not (tmp_path / "runs").exists()
 
 
