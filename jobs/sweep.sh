@@ -34,11 +34,9 @@ for arg in "$@"; do
 done
 [[ -z ${HPCGNN_RUN_DIR:-} ]] || { echo "sweep: HPCGNN_RUN_DIR=$HPCGNN_RUN_DIR would give every task one run directory: unset it (HPCGNN_RUNS sets where runs go)" >&2; exit 2; }
 [[ -z ${HPCGNN_ARRAY_MAX:-} || $HPCGNN_ARRAY_MAX =~ ^[1-9][0-9]*$ ]] || { echo "sweep: HPCGNN_ARRAY_MAX=$HPCGNN_ARRAY_MAX is not a positive whole number of tasks to run at once: fix it or unset it" >&2; exit 2; }
-for opt in ${HPCGNN_TRAIN_OPTS:-}; do   # sbatch keeps the last --array: it would replace the sweep's
-    case $opt in --array|--array=*|-a|-a?*)
-        echo "sweep: $opt in HPCGNN_TRAIN_OPTS would replace the array the sweep makes from its schedule files: drop it (HPCGNN_ARRAY_MAX caps the tasks run at once)" >&2; exit 2 ;;
-    esac
-done
+source "$jobs/lib/common.sh"
+hpcgnn_split_option array a "${HPCGNN_TRAIN_OPTS:-}"   # sbatch keeps the last --array: the sweep's
+[[ -z $FOUND ]] || { echo "sweep: --array=$FOUND in HPCGNN_TRAIN_OPTS would replace the array the sweep makes from its schedule files: drop it (HPCGNN_ARRAY_MAX caps the tasks run at once)" >&2; exit 2; }
 if [[ -f $shards/meta.json ]]; then
     parts=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_parts"])' "$shards/meta.json")
 elif [[ -n ${HPCGNN_DEPENDENCY:-} && ${HPCGNN_PARTS:-} =~ ^[1-9][0-9]*$ ]]; then
@@ -57,7 +55,6 @@ range="0-$(( ${#schedules[@]} - 1 ))${HPCGNN_ARRAY_MAX:+%$HPCGNN_ARRAY_MAX}"
 # An --export or a --dependency among HPCGNN_TRAIN_OPTS is joined to the sweep's own (a second
 # one would replace it: --export=NONE dropped HPCGNN_SCHEDULES, and every task trained without
 # its schedule); HPCGNN_RUNS goes with HPCGNN_SCHEDULES.
-source "$jobs/lib/common.sh"
 hpcgnn_split_option export "" "${HPCGNN_TRAIN_OPTS:-}"
 opts=(--parsable --array="$range" --ntasks="$parts"
       --export="${FOUND:-ALL},HPCGNN_SCHEDULES=$list${HPCGNN_RUNS:+,HPCGNN_RUNS=$HPCGNN_RUNS}")

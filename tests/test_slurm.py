@@ -198,7 +198,7 @@ def test_sweep_refuses_tasks_that_would_share_a_run_directory(tmp_path):
     assert fixed.returncode == 2 and "HPCGNN_RUN_DIR" in fixed.stderr and "unset it" in fixed.stderr
     # an --array in the train options would replace the sweep's; a cap that is no number
     for extra, said in (({"HPCGNN_TRAIN_OPTS": "--time=5 --array=0-9"}, "--array=0-9 in HPCGNN_TRAIN_OPTS"),
-                        ({"HPCGNN_TRAIN_OPTS": "-a 3"}, "-a in HPCGNN_TRAIN_OPTS"),
+                        ({"HPCGNN_TRAIN_OPTS": "-a 3"}, "--array=3 in HPCGNN_TRAIN_OPTS"),
                         ({"HPCGNN_ARRAY_MAX": "x"}, "HPCGNN_ARRAY_MAX=x is not a positive")):
         res = run(["bash", JOBS / "sweep.sh", shards, CORA, tmp_path / "a" / "s.toml"],
                   env={**env, **extra}, cwd=tmp_path)
